@@ -1,0 +1,18 @@
+"""duoloss's framework-free engine: numpy buffers in, numpy buffers out.
+
+Nothing here imports torch or jax.  Each loss family lives in its own private
+module and is described to the frontends by a :class:`LossKernel`.
+"""
+from ._ctc import CTC_KERNEL
+from ._ctc import concat_to_padded
+from ._ctc import ctc_loss_and_grad
+from ._spec import LossKernel
+from ._threading import threading_layer
+
+__all__ = [
+    "CTC_KERNEL",
+    "LossKernel",
+    "concat_to_padded",
+    "ctc_loss_and_grad",
+    "threading_layer",
+]

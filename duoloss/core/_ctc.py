@@ -1,0 +1,407 @@
+r"""Connectionist Temporal Classification on numpy buffers.
+
+Shapes: ``T`` frames, ``N`` sequences, ``C`` classes (blank included), ``S``
+padded target length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and
+``L_b = target_lengths[b]`` labels ``y_1 .. y_L``.
+
+The CTC acceptor of a target has ``2L+1`` states: blanks at even states and
+``y_i`` at state ``2i-1``.  A path visits one state per frame, starts in state 0
+or 1, ends in state ``2L`` or ``2L-1``, and moves by 0, 1, or 2 states per frame
+(2 only onto a label different from the one it skips).  With
+:math:`\ell_t(k) = \log p_t(k)` (``log_probs[t, b, k]``):
+
+.. math::
+
+    \alpha_t(s) = \ell_t(z_s) + \operatorname{logsumexp}(\alpha_{t-1}(s),
+        \alpha_{t-1}(s-1), [z_s \ne z_{s-2}]\,\alpha_{t-1}(s-2)) \\
+    \text{loss}_b = -\log Z_b,\quad \log Z_b = \operatorname{logsumexp}(
+        \alpha_{T_b-1}(2L), \alpha_{T_b-1}(2L-1)) \\
+    \frac{\partial\, \text{loss}_b}{\partial \ell_t(k)} =
+        -\sum_{s: z_s = k} \gamma_t(s),\qquad
+        \gamma_t(s) = \frac{\alpha_t(s)\,\beta_t(s)}{Z_b}
+
+The gradient is the *true* gradient w.r.t. ``log_probs`` (minus the posterior
+occupancy of each class).  ``torch.nn.functional.ctc_loss`` instead returns
+``exp(log_probs) - posterior``, which equals the gradient only once it is pushed
+back through a ``log_softmax``; both give the same gradient w.r.t. the logits.
+
+Implementation: per frame, ``p_t(k) / max_k p_t(k)`` is computed once with
+numpy's vectorised ``exp``; the kernels then run the forward-backward in
+*linear* space in float64 with per-frame rescaling (no transcendental functions
+in the inner loop).  Every frame is checked: the posteriors of frame ``t`` must
+sum to one.  If that fails, or a frame's mass falls below ``1e-200`` of its
+maximum (a needed label hundreds of nats below the frame's best, where linear
+space would underflow), the sequence is recomputed exactly in log space.  Both
+paths produce float64-accurate results for float32 and float64 inputs.
+
+NB: ``log_probs`` need not be normalised (any real scores work).  Frames at or
+beyond ``T_b`` and classes outside the target get zero gradient.  An infeasible
+target (``T_b`` too short) gives ``+inf`` loss and zero gradient (or zero loss
+with ``zero_infinity``).  A NaN or ``+inf`` among a sequence's frames, or an
+invalid label/length (possible only for traced JAX values, as everything else is
+validated up front), makes that sequence's loss and gradient NaN; the other
+sequences are unaffected.
+
+References:
+  Graves et al., "Connectionist Temporal Classification: Labelling Unsegmented
+  Sequence Data with Recurrent Neural Networks", ICML 2006.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ._spec import LossKernel
+from ._threading import parallel_guard
+
+__all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
+
+# A frame whose total mass (relative to its best class) falls below this is
+# recomputed in log space: float64's range ends near 1e-308.
+_TINY = 1e-200
+# Relative tolerance of the per-frame "posteriors sum to one" check.
+_CHECK_TOL = 1e-7
+# Below this many trellis cells in a batch, a serial loop beats the thread launch.
+_PARALLEL_MIN_CELLS = 40_000
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _logaddexp(a, b):
+    if a == -np.inf:
+        return b
+    if b == -np.inf:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_rows(grad, b, t0, t1, value):
+    for t in range(t0, t1):
+        for k in range(grad.shape[2]):
+            grad[t, b, k] = value
+
+
+@numba.njit(cache=True, nogil=True)
+def _flush_row(grad, t, b, lab, lo, hi, row):
+    """grad[t, b, k] = -row[k] for the classes of states lo..hi; reset row.
+
+    Posteriors are summed in float64 before the single store, so float32
+    gradients carry one rounding only.
+    """
+    for s in range(lo, hi + 1):
+        k = lab[s]
+        if row[k] != 0.0:
+            grad[t, b, k] = -row[k]
+            row[k] = 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad):
+    """Exact log-space forward-backward of one sequence; returns log Z.
+
+    Writes ``-posterior`` into ``grad[:tb, b, :]`` (already zeroed) when
+    ``want_grad``.
+    """
+    s_n = lab.shape[0]
+    la = np.full((tb, s_n), -np.inf)
+    for t in range(tb):
+        lo = max(0, s_n - 2 * (tb - t))
+        hi = min(s_n - 1, 2 * t + 1)
+        for s in range(lo, hi + 1):
+            e = np.float64(logp[t, b, lab[s]])
+            if t == 0:
+                v = 0.0
+            else:
+                v = la[t - 1, s]
+                if s >= 1:
+                    v = _logaddexp(v, la[t - 1, s - 1])
+                if skip[s]:
+                    v = _logaddexp(v, la[t - 1, s - 2])
+            la[t, s] = v + e if v != -np.inf else -np.inf
+    logz = la[tb - 1, s_n - 1]
+    if s_n > 1:
+        logz = _logaddexp(logz, la[tb - 1, s_n - 2])
+    if not want_grad or logz == -np.inf or logz != logz:
+        return logz
+    # lb[s]: log-sum over suffixes leaving state s at frame t (emission at t excluded).
+    lb = np.full(s_n, -np.inf)
+    nb = np.full(s_n, -np.inf)
+    row = np.zeros(logp.shape[2])
+    lb[s_n - 1] = 0.0
+    if s_n > 1:
+        lb[s_n - 2] = 0.0
+    for t in range(tb - 1, -1, -1):
+        if t < tb - 1:
+            # nb[s] = emission at t+1 times suffix from s at t+1
+            for s in range(s_n):
+                nb[s] = lb[s] + np.float64(logp[t + 1, b, lab[s]]) if lb[s] != -np.inf else -np.inf
+            for s in range(s_n):
+                v = nb[s]
+                if s + 1 < s_n:
+                    v = _logaddexp(v, nb[s + 1])
+                if s + 2 < s_n and skip[s + 2]:
+                    v = _logaddexp(v, nb[s + 2])
+                lb[s] = v
+        for s in range(s_n):
+            a = la[t, s]
+            if a != -np.inf and lb[s] != -np.inf:
+                row[lab[s]] += math.exp(a + lb[s] - logz)
+        _flush_row(grad, t, b, lab, 0, s_n - 1, row)
+    return logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
+             losses, grad):
+    """Loss (and gradient) of sequence ``b``; see the module docstring."""
+    t_max, _, n_cls = logp.shape
+    s_cap = targets.shape[1]
+    tb = in_len[b]
+    lb_ = tg_len[b]
+    # Memory safety first: anything out of range makes the sequence NaN.
+    ok = 0 <= tb <= t_max and 0 <= lb_ <= s_cap and 0 <= blank < n_cls
+    if ok:
+        for i in range(lb_):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls or y == blank:
+                ok = False
+    if want_grad:
+        _fill_rows(grad, b, 0, t_max, 0.0)
+    if not ok:
+        losses[b] = np.nan
+        if want_grad:
+            _fill_rows(grad, b, 0, t_max, np.nan)
+        return
+    if tb == 0:
+        losses[b] = 0.0 if lb_ == 0 else (0.0 if zero_inf else np.inf)
+        return
+    s_n = 2 * lb_ + 1
+    lab = np.empty(s_n, np.int64)
+    skip = np.zeros(s_n, np.bool_)
+    for s in range(s_n):
+        if s % 2 == 0:
+            lab[s] = blank
+        else:
+            lab[s] = targets[b, (s - 1) // 2]
+            if s >= 3 and lab[s] != lab[s - 2]:
+                skip[s] = True
+
+    # ---- forward in linear space, rescaled per frame -------------------------
+    alpha = np.zeros((tb, s_n))
+    log_a = np.empty(tb)  # log of the scale carried by alpha-hat at frame t
+    state = 0  # 0: fine, 1: fall back to log space, 2: NaN
+    acc = 0.0
+    for t in range(tb):
+        lo = max(0, s_n - 2 * (tb - t))
+        hi = min(s_n - 1, 2 * t + 1)
+        c = 0.0
+        for s in range(lo, hi + 1):
+            if t == 0:
+                v = 1.0
+            else:
+                v = alpha[t - 1, s]
+                if s >= 1:
+                    v += alpha[t - 1, s - 1]
+                if skip[s]:
+                    v += alpha[t - 1, s - 2]
+            v *= probs[t, b, lab[s]]
+            alpha[t, s] = v
+            c += v
+        if c != c or c == np.inf:
+            state = 2
+            break
+        if c < _TINY:
+            state = 1
+            break
+        inv = 1.0 / c
+        for s in range(lo, hi + 1):
+            alpha[t, s] *= inv
+        acc += math.log(c) + fmax[t, b]
+        log_a[t] = acc
+    logz = 0.0
+    if state == 0:
+        zfin = alpha[tb - 1, s_n - 1]
+        if s_n > 1:
+            zfin += alpha[tb - 1, s_n - 2]
+        if zfin < _TINY:
+            state = 1
+        else:
+            logz = log_a[tb - 1] + math.log(zfin)
+
+    # ---- backward: beta-hat, posteriors, gradient ----------------------------
+    if state == 0 and want_grad:
+        beta = np.zeros(s_n)
+        nb = np.zeros(s_n)
+        row = np.zeros(n_cls)
+        beta[s_n - 1] = 1.0
+        if s_n > 1:
+            beta[s_n - 2] = 1.0
+        log_b = 0.0
+        for t in range(tb - 1, -1, -1):
+            lo = max(0, s_n - 2 * (tb - t))
+            hi = min(s_n - 1, 2 * t + 1)
+            if t < tb - 1:
+                hi1 = min(s_n - 1, 2 * t + 3)
+                for s in range(lo, hi1 + 1):
+                    nb[s] = beta[s] * probs[t + 1, b, lab[s]]
+                d = 0.0
+                for s in range(s_n):
+                    if s < lo or s > hi:
+                        beta[s] = 0.0
+                        continue
+                    v = nb[s]
+                    if s + 1 <= hi1:
+                        v += nb[s + 1]
+                    if s + 2 <= hi1 and skip[s + 2]:
+                        v += nb[s + 2]
+                    beta[s] = v
+                    d += v
+                if not d >= _TINY:
+                    state = 1
+                    break
+                inv = 1.0 / d
+                for s in range(lo, hi + 1):
+                    beta[s] *= inv
+                log_b += math.log(d) + fmax[t + 1, b]
+            r = 0.0
+            for s in range(lo, hi + 1):
+                r += alpha[t, s] * beta[s]
+            # Every path crosses frame t exactly once: the posteriors sum to 1.
+            expected = math.exp(logz - log_a[t] - log_b)
+            if not abs(r - expected) <= _CHECK_TOL * expected:
+                state = 1
+                break
+            inv = 1.0 / r
+            for s in range(lo, hi + 1):
+                row[lab[s]] += alpha[t, s] * beta[s] * inv
+            _flush_row(grad, t, b, lab, lo, hi, row)
+        if state == 1:
+            _fill_rows(grad, b, 0, tb, 0.0)
+
+    if state == 2:
+        losses[b] = np.nan
+        if want_grad:
+            _fill_rows(grad, b, 0, tb, np.nan)
+        return
+    if state == 1:
+        logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad)
+        if logz != logz:
+            losses[b] = np.nan
+            if want_grad:
+                _fill_rows(grad, b, 0, tb, np.nan)
+            return
+    if logz == -np.inf:
+        losses[b] = 0.0 if zero_inf else np.inf
+        if want_grad:
+            _fill_rows(grad, b, 0, tb, 0.0)
+        return
+    losses[b] = -logz
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _ctc_batch_parallel(order, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
+                        zero_inf, losses, grad):
+    for i in numba.prange(order.shape[0]):
+        _ctc_one(order[i], probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
+                 zero_inf, losses, grad)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_batch_serial(order, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
+                      zero_inf, losses, grad):
+    for i in range(order.shape[0]):
+        _ctc_one(order[i], probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
+                 zero_inf, losses, grad)
+
+
+def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
+    """Concatenated 1-D targets -> padded ``(N, max(target_lengths))`` (zeros as padding)."""
+    n = target_lengths.shape[0]
+    s = int(target_lengths.max()) if n else 0
+    out = np.zeros((n, s), np.int64)
+    if n and s:
+        offsets = np.concatenate([[0], np.cumsum(target_lengths)[:-1]])
+        idx = offsets[:, None] + np.arange(s)[None, :]
+        valid = np.arange(s)[None, :] < target_lengths[:, None]
+        out[valid] = targets[idx[valid]]
+    return out
+
+
+def _frame_probs(logp: np.ndarray):
+    """(T,N,C) scores -> (exp(score - frame max) in float64, frame max (T,N))."""
+    lp = logp.astype(np.float64, copy=False)
+    fmax = lp.max(axis=2)
+    # An all -inf frame: keep the zeros (exp(-inf)), avoid -inf - -inf = NaN.
+    fmax[fmax == -np.inf] = 0.0
+    probs = np.exp(lp - fmax[:, :, None])
+    return probs, fmax
+
+
+def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blank=0,
+                      want_grad=True, zero_infinity=False):
+    """Per-sequence CTC losses and their gradient w.r.t. ``log_probs``.
+
+    Args:
+      log_probs: ``(T, N, C)`` float32/float64 array of log-probabilities.
+      targets: ``(N, S)`` integer array of padded targets.
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      blank: blank class index.
+      want_grad: compute the gradient (else only the forward pass runs).
+      zero_infinity: infeasible sequences get loss 0 and zero gradient.
+
+    Returns:
+      ``(losses, grad)``: ``(N,)`` losses in ``log_probs.dtype``, and ``(T, N, C)``
+      ``d losses[b] / d log_probs[:, b, :]`` in ``log_probs.dtype`` (``None`` if
+      not ``want_grad``).
+    """
+    logp = np.ascontiguousarray(log_probs)
+    dtype = logp.dtype
+    t_max, n, n_cls = logp.shape
+    tg = np.ascontiguousarray(targets, dtype=np.int64)
+    if tg.ndim != 2:
+        tg = tg.reshape(n, -1)
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
+    tl = np.ascontiguousarray(target_lengths, dtype=np.int64).reshape(n)
+    losses = np.empty(n, np.float64)
+    grad = np.empty((t_max, n, n_cls), dtype) if want_grad else np.empty((0, 0, 0), dtype)
+    if n == 0:
+        return losses.astype(dtype), (grad if want_grad else None)
+    probs, fmax = _frame_probs(logp)
+    # Longest sequences first: with chunk size 1 the threads balance themselves.
+    cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
+    order = np.argsort(-cells, kind="stable").astype(np.int64)
+    args = (order, probs, fmax, logp, tg, il, tl, int(blank), bool(want_grad),
+            bool(zero_infinity), losses, grad)
+    if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
+        with parallel_guard():
+            old = numba.set_parallel_chunksize(1)
+            try:
+                _ctc_batch_parallel(*args)
+            finally:
+                numba.set_parallel_chunksize(old)
+    else:
+        _ctc_batch_serial(*args)
+    return losses.astype(dtype, copy=False), (grad if want_grad else None)
+
+
+def _ctc_run(arrays, want_grad, *, blank=0, zero_infinity=False):
+    log_probs, targets, input_lengths, target_lengths = arrays
+    losses, grad = ctc_loss_and_grad(
+        log_probs, targets, input_lengths, target_lengths, blank=blank,
+        want_grad=bool(want_grad[0]), zero_infinity=zero_infinity)
+    return losses, (grad, None, None, None)
+
+
+#: The CTC loss for the frontends' adapters: arrays are
+#: ``(log_probs (T,N,C), targets (N,S), input_lengths (N,), target_lengths (N,))``.
+CTC_KERNEL = LossKernel(
+    name="ctc_loss",
+    run=_ctc_run,
+    batch_axes=(1, 0, 0, 0),
+    differentiable=(True, False, False, False),
+)

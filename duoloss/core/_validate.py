@@ -1,0 +1,145 @@
+"""One validation layer for every frontend.
+
+Every public loss validates its arguments here *before* any kernel or host
+callback runs, so torch, JAX and numpy users get the very same messages:
+``"<function>: argument '<name>' must be <expected>, got <actual>"``.
+
+The checks are split in two:
+
+* *static* checks use only shapes and dtype names (``'float32'``,
+  ``'int64'`` ...) and therefore also run on JAX tracers at trace time;
+* *value* checks (label ranges, lengths) need concrete numpy arrays; they run
+  eagerly in both frontends and are skipped for traced JAX values, where the
+  kernels instead return NaN for an invalid sequence (see each loss's docs).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "INT_DTYPES",
+    "REDUCTIONS",
+    "check_dtype",
+    "check_ndim",
+    "check_reduction",
+    "check_int_scalar",
+    "check_lengths",
+    "check_labels",
+    "dtype_name",
+]
+
+FLOAT_DTYPES = ("float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name ('float32', 'int64', ...) of a numpy, torch or JAX dtype."""
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    if name == "bool":
+        return "bool"
+    try:
+        return np.dtype(name).name
+    except TypeError:
+        return name
+
+
+def _fmt_shape(shape) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_dtype(fn: str, arg: str, dtype, allowed: Sequence[str], what: str) -> str:
+    """Raise ``TypeError`` unless ``dtype``'s name is in ``allowed``; return the name."""
+    name = dtype_name(dtype)
+    if name not in allowed:
+        raise TypeError(
+            f"{fn}: argument '{arg}' must have {what} dtype ({', '.join(allowed)}), got {name}"
+        )
+    return name
+
+
+def check_ndim(fn: str, arg: str, shape, allowed: Iterable[int], layout: str) -> int:
+    """Raise ``ValueError`` unless ``len(shape)`` is allowed; ``layout`` describes it."""
+    allowed = tuple(allowed)
+    if len(shape) not in allowed:
+        raise ValueError(
+            f"{fn}: argument '{arg}' must be {layout}, got shape {_fmt_shape(shape)}"
+        )
+    return len(shape)
+
+
+def check_reduction(fn: str, reduction) -> str:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(
+            f"{fn}: argument 'reduction' must be one of {', '.join(repr(r) for r in REDUCTIONS)}, "
+            f"got {reduction!r}"
+        )
+    return reduction
+
+
+def check_int_scalar(fn: str, arg: str, value, lo: int, hi: Optional[int] = None) -> int:
+    """A Python/numpy integer in ``[lo, hi)`` (``hi=None``: unbounded)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{fn}: argument '{arg}' must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < lo or (hi is not None and value >= hi):
+        rng = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
+        raise ValueError(f"{fn}: argument '{arg}' must be in {rng}, got {value}")
+    return value
+
+
+def check_lengths(fn: str, arg: str, values: np.ndarray, hi: int, hi_what: str) -> None:
+    """Every entry of ``values`` in ``[0, hi]``."""
+    if values.size == 0:
+        return
+    bad = np.flatnonzero((values < 0) | (values > hi))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{fn}: argument '{arg}' must be in [0, {hi}] ({hi_what}), "
+            f"got {int(values.flat[i])} at index {i}"
+        )
+
+
+def check_labels(
+    fn: str,
+    arg: str,
+    labels: np.ndarray,
+    lengths: np.ndarray,
+    num_classes: int,
+    forbidden: Optional[int] = None,
+    forbidden_what: str = "",
+) -> None:
+    """Labels of each padded row ``labels[b, :lengths[b]]`` in ``[0, num_classes)``.
+
+    ``forbidden`` (e.g. the blank index) may not appear inside a target.
+    """
+    if labels.size == 0:
+        return
+    s = labels.shape[1]
+    valid = np.arange(s)[None, :] < lengths[:, None]
+    lab = np.where(valid, labels, 0)
+    bad = valid & ((lab < 0) | (lab >= num_classes))
+    if bad.any():
+        b, i = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{fn}: argument '{arg}' must hold labels in [0, {num_classes}), "
+            f"got {int(labels[b, i])} at sequence {b}, position {i}"
+        )
+    if forbidden is not None:
+        bad = valid & (lab == forbidden)
+        if bad.any():
+            b, i = (int(v) for v in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{fn}: argument '{arg}' must not contain {forbidden_what} ({forbidden}), "
+                f"found at sequence {b}, position {i}"
+            )
+
+
+def shape_str(shape: Tuple[int, ...]) -> str:
+    return _fmt_shape(shape)
