@@ -405,3 +405,71 @@ CTC_KERNEL = LossKernel(
     batch_axes=(1, 0, 0, 0),
     differentiable=(True, False, False, False),
 )
+
+
+def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,
+                     tl_shape, tl_dtype, blank, reduction=None):
+    """Shape/dtype checks of ``ctc_loss``'s arguments (valid on tracers too).
+
+    Returns ``(batched, concatenated)``: whether ``log_probs`` is ``(T, N, C)``
+    (else ``(T, C)``), and whether ``targets`` is 1-D concatenated.
+    """
+    from . import _validate as v
+
+    v.check_dtype(fn, "log_probs", lp_dtype, v.FLOAT_DTYPES, "a floating")
+    ndim = v.check_ndim(fn, "log_probs", lp_shape, (2, 3), "(T, N, C) or unbatched (T, C)")
+    batched = ndim == 3
+    n_cls = lp_shape[-1]
+    if n_cls < 1:
+        raise ValueError(f"{fn}: argument 'log_probs' must have at least one class (C >= 1), "
+                         f"got shape {v.shape_str(lp_shape)}")
+    v.check_int_scalar(fn, "blank", blank, 0, n_cls)
+    if reduction is not None:
+        v.check_reduction(fn, reduction)
+    v.check_dtype(fn, "targets", tg_dtype, v.INT_DTYPES, "an integer")
+    v.check_dtype(fn, "input_lengths", il_dtype, v.INT_DTYPES, "an integer")
+    v.check_dtype(fn, "target_lengths", tl_dtype, v.INT_DTYPES, "an integer")
+    if batched:
+        n = lp_shape[1]
+        v.check_ndim(fn, "targets", tg_shape, (1, 2),
+                     f"padded (N, S) = ({n}, S) or concatenated 1-D")
+        concatenated = len(tg_shape) == 1
+        if not concatenated and tg_shape[0] != n:
+            raise ValueError(f"{fn}: argument 'targets' must have N = {n} rows (batch size of "
+                             f"log_probs), got shape {v.shape_str(tg_shape)}")
+        for arg, shape in (("input_lengths", il_shape), ("target_lengths", tl_shape)):
+            if tuple(shape) != (n,):
+                raise ValueError(f"{fn}: argument '{arg}' must have shape ({n},) (one length per "
+                                 f"sequence), got shape {v.shape_str(shape)}")
+    else:
+        concatenated = False
+        v.check_ndim(fn, "targets", tg_shape, (1,), "1-D (S,) for unbatched (T, C) log_probs")
+        for arg, shape in (("input_lengths", il_shape), ("target_lengths", tl_shape)):
+            if tuple(shape) not in ((), (1,)):
+                raise ValueError(f"{fn}: argument '{arg}' must be a scalar for unbatched (T, C) "
+                                 f"log_probs, got shape {v.shape_str(shape)}")
+    return batched, concatenated
+
+
+def check_ctc_values(fn, targets, input_lengths, target_lengths, t_max, n_cls, blank,
+                     concatenated):
+    """Value checks on concrete numpy arrays (batched layout: targets 2-D or 1-D concat)."""
+    from . import _validate as v
+
+    v.check_lengths(fn, "input_lengths", input_lengths, t_max, "T, the number of frames")
+    if concatenated:
+        if target_lengths.size and target_lengths.min() < 0:
+            v.check_lengths(fn, "target_lengths", target_lengths, targets.shape[0],
+                            "the concatenated targets' size")
+        total = int(target_lengths.sum())
+        if total != targets.shape[0]:
+            raise ValueError(f"{fn}: argument 'target_lengths' must sum to the size of the "
+                             f"concatenated 1-D targets ({targets.shape[0]}), got sum {total}")
+        padded = concat_to_padded(targets, target_lengths)
+    else:
+        v.check_lengths(fn, "target_lengths", target_lengths, targets.shape[1],
+                        "S, the padded target length")
+        padded = targets
+    v.check_labels(fn, "targets", padded, target_lengths, n_cls, forbidden=blank,
+                   forbidden_what="the blank index")
+    return padded

@@ -1,0 +1,157 @@
+"""Turns a core :class:`~duoloss.core.LossKernel` into a JAX ``custom_vjp``.
+
+* The primal is one ``jax.pure_callback`` computing only the losses.
+* The forward rule is one callback returning the losses *and* the gradients of
+  the inputs that are actually perturbed (``symbolic_zeros=True`` tells us
+  which), so a ``value_and_grad`` costs a single host round trip; the backward
+  rule only scales those gradients by the cotangent.
+* ``vmap_method="expand_dims"``: under ``vmap`` (nested too) the host receives
+  extra leading axes; they are folded into the batch axis and the core runs
+  once.  Only when an input shared by all sequences (e.g. a transition matrix)
+  is itself vmapped does the host loop over the vmapped instances.
+* Outputs are declared in the inputs' dtypes, so float32 stays float32 whether
+  ``jax_enable_x64`` is on or off, and float64 works when it is on.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from duoloss.core import LossKernel
+
+__all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
+
+
+def is_concrete(*xs) -> bool:
+    """True when no argument is a tracer (values can be checked on the host)."""
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _batch_size(kernel: LossKernel, shapes) -> int:
+    for axis, shape in zip(kernel.batch_axes, shapes):
+        if axis is not None:
+            return shape[axis]
+    raise ValueError(f"{kernel.name}: kernel has no batched input")
+
+
+def _host_run(kernel, static, want, base_shapes, out_dtypes, *arrays):
+    """Run ``kernel`` on host arrays that may carry leading vmapped axes."""
+    arrays = [np.asarray(a) for a in arrays]
+    k = arrays[0].ndim - len(base_shapes[0])
+    if k == 0:
+        losses, grads = kernel.run(tuple(arrays), want, **static)
+        return _pack(losses, grads, want, out_dtypes)
+    leads = [a.shape[:k] for a in arrays]
+    lead = np.broadcast_shapes(*leads)
+    shared_vmapped = any(
+        axis is None and int(np.prod(ld)) > 1 for axis, ld in zip(kernel.batch_axes, leads)
+    )
+    if shared_vmapped:
+        outs = []
+        for idx in np.ndindex(*lead):
+            inst = [a[tuple(i if d > 1 else 0 for i, d in zip(idx, ld))]
+                    for a, ld in zip(arrays, leads)]
+            outs.append(_host_run(kernel, static, want, base_shapes, out_dtypes, *inst))
+        return tuple(np.stack([o[j] for o in outs]).reshape(lead + outs[0][j].shape)
+                     for j in range(len(outs[0])))
+    m = int(np.prod(lead))
+    folded = []
+    for a, axis, base in zip(arrays, kernel.batch_axes, base_shapes):
+        if axis is None:
+            folded.append(a.reshape(base))
+            continue
+        a = np.broadcast_to(a, lead + tuple(base))
+        a = np.moveaxis(a, tuple(range(k)), tuple(range(axis, axis + k)))
+        shape = list(base)
+        shape[axis] = m * base[axis]
+        folded.append(np.ascontiguousarray(a).reshape(shape))
+    losses, grads = kernel.run(tuple(folded), want, **static)
+    n = _batch_size(kernel, base_shapes)
+    out = [losses.reshape(lead + (n,))]
+    for i, g in enumerate(grads):
+        if not want[i]:
+            continue
+        axis, base = kernel.batch_axes[i], base_shapes[i]
+        if axis is None:  # (m*n, *shape) per-sequence gradients of a shared input
+            out.append(g.reshape(lead + (n,) + tuple(base)))
+            continue
+        shape = list(base[:axis]) + list(lead) + list(base[axis:])
+        g = g.reshape(shape)
+        out.append(np.moveaxis(g, tuple(range(axis, axis + k)), tuple(range(k))))
+    return _pack(out[0], out[1:], (True,) * (len(out) - 1), out_dtypes)
+
+
+def _pack(losses, grads, want, out_dtypes):
+    res = [np.asarray(losses, dtype=out_dtypes[0])]
+    j = 1
+    for i, g in enumerate(grads):
+        if want[i]:
+            res.append(np.ascontiguousarray(g, dtype=out_dtypes[j]))
+            j += 1
+    return tuple(res)
+
+
+def _call(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], arrays):
+    shapes = [tuple(a.shape) for a in arrays]
+    n = _batch_size(kernel, shapes)
+    loss_dtype = arrays[kernel.differentiable.index(True)].dtype
+    specs = [jax.ShapeDtypeStruct((n,), loss_dtype)]
+    for i, w in enumerate(want):
+        if w:
+            shape = shapes[i] if kernel.batch_axes[i] is not None else (n,) + shapes[i]
+            specs.append(jax.ShapeDtypeStruct(shape, arrays[i].dtype))
+    host = functools.partial(_host_run, kernel, dict(static), want, shapes,
+                             tuple(s.dtype for s in specs))
+    return jax.pure_callback(host, tuple(specs), *arrays, vmap_method="expand_dims")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _losses(kernel, static, *arrays):
+    return _call(kernel, static, (False,) * len(arrays), arrays)[0]
+
+
+def _losses_fwd(kernel, static, *primals):
+    arrays = [p.value for p in primals]
+    want = tuple(bool(d and p.perturbed) for d, p in zip(kernel.differentiable, primals))
+    out = iter(_call(kernel, static, want, arrays))
+    losses = next(out)
+    # One residual slot per input: its per-sequence gradient, or None.
+    return losses, tuple(next(out) if w else None for w in want)
+
+
+def _losses_bwd(kernel, static, grads, g):
+    cts = []
+    zero = isinstance(g, SymbolicZero)
+    for axis, gr in zip(kernel.batch_axes, grads):
+        if gr is None or zero:
+            cts.append(None)
+        elif axis is None:
+            cts.append(jnp.tensordot(g.astype(gr.dtype), gr, axes=1))
+        else:
+            shape = [1] * gr.ndim
+            shape[axis] = -1
+            cts.append(gr * g.astype(gr.dtype).reshape(shape))
+    return tuple(cts)
+
+
+_losses.defvjp(_losses_fwd, _losses_bwd, symbolic_zeros=True)
+
+
+def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> jax.Array:
+    """Per-sequence losses ``(N,)`` of ``kernel`` as a differentiable JAX function."""
+    return _losses(kernel, tuple(sorted(static.items())), *arrays)
+
+
+def reduce_losses(losses, target_lengths, reduction: str):
+    """'none' | 'sum' | 'mean' (each loss over its target length clamped to >= 1, then mean)."""
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    denom = jnp.maximum(target_lengths, 1).astype(losses.dtype)
+    return (losses / denom).mean()

@@ -1,0 +1,144 @@
+"""CTC for JAX: ``ctc_loss`` (torch's API on jax arrays) and ``optax_ctc_loss``."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
+
+from ._adapter import apply_kernel, is_concrete, reduce_losses
+
+__all__ = ["ctc_loss", "optax_ctc_loss"]
+
+
+def _concat_to_padded_traced(targets, target_lengths):
+    """jnp version for traced lengths: pad to the static bound ``targets.size``."""
+    s = targets.shape[0]
+    offsets = jnp.cumsum(target_lengths) - target_lengths
+    pos = jnp.arange(s)
+    idx = offsets[:, None] + pos[None, :]
+    valid = pos[None, :] < target_lengths[:, None]
+    gathered = jnp.take(targets, jnp.clip(idx, 0, max(s - 1, 0)), axis=0) if s else idx
+    return jnp.where(valid, gathered, 0)
+
+
+def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                zero_infinity):
+    log_probs = jnp.asarray(log_probs)
+    targets = jnp.asarray(targets)
+    input_lengths = jnp.asarray(input_lengths)
+    target_lengths = jnp.asarray(target_lengths)
+    batched, concatenated = check_ctc_static(
+        fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
+        input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
+        blank, reduction)
+    if not isinstance(zero_infinity, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
+                        f"got {type(zero_infinity).__name__}")
+    if not batched:
+        log_probs = log_probs[:, None, :]
+        targets = targets[None, :]
+    input_lengths = input_lengths.reshape(-1)
+    target_lengths = target_lengths.reshape(-1)
+    if is_concrete(targets, input_lengths, target_lengths):
+        padded = check_ctc_values(
+            fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
+            np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
+            log_probs.shape[2], blank, concatenated)
+        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
+    elif concatenated:
+        targets = _concat_to_padded_traced(targets, target_lengths)
+    losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
+                          blank=int(blank), zero_infinity=bool(zero_infinity))
+    return losses, target_lengths, batched
+
+
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> jax.Array:
+    r"""Connectionist Temporal Classification loss with ``torch.nn.functional.ctc_loss``'s API.
+
+    Same arguments, layouts and numbers as :func:`duoloss.torch.ctc_loss` (both
+    run the same core on the same buffers), as a differentiable JAX function
+    that works under ``jit``, ``grad``, ``value_and_grad`` and ``vmap``.
+
+    Args:
+      log_probs: ``(T, N, C)``-array (or unbatched ``(T, C)``) of log-probabilities,
+        float32 (or float64 with ``jax_enable_x64``). ``T`` frames, ``N``
+        sequences, ``C`` classes including the blank.
+      targets: ``(N, S)`` padded integer targets or 1-D concatenated targets
+        (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      blank: index of the blank class.
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (loss / clamp(target length, 1), then mean).
+      zero_infinity: infeasible sequences get loss 0 and zero gradient.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in ``log_probs``' dtype.
+
+    NB: the gradient is ``d loss / d log_probs = -posterior`` (see
+    :func:`duoloss.torch.ctc_loss`).  Everything static (shapes, dtypes, blank,
+    reduction) is validated at trace time; label and length *values* are
+    validated whenever they are concrete (eager calls).  Under ``jit`` they are
+    traced and cannot be checked: a sequence with an out-of-range label or length
+    then gets a NaN loss and gradient (never an out-of-bounds read).  Call once
+    eagerly (outside ``jit``) to get the error message.
+    """
+    losses, target_lengths, batched = _ctc_losses(
+        "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,
+        zero_infinity)
+    if not batched:
+        losses = losses[0]
+        if reduction == "mean":
+            return losses / jnp.maximum(target_lengths[0], 1).astype(losses.dtype)
+        return losses
+    return reduce_losses(losses, target_lengths, reduction)
+
+
+def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: int = 0,
+                   log_epsilon: float = -1e5) -> jax.Array:
+    """Drop-in for ``optax.ctc_loss``: same signature, per-sequence losses ``(B,)``.
+
+    Args:
+      logits: ``(B, T, K)``-array of unnormalised scores (``log_softmax`` is applied
+        here, and differentiated through, as optax does).
+      logit_paddings: ``(B, T)`` with 1.0 on padded frames (right padding).
+      labels: ``(B, N)`` integer labels.
+      label_paddings: ``(B, N)`` with 1.0 on padded label positions (right padding).
+      blank_id: index of the blank class.
+      log_epsilon: accepted for signature compatibility; unused (duoloss is exact
+        in log space and needs no stand-in for ``log(0)``).
+
+    Returns:
+      ``(B,)`` losses; equal to optax's for every feasible sequence.
+
+    NB: paddings must be right-aligned (as optax assumes); lengths are
+    ``T - sum(logit_paddings)`` and ``N - sum(label_paddings)``.  Deliberate
+    difference: an infeasible sequence (too few frames for its labels) gets
+    ``+inf`` — optax returns a finite value near ``-log_epsilon`` there, which
+    silently trains on impossible targets.
+    """
+    fn = "optax_ctc_loss"
+    logits = jnp.asarray(logits)
+    if logits.ndim != 3:
+        raise ValueError(f"{fn}: argument 'logits' must be (B, T, K), got shape {logits.shape}")
+    b, t, _ = logits.shape
+    logit_paddings = jnp.asarray(logit_paddings)
+    labels = jnp.asarray(labels)
+    label_paddings = jnp.asarray(label_paddings)
+    if logit_paddings.shape != (b, t):
+        raise ValueError(f"{fn}: argument 'logit_paddings' must have shape ({b}, {t}), "
+                         f"got {logit_paddings.shape}")
+    if labels.ndim != 2 or labels.shape[0] != b:
+        raise ValueError(f"{fn}: argument 'labels' must be ({b}, N), got shape {labels.shape}")
+    if label_paddings.shape != labels.shape:
+        raise ValueError(f"{fn}: argument 'label_paddings' must have shape {labels.shape}, "
+                         f"got {label_paddings.shape}")
+    int_t = jnp.int32
+    input_lengths = (t - jnp.round(logit_paddings.sum(axis=1))).astype(int_t)
+    target_lengths = (labels.shape[1] - jnp.round(label_paddings.sum(axis=1))).astype(int_t)
+    log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
+    losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
+                               "none", False)
+    return losses
