@@ -3,6 +3,9 @@
 Nothing here imports torch or jax.  Each loss family lives in its own private
 module and is described to the frontends by a :class:`LossKernel`.
 """
+from ._asg import ASG_KERNEL
+from ._asg import ASG_NO_TRANSITIONS_KERNEL
+from ._asg import asg_loss_and_grad
 from ._ctc import CTC_KERNEL
 from ._ctc import concat_to_padded
 from ._ctc import ctc_loss_and_grad
@@ -10,6 +13,9 @@ from ._spec import LossKernel
 from ._threading import threading_layer
 
 __all__ = [
+    "ASG_KERNEL",
+    "ASG_NO_TRANSITIONS_KERNEL",
+    "asg_loss_and_grad",
     "CTC_KERNEL",
     "LossKernel",
     "concat_to_padded",
