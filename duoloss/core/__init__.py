@@ -3,6 +3,9 @@
 Nothing here imports torch or jax.  Each loss family lives in its own private
 module and is described to the frontends by a :class:`LossKernel`.
 """
+from ._align import asg_align
+from ._align import asg_viterbi
+from ._align import ctc_align
 from ._asg import ASG_KERNEL
 from ._asg import ASG_NO_TRANSITIONS_KERNEL
 from ._asg import asg_loss_and_grad
@@ -16,6 +19,9 @@ __all__ = [
     "ASG_KERNEL",
     "ASG_NO_TRANSITIONS_KERNEL",
     "asg_loss_and_grad",
+    "asg_align",
+    "asg_viterbi",
+    "ctc_align",
     "CTC_KERNEL",
     "LossKernel",
     "concat_to_padded",

@@ -1,0 +1,397 @@
+r"""Viterbi forced alignment (tropical semiring) for CTC and ASG on numpy buffers.
+
+Shapes: ``T`` frames, ``N`` sequences, ``C`` classes, ``S`` padded target
+length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b =
+target_lengths[b]`` labels.
+
+Both alignments run the same trellis as the corresponding loss with
+``logsumexp`` replaced by ``max`` and return the best path:
+
+.. math::
+
+    \delta_t(s) = w_t(s) + \max_{s' \in \text{pred}(s)} \left(\delta_{t-1}(s')
+        + a(s' \to s)\right), \qquad
+    \text{score}_b = \max_{s \in \text{final}} \delta_{T_b - 1}(s).
+
+* CTC (:func:`ctc_align`): states are the ``2L+1`` blank/label states of the
+  CTC acceptor, :math:`w_t(s) = \log p_t(z_s)`, no arc weights.  The frame
+  labels include the blank, like ``torchaudio.functional.forced_align``.
+* ASG (:func:`asg_align`): states are the ``L`` target positions (each token
+  spans >= 1 frame), :math:`w_t(l) = e_t(y_l)`, arc weights are the
+  transitions (:math:`A_{y_l y_l}` to stay, :math:`A_{y_l y_{l-1}}` to
+  advance) and the start score :math:`s_{y_1}` at the first frame.
+* ASG decoding (:func:`asg_viterbi`): the best *unconstrained* labelling
+  (GTN's ``viterbi_path(compose(E, Trans))``), over all ``C`` tokens.
+
+The gradient of a Viterbi score w.r.t. the scores is the indicator (count) of
+the arcs on the returned path; it is not provided here.
+
+**Ties** are broken deterministically: whenever two predecessors (or two final
+states) have the same score, the one with the **higher state index** wins
+(CTC: stay > advance by one > skip; the trailing blank ``2L`` over the last
+label ``2L-1``; ASG: stay > advance; decoding: the larger previous token).
+On backtracking this keeps labels as early as possible and blanks as late as
+possible.
+
+**Padding**: frames at or beyond ``T_b`` get label ``-1``.  An infeasible
+sequence (too few frames, or every path ``-inf``) gets score ``-inf`` and all
+labels ``-1``; ``T_b = L_b = 0`` gives score 0.  Invalid labels or lengths
+(possible only for traced JAX values) give score NaN and labels ``-1``; a NaN
+among the scores gives a NaN score (its labels are then a valid path but
+otherwise arbitrary).
+
+References:
+  Viterbi, "Error bounds for convolutional codes and an asymptotically optimum
+  decoding algorithm", IEEE Trans. Inf. Theory, 1967.
+  torchaudio.functional.forced_align (frame-label layout).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._threading import parallel_guard
+
+__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+
+_NEG_INF = -np.inf
+_PARALLEL_MIN_CELLS = 200_000
+
+
+def _run(kernel_serial, kernel_parallel, cells, args):
+    n = cells.shape[0]
+    order = np.argsort(-cells, kind="stable").astype(np.int64)
+    if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
+        with parallel_guard():
+            old = numba.set_parallel_chunksize(1)
+            try:
+                kernel_parallel(order, *args)
+            finally:
+                numba.set_parallel_chunksize(old)
+    else:
+        kernel_serial(order, *args)
+
+
+# --------------------------------------------------------------------------- #
+# CTC                                                                          #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True)
+def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
+    t_max, _, n_cls = logp.shape
+    tb = in_len[b]
+    nl = tg_len[b]
+    for t in range(t_max):
+        labels[b, t] = -1
+    ok = 0 <= tb <= t_max and 0 <= nl <= targets.shape[1] and 0 <= blank < n_cls
+    if ok:
+        for i in range(nl):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls or y == blank:
+                ok = False
+    if not ok:
+        scores[b] = np.nan
+        return
+    if tb == 0:
+        scores[b] = 0.0 if nl == 0 else _NEG_INF
+        return
+    s_n = 2 * nl + 1
+    lab = np.empty(s_n, np.int64)
+    skip = np.zeros(s_n, np.bool_)
+    for s in range(s_n):
+        if s % 2 == 0:
+            lab[s] = blank
+        else:
+            lab[s] = targets[b, (s - 1) // 2]
+            if s >= 3 and lab[s] != lab[s - 2]:
+                skip[s] = True
+    delta = np.full(s_n, _NEG_INF)
+    prev = np.full(s_n, _NEG_INF)
+    back = np.zeros((tb, s_n), np.int8)  # 0 stay, 1 from s-1, 2 from s-2
+    for t in range(tb):
+        lo = max(0, s_n - 2 * (tb - t))
+        hi = min(s_n - 1, 2 * t + 1)
+        for s in range(s_n):
+            prev[s] = delta[s]
+            delta[s] = _NEG_INF
+        for s in range(lo, hi + 1):
+            e = np.float64(logp[t, b, lab[s]])
+            if t == 0:
+                delta[s] = e
+                continue
+            best = prev[s]
+            arg = 0
+            if s >= 1 and prev[s - 1] > best:
+                best = prev[s - 1]
+                arg = 1
+            if skip[s] and prev[s - 2] > best:
+                best = prev[s - 2]
+                arg = 2
+            back[t, s] = arg
+            delta[s] = best + e
+    s = s_n - 1
+    if s_n > 1 and delta[s_n - 2] > delta[s_n - 1]:
+        s = s_n - 2
+    score = delta[s]
+    if score != score:
+        scores[b] = np.nan
+    elif score == _NEG_INF:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = score
+    for t in range(tb - 1, -1, -1):
+        labels[b, t] = lab[s]
+        s -= back[t, s]
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _ctc_align_parallel(order, logp, targets, in_len, tg_len, blank, labels, scores):
+    for i in numba.prange(order.shape[0]):
+        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, labels, scores)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_align_serial(order, logp, targets, in_len, tg_len, blank, labels, scores):
+    for i in range(order.shape[0]):
+        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, labels, scores)
+
+
+def _int_buffers(targets, input_lengths, target_lengths, n):
+    tg = np.ascontiguousarray(targets, dtype=np.int64)
+    if tg.ndim != 2:
+        tg = tg.reshape(n, -1)
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
+    tl = np.ascontiguousarray(target_lengths, dtype=np.int64).reshape(n)
+    return tg, il, tl
+
+
+def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
+    """Viterbi CTC forced alignment of a batch.
+
+    Args:
+      log_probs: ``(T, N, C)`` float array of (log-)scores.
+      targets: ``(N, S)`` integer padded targets (never ``blank``).
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      blank: the blank class.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` int64 frame labels (blank included, ``-1``
+      past ``input_lengths[b]``) and ``(N,)`` best-path scores in the input's
+      dtype (see the module docstring for ties and infeasible sequences).
+    """
+    logp = np.ascontiguousarray(log_probs)
+    t_max, n, _ = logp.shape
+    tg, il, tl = _int_buffers(targets, input_lengths, target_lengths, n)
+    labels = np.empty((n, t_max), np.int64)
+    scores = np.empty(n, np.float64)
+    if n:
+        cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
+        _run(_ctc_align_serial, _ctc_align_parallel, cells,
+             (logp, tg, il, tl, int(blank), labels, scores))
+    return labels, scores.astype(logp.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- #
+# ASG forced alignment                                                         #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True)
+def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labels, scores):
+    t_max, _, n_cls = em.shape
+    tb = in_len[b]
+    nl = tg_len[b]
+    for t in range(t_max):
+        labels[b, t] = -1
+    ok = 0 <= tb <= t_max and 0 <= nl <= targets.shape[1]
+    if ok:
+        for i in range(nl):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls:
+                ok = False
+    if not ok:
+        scores[b] = np.nan
+        return
+    if tb == 0 or nl == 0 or nl > tb:
+        scores[b] = 0.0 if (tb == 0 and nl == 0) else _NEG_INF
+        return
+    lab = np.empty(nl, np.int64)
+    ws = np.zeros(nl)
+    wa = np.zeros(nl)
+    for l in range(nl):
+        lab[l] = targets[b, l]
+    if has_trans:
+        for l in range(nl):
+            ws[l] = np.float64(trans[lab[l], lab[l]])
+            if l > 0:
+                wa[l] = np.float64(trans[lab[l], lab[l - 1]])
+    delta = np.full(nl, _NEG_INF)
+    prev = np.full(nl, _NEG_INF)
+    back = np.zeros((tb, nl), np.int8)  # 0 stay, 1 advance
+    for t in range(tb):
+        lo = max(0, nl - (tb - t))
+        hi = min(nl - 1, t)
+        for l in range(nl):
+            prev[l] = delta[l]
+            delta[l] = _NEG_INF
+        for l in range(lo, hi + 1):
+            e = np.float64(em[t, b, lab[l]])
+            if t == 0:
+                delta[0] = np.float64(start[lab[0]]) + e
+                continue
+            best = prev[l] + ws[l]
+            arg = 0
+            if l >= 1:
+                cand = prev[l - 1] + wa[l]
+                if cand > best:
+                    best = cand
+                    arg = 1
+            back[t, l] = arg
+            delta[l] = best + e
+    score = delta[nl - 1]
+    if score == _NEG_INF:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = score
+    l = nl - 1
+    for t in range(tb - 1, -1, -1):
+        labels[b, t] = lab[l]
+        l -= back[t, l]
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _asg_align_parallel(order, em, trans, start, has_trans, targets, in_len, tg_len, labels,
+                        scores):
+    for i in numba.prange(order.shape[0]):
+        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len, labels,
+                       scores)
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_len, labels,
+                      scores):
+    for i in range(order.shape[0]):
+        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len, labels,
+                       scores)
+
+
+def _asg_params(em, transitions, start_transitions):
+    n_cls = em.shape[2]
+    has_trans = transitions is not None
+    trans = np.ascontiguousarray(transitions) if has_trans else np.zeros((0, 0))
+    start = (np.ascontiguousarray(start_transitions) if start_transitions is not None
+             else np.zeros(n_cls))
+    return has_trans, trans, start
+
+
+def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
+              start_transitions=None):
+    """Viterbi ASG forced alignment of a batch.
+
+    Args:
+      emissions: ``(T, N, C)`` float array of unnormalised scores.
+      transitions: ``(C, C)`` (``[i, j]`` = score of ``i`` after ``j``) or ``None``.
+      targets: ``(N, S)`` integer padded targets, tokens in ``[0, C)``.
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      start_transitions: ``(C,)`` first-token scores or ``None``.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past the
+      sequence) and ``(N,)`` best-path scores (start + transitions + emissions)
+      in the emissions' dtype.
+    """
+    em = np.ascontiguousarray(emissions)
+    t_max, n, _ = em.shape
+    has_trans, trans, start = _asg_params(em, transitions, start_transitions)
+    tg, il, tl = _int_buffers(targets, input_lengths, target_lengths, n)
+    labels = np.empty((n, t_max), np.int64)
+    scores = np.empty(n, np.float64)
+    if n:
+        cells = np.clip(il, 0, t_max) * np.clip(tl, 1, tg.shape[1] + 1)
+        _run(_asg_align_serial, _asg_align_parallel, cells,
+             (em, trans, start, has_trans, tg, il, tl, labels, scores))
+    return labels, scores.astype(em.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- #
+# ASG decoding (unconstrained)                                                 #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True)
+def _asg_viterbi_one(b, em, trans, start, has_trans, in_len, labels, scores):
+    t_max, _, n_cls = em.shape
+    tb = in_len[b]
+    for t in range(t_max):
+        labels[b, t] = -1
+    if not 0 <= tb <= t_max:
+        scores[b] = np.nan
+        return
+    if tb == 0:
+        scores[b] = _NEG_INF  # GTN: no accepting path without a token
+        return
+    delta = np.empty(n_cls)
+    prev = np.empty(n_cls)
+    back = np.zeros((tb, n_cls), np.int64)
+    for k in range(n_cls):
+        delta[k] = np.float64(start[k]) + np.float64(em[0, b, k])
+    for t in range(1, tb):
+        for k in range(n_cls):
+            prev[k] = delta[k]
+        for i in range(n_cls):
+            best = _NEG_INF
+            arg = n_cls - 1
+            for j in range(n_cls - 1, -1, -1):
+                v = prev[j] + (np.float64(trans[i, j]) if has_trans else 0.0)
+                if v > best:
+                    best = v
+                    arg = j
+            back[t, i] = arg
+            delta[i] = best + np.float64(em[t, b, i])
+    k = n_cls - 1
+    for j in range(n_cls - 1, -1, -1):
+        if delta[j] > delta[k]:
+            k = j
+    score = delta[k]
+    if score == _NEG_INF:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = score
+    for t in range(tb - 1, -1, -1):
+        labels[b, t] = k
+        k = back[t, k]
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_viterbi_serial(order, em, trans, start, has_trans, in_len, labels, scores):
+    for i in range(order.shape[0]):
+        _asg_viterbi_one(order[i], em, trans, start, has_trans, in_len, labels, scores)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _asg_viterbi_parallel(order, em, trans, start, has_trans, in_len, labels, scores):
+    for i in numba.prange(order.shape[0]):
+        _asg_viterbi_one(order[i], em, trans, start, has_trans, in_len, labels, scores)
+
+
+def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None):
+    """Best unconstrained ASG labelling (Viterbi decoding) of a batch.
+
+    Args:
+      emissions: ``(T, N, C)`` float array of unnormalised scores.
+      transitions: ``(C, C)`` or ``None``.
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      start_transitions: ``(C,)`` or ``None``.
+
+    Returns:
+      ``(labels, scores)`` as in :func:`asg_align`; the score is GTN's
+      ``viterbi_score(compose(E, Trans))``.  Ties: the larger token index wins.
+    """
+    em = np.ascontiguousarray(emissions)
+    t_max, n, n_cls = em.shape
+    has_trans, trans, start = _asg_params(em, transitions, start_transitions)
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
+    labels = np.empty((n, t_max), np.int64)
+    scores = np.empty(n, np.float64)
+    if n:
+        cells = np.clip(il, 0, t_max) * n_cls * n_cls
+        _run(_asg_viterbi_serial, _asg_viterbi_parallel, cells,
+             (em, trans, start, has_trans, il, labels, scores))
+    return labels, scores.astype(em.dtype, copy=False)
