@@ -25,10 +25,11 @@ occupancy of each class).  ``torch.nn.functional.ctc_loss`` instead returns
 ``exp(log_probs) - posterior``, which equals the gradient only once it is pushed
 back through a ``log_softmax``; both give the same gradient w.r.t. the logits.
 
-Implementation: per frame, ``p_t(k) / max_k p_t(k)`` is computed once with
-numpy's vectorised ``exp``; the kernels then run the forward-backward in
-*linear* space in float64 with per-frame rescaling (no transcendental functions
-in the inner loop).  Every frame is checked: the posteriors of frame ``t`` must
+Implementation: per sequence and frame, ``p_t(k) / max_k p_t(k)`` is computed
+once for the classes the target uses (blank and its labels; one ``exp`` per
+frame and class, so a large vocabulary costs nothing); the kernels then run the
+forward-backward in *linear* space in float64 with per-frame rescaling (no
+transcendental function in the inner loop).  Every frame is checked: the posteriors of frame ``t`` must
 sum to one.  If that fails, or a frame's mass falls below ``1e-200`` of its
 maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
@@ -155,8 +156,7 @@ def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad):
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
-             losses, grad):
+def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses, grad):
     """Loss (and gradient) of sequence ``b``; see the module docstring."""
     t_max, _, n_cls = logp.shape
     s_cap = targets.shape[1]
@@ -189,6 +189,35 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
             lab[s] = targets[b, (s - 1) // 2]
             if s >= 3 and lab[s] != lab[s - 2]:
                 skip[s] = True
+    # The classes this sequence reads (blank first), and each state's column.
+    slot = np.full(n_cls, -1, np.int64)
+    used = np.empty(lb_ + 1, np.int64)
+    n_used = 0
+    col = np.empty(s_n, np.int64)
+    for s in range(s_n):
+        k = lab[s]
+        if slot[k] < 0:
+            slot[k] = n_used
+            used[n_used] = k
+            n_used += 1
+        col[s] = slot[k]
+    # probs[t, j] = p_t(used[j]) / max_j' p_t(used[j']): one exp per cell, no log.
+    probs = np.empty((tb, n_used))
+    fmax = np.empty(tb)
+    for t in range(tb):
+        m = -np.inf
+        for j in range(n_used):
+            v = np.float64(logp[t, b, used[j]])
+            if v != v:
+                m = v
+                break
+            if v > m:
+                m = v
+        if m == -np.inf:  # every needed class impossible here: all zeros, no NaN
+            m = 0.0
+        fmax[t] = m
+        for j in range(n_used):
+            probs[t, j] = math.exp(np.float64(logp[t, b, used[j]]) - m)
 
     # ---- forward in linear space, rescaled per frame -------------------------
     alpha = np.zeros((tb, s_n))
@@ -208,7 +237,7 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
                     v += alpha[t - 1, s - 1]
                 if skip[s]:
                     v += alpha[t - 1, s - 2]
-            v *= probs[t, b, lab[s]]
+            v *= probs[t, col[s]]
             alpha[t, s] = v
             c += v
         if c != c or c == np.inf:
@@ -220,7 +249,7 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
         inv = 1.0 / c
         for s in range(lo, hi + 1):
             alpha[t, s] *= inv
-        acc += math.log(c) + fmax[t, b]
+        acc += math.log(c) + fmax[t]
         log_a[t] = acc
     logz = 0.0
     if state == 0:
@@ -247,7 +276,7 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
             if t < tb - 1:
                 hi1 = min(s_n - 1, 2 * t + 3)
                 for s in range(lo, hi1 + 1):
-                    nb[s] = beta[s] * probs[t + 1, b, lab[s]]
+                    nb[s] = beta[s] * probs[t + 1, col[s]]
                 d = 0.0
                 for s in range(s_n):
                     if s < lo or s > hi:
@@ -266,7 +295,7 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
                 inv = 1.0 / d
                 for s in range(lo, hi + 1):
                     beta[s] *= inv
-                log_b += math.log(d) + fmax[t + 1, b]
+                log_b += math.log(d) + fmax[t + 1]
             r = 0.0
             for s in range(lo, hi + 1):
                 r += alpha[t, s] * beta[s]
@@ -303,19 +332,31 @@ def _ctc_one(b, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad, ze
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_batch_parallel(order, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
-                        zero_inf, losses, grad):
-    for i in numba.prange(order.shape[0]):
-        _ctc_one(order[i], probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
-                 zero_inf, losses, grad)
+def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_inf):
+    t_max, n, _ = logp.shape
+    losses = np.empty(n)
+    grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
+    # Longest sequences first; with chunk size 1 the threads balance themselves.
+    cost = np.empty(n, np.int64)
+    for b in range(n):
+        tb = min(max(in_len[b], 0), t_max)
+        lb = min(max(tg_len[b], 0), targets.shape[1])
+        cost[b] = -tb * (2 * lb + 1)
+    order = np.argsort(cost)
+    for i in numba.prange(n):
+        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses,
+                 grad)
+    return losses, grad
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_batch_serial(order, probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
-                      zero_inf, losses, grad):
-    for i in range(order.shape[0]):
-        _ctc_one(order[i], probs, fmax, logp, targets, in_len, tg_len, blank, want_grad,
-                 zero_inf, losses, grad)
+def _ctc_batch_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf):
+    n = logp.shape[1]
+    losses = np.empty(n)
+    grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
+    for b in range(n):
+        _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses, grad)
+    return losses, grad
 
 
 def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
@@ -329,16 +370,6 @@ def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndar
         valid = np.arange(s)[None, :] < target_lengths[:, None]
         out[valid] = targets[idx[valid]]
     return out
-
-
-def _frame_probs(logp: np.ndarray):
-    """(T,N,C) scores -> (exp(score - frame max) in float64, frame max (T,N))."""
-    lp = logp.astype(np.float64, copy=False)
-    fmax = lp.max(axis=2)
-    # An all -inf frame: keep the zeros (exp(-inf)), avoid -inf - -inf = NaN.
-    fmax[fmax == -np.inf] = 0.0
-    probs = np.exp(lp - fmax[:, :, None])
-    return probs, fmax
 
 
 def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blank=0,
@@ -360,33 +391,21 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
       not ``want_grad``).
     """
     logp = np.ascontiguousarray(log_probs)
-    dtype = logp.dtype
-    t_max, n, n_cls = logp.shape
+    n = logp.shape[1]
     tg = np.ascontiguousarray(targets, dtype=np.int64)
-    if tg.ndim != 2:
-        tg = tg.reshape(n, -1)
-    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
-    tl = np.ascontiguousarray(target_lengths, dtype=np.int64).reshape(n)
-    losses = np.empty(n, np.float64)
-    grad = np.empty((t_max, n, n_cls), dtype) if want_grad else np.empty((0, 0, 0), dtype)
-    if n == 0:
-        return losses.astype(dtype), (grad if want_grad else None)
-    probs, fmax = _frame_probs(logp)
-    # Longest sequences first: with chunk size 1 the threads balance themselves.
-    cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
-    order = np.argsort(-cells, kind="stable").astype(np.int64)
-    args = (order, probs, fmax, logp, tg, il, tl, int(blank), bool(want_grad),
-            bool(zero_infinity), losses, grad)
-    if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64)
+    tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
+    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity))
+    if n > 1 and logp.shape[0] * (2 * tg.shape[1] + 1) * n >= _PARALLEL_MIN_CELLS:
         with parallel_guard():
             old = numba.set_parallel_chunksize(1)
             try:
-                _ctc_batch_parallel(*args)
+                losses, grad = _ctc_batch_parallel(*args)
             finally:
                 numba.set_parallel_chunksize(old)
     else:
-        _ctc_batch_serial(*args)
-    return losses.astype(dtype, copy=False), (grad if want_grad else None)
+        losses, grad = _ctc_batch_serial(*args)
+    return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 
 def _ctc_run(arrays, want_grad, *, blank=0, zero_infinity=False):
@@ -451,11 +470,42 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
     return batched, concatenated
 
 
+@numba.njit(cache=True, nogil=True)
+def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
+    """(code, b, i, value) of the first invalid entry; code 0 when all is valid.
+
+    Codes: 1 input length, 2 target length, 3 label out of range, 4 blank in target.
+    """
+    n, s_cap = targets.shape
+    for b in range(n):
+        if in_len[b] < 0 or in_len[b] > t_max:
+            return 1, b, 0, in_len[b]
+    for b in range(n):
+        if tg_len[b] < 0 or tg_len[b] > s_cap:
+            return 2, b, 0, tg_len[b]
+    for b in range(n):
+        for i in range(tg_len[b]):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls:
+                return 3, b, i, y
+            if y == blank:
+                return 4, b, i, y
+    return 0, 0, 0, 0
+
+
 def check_ctc_values(fn, targets, input_lengths, target_lengths, t_max, n_cls, blank,
                      concatenated):
-    """Value checks on concrete numpy arrays (batched layout: targets 2-D or 1-D concat)."""
+    """Value checks on concrete int64 numpy arrays; returns the padded ``(N, S)`` targets.
+
+    ``targets`` is ``(N, S)`` padded or, with ``concatenated``, 1-D.
+    """
     from . import _validate as v
 
+    if not concatenated:
+        code, b, i, val = _first_invalid(targets, input_lengths, target_lengths, t_max, n_cls,
+                                         blank)
+        if code == 0:
+            return targets
     v.check_lengths(fn, "input_lengths", input_lengths, t_max, "T, the number of frames")
     if concatenated:
         if target_lengths.size and target_lengths.min() < 0:

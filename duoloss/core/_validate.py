@@ -36,8 +36,24 @@ INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "u
 REDUCTIONS = ("none", "mean", "sum")
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(dtype) -> str:
     """Canonical name ('float32', 'int64', ...) of a numpy, torch or JAX dtype."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
+    name = _dtype_name(dtype)
+    try:
+        _DTYPE_NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str:
     name = str(dtype)
     if name.startswith("torch."):
         name = name[len("torch."):]

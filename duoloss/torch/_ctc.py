@@ -6,7 +6,7 @@ import torch
 
 from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
 
-from ._adapter import apply_kernel, reduce_losses, to_numpy
+from ._adapter import apply_kernel, reduction_weights, to_numpy
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -88,17 +88,12 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     if not batched:
         tg = tg.reshape(1, -1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
-    losses = apply_kernel(
+    weights = reduction_weights(reduction, tl)
+    out = apply_kernel(
         CTC_KERNEL,
-        (lp, torch.from_numpy(np.ascontiguousarray(padded)), torch.from_numpy(il),
-         torch.from_numpy(tl)),
-        blank=int(blank), zero_infinity=bool(zero_infinity))
-    if not batched:
-        losses = losses[0]
-        if reduction == "none":
-            return losses
-        return losses if reduction == "sum" else losses / max(int(tl[0]), 1)
-    return reduce_losses(losses, torch.from_numpy(tl), reduction)
+        (lp, padded, il, tl),
+        weights=weights, blank=int(blank), zero_infinity=bool(zero_infinity))
+    return out[0] if (not batched and reduction == "none") else out
 
 
 class CTCLoss(torch.nn.Module):
