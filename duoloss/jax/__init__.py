@@ -1,8 +1,16 @@
 """duoloss for JAX: each loss as a ``custom_vjp`` over host callbacks into the core."""
+from ._align import asg_align
+from ._align import asg_viterbi
+from ._align import ctc_align
+from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
 
 __all__ = [
+    "asg_align",
+    "asg_loss",
+    "asg_viterbi",
+    "ctc_align",
     "ctc_loss",
     "optax_ctc_loss",
 ]

@@ -1,8 +1,18 @@
 """duoloss for PyTorch: each loss as an autograd function and an ``nn.Module``."""
+from ._align import asg_align
+from ._align import asg_viterbi
+from ._align import ctc_align
+from ._asg import ASGLoss
+from ._asg import asg_loss
 from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 
 __all__ = [
+    "ASGLoss",
+    "asg_align",
+    "asg_loss",
+    "asg_viterbi",
+    "ctc_align",
     "CTCLoss",
     "ctc_loss",
 ]

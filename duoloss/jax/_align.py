@@ -1,0 +1,160 @@
+"""Viterbi forced alignment for JAX: ``ctc_align``, ``asg_align``, ``asg_viterbi``.
+
+Each is one ``jax.pure_callback`` into :mod:`duoloss.core._align`; it works under
+``jit`` and ``vmap`` (sequentially), and its outputs carry no gradient (the
+inputs are passed through ``stop_gradient``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core._align import asg_align as _asg_align
+from duoloss.core._align import asg_viterbi as _asg_viterbi
+from duoloss.core._align import ctc_align as _ctc_align
+from duoloss.core._asg import check_asg_args
+from duoloss.core._ctc import check_ctc_static, check_ctc_values
+
+from ._adapter import is_concrete
+from ._asg import _prepare
+from ._ctc import _concat_to_padded_traced
+
+__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+
+
+def _label_dtype():
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+
+
+def _callback(host, t_max, n, score_dtype, *arrays):
+    specs = (jax.ShapeDtypeStruct((n, t_max), _label_dtype()),
+             jax.ShapeDtypeStruct((n,), score_dtype))
+    ldt, sdt = np.dtype(specs[0].dtype), np.dtype(specs[1].dtype)
+
+    def run(*xs):
+        labels, scores = host(*(np.asarray(x) for x in xs))
+        return labels.astype(ldt), scores.astype(sdt)
+
+    arrays = tuple(jax.lax.stop_gradient(a) for a in arrays)
+    return jax.pure_callback(run, specs, *arrays, vmap_method="sequential")
+
+
+def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
+    r"""Viterbi CTC forced alignment; same arguments and results as :func:`duoloss.torch.ctc_align`.
+
+    .. math::
+
+        \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b} \log p_t(\pi_t)
+
+    Args:
+      log_probs: ``(T, N, C)``-array (or unbatched ``(T, C)``) of log-probabilities.
+      targets: ``(N, S)`` padded or 1-D concatenated integer targets (never ``blank``).
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      blank: the blank class.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` integer frame labels (blank included, ``-1``
+      past each sequence; int32 unless ``jax_enable_x64``) and ``(N,)`` scores in
+      ``log_probs``' dtype.
+
+    NB: no gradient.  Ties go to the higher CTC state (labels as early as
+    possible); infeasible targets give ``-inf`` and labels ``-1``.  Under
+    ``jit``, invalid label/length values give a NaN score instead of an error.
+    """
+    fn = "ctc_align"
+    log_probs = jnp.asarray(log_probs)
+    targets = jnp.asarray(targets)
+    input_lengths = jnp.asarray(input_lengths)
+    target_lengths = jnp.asarray(target_lengths)
+    batched, concatenated = check_ctc_static(
+        fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
+        input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
+        blank)
+    if not batched:
+        log_probs = log_probs[:, None, :]
+        targets = targets[None, :]
+    input_lengths = input_lengths.reshape(-1)
+    target_lengths = target_lengths.reshape(-1)
+    if is_concrete(targets, input_lengths, target_lengths):
+        padded = check_ctc_values(
+            fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
+            np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
+            log_probs.shape[2], blank, concatenated)
+        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
+    elif concatenated:
+        targets = _concat_to_padded_traced(targets, target_lengths)
+    t_max, n, _ = log_probs.shape
+    host = functools.partial(_ctc_align_host, int(blank))
+    labels, scores = _callback(host, t_max, n, log_probs.dtype, log_probs, targets,
+                               input_lengths, target_lengths)
+    return (labels, scores) if batched else (labels[0], scores[0])
+
+
+def _ctc_align_host(blank, lp, tg, il, tl):
+    return _ctc_align(lp, tg, il, tl, blank=blank)
+
+
+def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
+              start_transitions=None):
+    r"""Viterbi ASG forced alignment; same arguments and results as :func:`duoloss.torch.asg_align`.
+
+    Args:
+      emissions: ``(T, N, C)``-array; transitions: ``(C, C)`` or ``None``;
+      targets: ``(N, S)``; input_lengths, target_lengths: ``(N,)``;
+      start_transitions: ``(C,)`` or ``None`` (as in :func:`asg_loss`).
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` frame tokens (``-1`` past each sequence)
+      and ``(N,)`` best-path scores.
+
+    NB: no gradient; ties go to the higher target position.
+    """
+    em, tr, sv, tg, il, tl = _prepare("asg_align", emissions, transitions, start_transitions,
+                                      targets, input_lengths, target_lengths)
+    t_max, n, _ = em.shape
+    arrays = [em, tg, il, tl] + [x for x in (tr, sv) if x is not None]
+    host = functools.partial(_asg_align_host, tr is not None, sv is not None)
+    return _callback(host, t_max, n, em.dtype, *arrays)
+
+
+def _asg_align_host(has_tr, has_sv, em, tg, il, tl, *rest):
+    rest = list(rest)
+    tr = rest.pop(0) if has_tr else None
+    sv = rest.pop(0) if has_sv else None
+    return _asg_align(em, tr, tg, il, tl, start_transitions=sv)
+
+
+def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None):
+    r"""ASG Viterbi decoding (best unconstrained labelling); see :func:`duoloss.torch.asg_viterbi`.
+
+    Args:
+      emissions: ``(T, N, C)``-array; transitions: ``(C, C)`` or ``None``;
+      input_lengths: ``(N,)``; start_transitions: ``(C,)`` or ``None``.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` frame tokens (``-1`` past each sequence)
+      and ``(N,)`` scores.  Ties: the larger token index wins.
+    """
+    fn = "asg_viterbi"
+    em = jnp.asarray(emissions)
+    tr = None if transitions is None else jnp.asarray(transitions)
+    sv = None if start_transitions is None else jnp.asarray(start_transitions)
+    il = jnp.asarray(input_lengths)
+    n = em.shape[1] if em.ndim == 3 else 0
+    check_asg_args(fn, em, tr, sv, np.zeros((n, 0), np.int64), il, np.zeros(n, np.int64),
+                   concrete=is_concrete(il))
+    t_max = em.shape[0]
+    arrays = [em, il] + [x for x in (tr, sv) if x is not None]
+    host = functools.partial(_asg_viterbi_host, tr is not None, sv is not None)
+    return _callback(host, t_max, n, em.dtype, *arrays)
+
+
+def _asg_viterbi_host(has_tr, has_sv, em, il, *rest):
+    rest = list(rest)
+    tr = rest.pop(0) if has_tr else None
+    sv = rest.pop(0) if has_sv else None
+    return _asg_viterbi(em, tr, il, start_transitions=sv)

@@ -1,0 +1,90 @@
+"""ASG and the all-alignments loss for JAX: ``asg_loss``."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
+from duoloss.core._validate import check_reduction
+
+from ._adapter import apply_kernel, is_concrete, reduce_losses
+
+__all__ = ["asg_loss"]
+
+
+def _check_bool(fn, arg, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(x).__name__}")
+
+
+def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
+             target_lengths):
+    emissions = jnp.asarray(emissions)
+    transitions = None if transitions is None else jnp.asarray(transitions)
+    start_transitions = None if start_transitions is None else jnp.asarray(start_transitions)
+    targets = jnp.asarray(targets)
+    input_lengths = jnp.asarray(input_lengths)
+    target_lengths = jnp.asarray(target_lengths)
+    check_asg_args(fn, emissions, transitions, start_transitions, targets, input_lengths,
+                   target_lengths,
+                   concrete=is_concrete(targets, input_lengths, target_lengths))
+    return emissions, transitions, start_transitions, targets, input_lengths, target_lengths
+
+
+def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
+             start_transitions=None, reduction: Literal["none", "sum", "mean"] = "mean",
+             zero_infinity: bool = False) -> jax.Array:
+    r"""Auto Segmentation Criterion (ASG), or the all-alignments loss without transitions.
+
+    Same arguments, maths and numbers as :func:`duoloss.torch.asg_loss` (both run
+    the same core), as a differentiable JAX function that works under ``jit``,
+    ``grad`` and ``vmap``.  ``T`` frames, ``N`` sequences, ``C`` tokens:
+
+    .. math::
+
+        \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
+            \text{align}(y_b)} e^{w(\pi)}, \quad
+        w(\pi) = s_{\pi_1} + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}.
+
+    Args:
+      emissions: ``(T, N, C)``-array of unnormalised scores, float32 (or float64
+        with ``jax_enable_x64``).
+      transitions: ``(C, C)``-array, ``[i, j]`` = score of ``i`` right after ``j``, or ``None``.
+      targets: ``(N, S)`` integer padded targets, tokens in ``[0, C)``.
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, S]``.
+      start_transitions: ``(C,)``-array of first-token scores, or ``None`` (zeros).
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (loss / clamp(target length, 1), then mean).
+      zero_infinity: infeasible sequences get loss 0 and zero gradients.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    Gradients are posteriors / expected transition counts (all labellings minus
+    the target's alignments), zero on padded frames; see
+    :func:`duoloss.torch.asg_loss`.
+
+    NB: shapes and dtypes are validated at trace time; label and length values
+    whenever they are concrete.  Under ``jit`` an out-of-range value makes that
+    sequence's loss and gradient NaN (never an out-of-bounds read).
+
+    References:
+      Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
+    """
+    fn = "asg_loss"
+    check_reduction(fn, reduction)
+    _check_bool(fn, "zero_infinity", zero_infinity)
+    em, tr, sv, tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
+                                      input_lengths, target_lengths)
+    if sv is None:
+        sv = jnp.zeros(em.shape[2], em.dtype)
+    if tr is None:
+        losses = apply_kernel(ASG_NO_TRANSITIONS_KERNEL, (em, sv, tg, il, tl),
+                              zero_infinity=bool(zero_infinity))
+    else:
+        losses = apply_kernel(ASG_KERNEL, (em, tr, sv, tg, il, tl),
+                              zero_infinity=bool(zero_infinity))
+    return reduce_losses(losses, tl, reduction)

@@ -1,0 +1,145 @@
+"""Viterbi forced alignment for PyTorch: ``ctc_align``, ``asg_align``, ``asg_viterbi``."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from duoloss.core._align import asg_align as _asg_align
+from duoloss.core._align import asg_viterbi as _asg_viterbi
+from duoloss.core._align import ctc_align as _ctc_align
+from duoloss.core._asg import check_asg_args
+from duoloss.core._ctc import check_ctc_static, check_ctc_values
+
+from ._adapter import to_numpy
+from ._asg import _check_tensor, _prepare
+from ._ctc import _as_int_array
+
+__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+
+
+def _out(labels, scores, device):
+    return torch.from_numpy(labels).to(device), torch.from_numpy(scores).to(device)
+
+
+def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, target_lengths, *,
+              blank: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""Viterbi CTC forced alignment (the best CTC path of each target).
+
+    Like ``torchaudio.functional.forced_align``, batched:
+
+    .. math::
+
+        \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b}
+            \log p_t(\pi_t),
+
+    where :math:`\mathcal{B}` removes repeats and then blanks.
+
+    Args:
+      log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities,
+        float32/float64.  ``T`` frames, ``N`` sequences, ``C`` classes with the blank.
+      targets: ``(N, S)`` padded integer targets, or 1-D concatenated targets
+        (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
+      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
+      blank: the blank class.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` int64 frame labels (the blank included;
+      ``-1`` on frames at or beyond ``input_lengths[b]``) and ``(N,)`` path scores
+      in ``log_probs``' dtype (``(T,)`` and a scalar for unbatched input).
+
+    NB: not differentiable (the scores are detached; the gradient of a Viterbi
+    score would be the indicator of the path).  Ties go to the higher CTC state
+    (stay > advance > skip, the trailing blank over the last label): labels come
+    as early as possible.  An infeasible target gives score ``-inf`` and labels
+    ``-1``.  Details: :mod:`duoloss.core._align`.
+    """
+    fn = "ctc_align"
+    _check_tensor(fn, "log_probs", log_probs)
+    _check_tensor(fn, "targets", targets)
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    batched, concatenated = check_ctc_static(
+        fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
+        il.shape, il.dtype, tl.shape, tl.dtype, blank)
+    lp = log_probs if batched else log_probs.unsqueeze(1)
+    tg = to_numpy(targets).astype(np.int64, copy=False)
+    if not batched:
+        tg = tg.reshape(1, -1)
+    il = il.astype(np.int64, copy=False).reshape(-1)
+    tl = tl.astype(np.int64, copy=False).reshape(-1)
+    padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
+    labels, scores = _ctc_align(to_numpy(lp), padded, il, tl, blank=int(blank))
+    labels, scores = _out(labels, scores, log_probs.device)
+    return (labels, scores) if batched else (labels[0], scores[0])
+
+
+def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
+              targets: torch.Tensor, input_lengths, target_lengths, *,
+              start_transitions: Optional[torch.Tensor] = None
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""Viterbi ASG forced alignment: the best segmentation of each target.
+
+    .. math::
+
+        \text{score}_b = \max_{\pi \in \text{align}(y_b)} s_{\pi_1}
+            + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}
+
+    over the frame labellings that spell the target with every token on >= 1
+    consecutive frames (the target paths of :func:`asg_loss`).
+
+    Args:
+      emissions, transitions, targets, input_lengths, target_lengths,
+      start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
+        ``(C, C)`` or ``None``, ``(N, S)``, ``(N,)``, ``(N,)``, ``(C,)`` or ``None``).
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past each
+      sequence) and ``(N,)`` best-path scores in the emissions' dtype.
+
+    NB: not differentiable.  Ties go to the higher target position (stay rather
+    than advance on the backtrace): tokens start as early as possible.
+    Infeasible targets (``T_b < L_b``, empty) give ``-inf`` and labels ``-1``.
+    """
+    fn = "asg_align"
+    tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
+                          input_lengths, target_lengths)
+    labels, scores = _asg_align(
+        to_numpy(emissions), None if transitions is None else to_numpy(transitions), tg, il, tl,
+        start_transitions=None if start_transitions is None else to_numpy(start_transitions))
+    return _out(labels, scores, emissions.device)
+
+
+def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], input_lengths, *,
+                start_transitions: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""ASG Viterbi decoding: the best unconstrained frame labelling of each sequence.
+
+    GTN's ``viterbi_path(compose(E, Trans))``: :math:`\max_\pi s_{\pi_1} +
+    \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}` over all labellings.
+
+    Args:
+      emissions: ``(T, N, C)``-tensor of scores.
+      transitions: ``(C, C)``-tensor or ``None``.
+      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      start_transitions: ``(C,)``-tensor or ``None``.
+
+    Returns:
+      ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past each
+      sequence) and ``(N,)`` scores.  Ties: the larger token index wins.
+    """
+    fn = "asg_viterbi"
+    _check_tensor(fn, "emissions", emissions)
+    _check_tensor(fn, "transitions", transitions, optional=True)
+    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    n = emissions.shape[1] if emissions.dim() == 3 else 0
+    check_asg_args(fn, emissions, transitions, start_transitions, np.zeros((n, 0), np.int64),
+                   il, np.zeros(n, np.int64))
+    labels, scores = _asg_viterbi(
+        to_numpy(emissions), None if transitions is None else to_numpy(transitions),
+        il.astype(np.int64).reshape(-1),
+        start_transitions=None if start_transitions is None else to_numpy(start_transitions))
+    return _out(labels, scores, emissions.device)

@@ -1,0 +1,160 @@
+"""ASG and the all-alignments loss for PyTorch: ``asg_loss`` and ``ASGLoss``."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+
+from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
+from duoloss.core._validate import check_reduction
+
+from ._adapter import apply_kernel, reduction_weights, to_numpy
+from ._ctc import _as_int_array
+
+__all__ = ["asg_loss", "ASGLoss"]
+
+
+def _check_tensor(fn, arg, x, optional=False):
+    if x is None and optional:
+        return
+    if not isinstance(x, torch.Tensor):
+        what = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"{fn}: argument '{arg}' must be {what}, got {type(x).__name__}")
+
+
+def _check_bool(fn, arg, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(x).__name__}")
+
+
+def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
+             target_lengths):
+    """Validate everything before the kernel; return host int arrays."""
+    _check_tensor(fn, "emissions", emissions)
+    _check_tensor(fn, "transitions", transitions, optional=True)
+    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
+    _check_tensor(fn, "targets", targets)
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    tg = to_numpy(targets)
+    check_asg_args(fn, emissions, transitions, start_transitions, tg, il, tl)
+    for arg, x in (("transitions", transitions), ("start_transitions", start_transitions)):
+        if x is not None and x.device != emissions.device:
+            raise ValueError(f"{fn}: argument '{arg}' must be on the device of 'emissions' "
+                             f"({emissions.device}), got {x.device}")
+    return (tg.astype(np.int64, copy=False), il.astype(np.int64, copy=False).reshape(-1),
+            tl.astype(np.int64, copy=False).reshape(-1))
+
+
+def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targets: torch.Tensor,
+             input_lengths, target_lengths, *, start_transitions: Optional[torch.Tensor] = None,
+             reduction: Literal["none", "sum", "mean"] = "mean",
+             zero_infinity: bool = False) -> torch.Tensor:
+    r"""Auto Segmentation Criterion (ASG), or the all-alignments loss without transitions.
+
+    ``T`` frames, ``N`` sequences, ``C`` tokens (no blank), ``S`` padded target length.
+
+    .. math::
+
+        \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
+            \text{align}(y_b)} e^{w(\pi)}, \quad
+        w(\pi) = s_{\pi_1} + \sum_{t=1}^{T_b} e_t(\pi_t)
+            + \sum_{t=2}^{T_b} A_{\pi_t \pi_{t-1}},
+
+    where :math:`\pi` runs over all frame labellings and :math:`\text{align}(y)`
+    over those that spell the target with every token on >= 1 consecutive frames
+    (repeats need no separator).  Same numbers as GTN's ASG
+    (``forward_score(compose(E, Trans)) - forward_score(compose(compose(FAL,
+    Trans), E))``); with ``transitions=None`` and no start scores it is GTN's
+    all-alignments example loss.
+
+    Args:
+      emissions: ``(T, N, C)``-tensor of unnormalised scores (no softmax is
+        applied, as in GTN), float32 or float64.
+      transitions: ``(C, C)``-tensor, ``transitions[i, j]`` = score of token ``i``
+        right after token ``j`` (row = to, column = from), or ``None``.
+      targets: ``(N, S)`` integer tensor of padded targets, tokens in ``[0, C)``.
+      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
+      start_transitions: ``(C,)``-tensor of first-token scores, or ``None`` (zeros).
+      reduction: ``'none'`` (``(N,)`` losses), ``'sum'``, or ``'mean'`` (each loss
+        divided by its target length clamped to >= 1, then averaged, as ``ctc_loss``).
+      zero_infinity: infeasible sequences get loss 0 and zero gradients.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    Gradients: w.r.t. emissions, the posterior of each token at each frame under
+    all labellings minus that under the target's alignments (zero on padded
+    frames); w.r.t. ``transitions[i, j]`` the expected number of ``j -> i``
+    transitions (all minus target); w.r.t. ``start_transitions[k]`` the
+    probability of starting with ``k`` (all minus target).
+
+    NB: an infeasible target (``T_b < L_b``, an empty target with ``T_b > 0``,
+    or every alignment ``-inf``, e.g. through a ``-inf`` transition) gives
+    ``+inf`` with the normaliser's gradient (GTN's convention), unless
+    ``zero_infinity``.  Inputs are validated before any computation. The maths
+    and numerics: :mod:`duoloss.core._asg`.
+
+    References:
+      Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
+      Hannun et al., "Differentiable Weighted Finite-State Transducers",
+      arXiv:2010.01003, 2020.
+    """
+    fn = "asg_loss"
+    check_reduction(fn, reduction)
+    _check_bool(fn, "zero_infinity", zero_infinity)
+    tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
+                          input_lengths, target_lengths)
+    start = start_transitions
+    if start is None:
+        start = torch.zeros(emissions.shape[2], dtype=emissions.dtype, device=emissions.device)
+    ints = (np.ascontiguousarray(tg), il, tl)
+    weights = reduction_weights(reduction, tl)
+    if transitions is None:
+        return apply_kernel(ASG_NO_TRANSITIONS_KERNEL, (emissions, start) + ints,
+                            weights=weights, zero_infinity=bool(zero_infinity))
+    return apply_kernel(ASG_KERNEL, (emissions, transitions, start) + ints,
+                        weights=weights, zero_infinity=bool(zero_infinity))
+
+
+class ASGLoss(torch.nn.Module):
+    """Module form of :func:`asg_loss` holding learnable transitions.
+
+    Args:
+      num_classes: ``C``, the number of tokens.
+      learn_start: also learn ``(C,)`` start scores (``start_transitions``).
+      reduction, zero_infinity: as in :func:`asg_loss`.
+      dtype, device: of the parameters (zeros at initialisation, as in
+        wav2letter/flashlight).
+
+    Attributes:
+      transitions: ``(C, C)`` ``nn.Parameter``; ``[i, j]`` = score of ``i`` after ``j``.
+      start_transitions: ``(C,)`` ``nn.Parameter`` or ``None``.
+    """
+
+    def __init__(self, num_classes: int, *, learn_start: bool = False,
+                 reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False,
+                 dtype: Optional[torch.dtype] = None, device=None):
+        super().__init__()
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"ASGLoss: argument 'num_classes' must be an int >= 1, "
+                             f"got {num_classes!r}")
+        check_reduction("ASGLoss", reduction)
+        kw = {"dtype": dtype, "device": device}
+        self.transitions = torch.nn.Parameter(torch.zeros(num_classes, num_classes, **kw))
+        self.start_transitions = (torch.nn.Parameter(torch.zeros(num_classes, **kw))
+                                  if learn_start else None)
+        self.num_classes = num_classes
+        self.reduction = reduction
+        self.zero_infinity = zero_infinity
+
+    def forward(self, emissions, targets, input_lengths, target_lengths):
+        return asg_loss(emissions, self.transitions, targets, input_lengths, target_lengths,
+                        start_transitions=self.start_transitions, reduction=self.reduction,
+                        zero_infinity=self.zero_infinity)
+
+    def extra_repr(self) -> str:
+        return (f"num_classes={self.num_classes}, learn_start={self.start_transitions is not None}, "
+                f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}")
