@@ -1,0 +1,141 @@
+"""CTC forward+backward: duoloss vs torch's F.ctc_loss and optax.ctc_loss.
+
+All four run interleaved in one process on the same data: each repetition
+calls every implementation once, so drifting machine load hits all alike.
+Each call is a full training step's worth of loss work: logits -> log_softmax
+-> CTC -> backward to the logits (optax and duoloss.jax under ``jax.jit``).
+
+    python benchmarks/ctc.py                       # the default grid
+    python benchmarks/ctc.py --sizes 8,200,30,40 --reps 30
+    python benchmarks/ctc.py --cold-start          # also: first call in a new process
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_SIZES = "1,50,20,10;8,200,30,40;32,500,50,100;16,1000,100,200"
+
+
+def _parse_sizes(text):
+    return [tuple(int(v) for v in item.split(",")) for item in text.split(";") if item]
+
+
+def _make_fns(b, t, c, l, seed=0):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import torch
+    import torch.nn.functional as F
+
+    import duoloss.jax as dj
+    import duoloss.torch as dt
+
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(b, t, c)).astype(np.float32)
+    labels = rng.integers(1, c, size=(b, l)).astype(np.int32)
+    in_len = np.full(b, t, np.int32)
+    tg_len = np.full(b, l, np.int32)
+
+    x = torch.tensor(logits.transpose(1, 0, 2).copy(), requires_grad=True)
+    tg, il, tl = (torch.from_numpy(a.astype(np.int64)) for a in (labels, in_len, tg_len))
+
+    def torch_step(fn):
+        def step():
+            x.grad = None
+            loss = fn(x.log_softmax(-1), tg, il, tl, reduction="sum")
+            loss.backward()
+            return loss.item()
+        return step
+
+    lpad = np.zeros((b, t), np.float32)
+    labpad = np.zeros((b, l), np.float32)
+    z = jnp.asarray(logits)
+
+    def jax_step(fn):
+        vg = jax.jit(jax.value_and_grad(lambda q: fn(q, lpad, labels, labpad).sum()))
+
+        def step():
+            v, g = vg(z)
+            g.block_until_ready()
+            return float(v)
+        return step
+
+    return {
+        "torch F.ctc_loss": torch_step(F.ctc_loss),
+        "duoloss.torch": torch_step(dt.ctc_loss),
+        "optax.ctc_loss": jax_step(optax.ctc_loss),
+        "duoloss.jax": jax_step(dj.optax_ctc_loss),
+    }
+
+
+def bench(sizes, reps, warmup):
+    rows = []
+    for size in sizes:
+        fns = _make_fns(*size)
+        times = {k: [] for k in fns}
+        for f in fns.values():
+            for _ in range(warmup):
+                f()
+        for _ in range(reps):
+            for k, f in fns.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+        rows.append((size, med))
+    return rows
+
+
+def cold_start():
+    """Seconds for import + first call in a fresh process (numba cache warm)."""
+    code = (
+        "import time, numpy as np; t0 = time.perf_counter();"
+        "from duoloss.core import ctc_loss_and_grad;"
+        "lp = np.log(np.full((50, 2, 20), 0.05, np.float32));"
+        "ctc_loss_and_grad(lp, np.ones((2, 5), np.int64), [50, 50], [5, 5]);"
+        "t1 = time.perf_counter();"
+        "import duoloss.torch, torch; t2 = time.perf_counter();"
+        "duoloss.torch.ctc_loss(torch.from_numpy(lp).requires_grad_(), torch.ones(2, 5, dtype=torch.long), [50, 50], [5, 5]).backward();"
+        "t3 = time.perf_counter(); print(f'{t1 - t0:.3f} {t3 - t2:.3f}')"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)  # warm cache
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    core, torch_call = (float(v) for v in out.stdout.split())
+    return core, torch_call
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="'B,T,C,L;B,T,C,L;...'")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--cold-start", action="store_true")
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = bench(_parse_sizes(args.sizes), args.reps, args.warmup)
+    print(f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms of "
+          f"{args.reps}, {args.threads} threads")
+    print("| B,T,C,L | torch F.ctc_loss | duoloss.torch | ratio | optax (jit) | duoloss.jax (jit) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for size, m in rows:
+        print(f"| {','.join(map(str, size))} | {m['torch F.ctc_loss']:.2f} | {m['duoloss.torch']:.2f} "
+              f"| {m['duoloss.torch'] / m['torch F.ctc_loss']:.2f}x | {m['optax.ctc_loss']:.2f} "
+              f"| {m['duoloss.jax']:.2f} | {m['duoloss.jax'] / m['optax.ctc_loss']:.2f}x |")
+    if args.cold_start:
+        core, torch_call = cold_start()
+        print(f"\nnew process, numba cache warm: import + first core call {core:.2f} s; "
+              f"first duoloss.torch call {torch_call:.2f} s (after importing torch)")
+
+
+if __name__ == "__main__":
+    main()
