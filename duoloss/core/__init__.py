@@ -14,8 +14,14 @@ from ._ctc import concat_to_padded
 from ._ctc import ctc_loss_and_grad
 from ._spec import LossKernel
 from ._threading import threading_layer
+from ._graph_loss import GRAPH_LOSS_KERNEL
+from ._graph_loss import graph_loss_and_grad
+from ._graph_loss import pack_graphs
 
 __all__ = [
+    "GRAPH_LOSS_KERNEL",
+    "graph_loss_and_grad",
+    "pack_graphs",
     "ASG_KERNEL",
     "ASG_NO_TRANSITIONS_KERNEL",
     "asg_loss_and_grad",

@@ -5,8 +5,10 @@ from ._align import ctc_align
 from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
+from ._graph_loss import graph_loss
 
 __all__ = [
+    "graph_loss",
     "asg_align",
     "asg_loss",
     "asg_viterbi",

@@ -6,8 +6,12 @@ from ._asg import ASGLoss
 from ._asg import asg_loss
 from ._ctc import CTCLoss
 from ._ctc import ctc_loss
+from ._graph_loss import GraphLoss
+from ._graph_loss import graph_loss
 
 __all__ = [
+    "GraphLoss",
+    "graph_loss",
     "ASGLoss",
     "asg_align",
     "asg_loss",

@@ -1,0 +1,583 @@
+r"""Target-graph loss: one acceptor per sequence intersected with its frames.
+
+Shapes: ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` learnable arc
+weights; sequence ``b`` has ``T_b = input_lengths[b]`` frames and a graph
+:math:`G_b` (a ``duoloss.gtn.Graph``) whose arc ``a`` goes ``src_a -> dst_a``
+with label :math:`k_a \in [0, C)` and weight
+
+.. math::
+
+    w_a = \text{graph weight}_a + \theta_{i_a} \quad (\text{only if } i_a \ge 0),
+
+where :math:`\theta` (``weights``, ``(K,)``) is shared by all graphs and
+``arc_weight_index`` gives :math:`i_a` (``-1``: no learnable part).  Tied
+weights (many arcs with the same index) express transition models, lexicons
+and n-gram token graphs.
+
+A path through :math:`G_b \circ E_b` takes exactly one arc per frame (the
+intersection with the linear graph of ``T_b`` frames is acyclic even when
+:math:`G_b` has self-loops or cycles): with :math:`e_t(k)` =
+``emissions[t, b, k]``,
+
+.. math::
+
+    \alpha_0(n) = [n \in \text{start}], \quad
+    \alpha_{t+1}(n) = \sum_{a: \text{dst}_a = n} \alpha_t(\text{src}_a)\,
+        e^{w_a + e_t(k_a)}, \quad
+    \log Z_b = \log \sum_{n \in \text{accept}} \alpha_{T_b}(n), \\
+    \text{loss}_b = -\log Z_b + [\text{normalize}] \sum_{t < T_b}
+        \operatorname{logsumexp}_k e_t(k).
+
+This is GTN's ``-forward_score(intersect(G_b, E_b))`` (``normalize=False``) or
+``forward_score(E_b) - forward_score(intersect(G_b, E_b))``.  Graphs are
+matched on their *input* labels (a transducer behaves like
+``compose(E_b, G_b)``).  With the CTC graph of a target it equals CTC.
+
+Gradients: ``d loss / d emissions[t, b, k]`` = (softmax of frame ``t`` if
+``normalize``) minus the posterior probability that frame ``t`` is consumed by
+an arc labelled ``k``; ``d loss / d weights[i]`` = minus the expected number of
+uses of the arcs tied to ``i``.
+
+Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
+forward-backward over the arcs with per-frame rescaling, a per-frame check that
+the arc posteriors sum to one, and an exact log-space fallback.  Cost
+``O(T_b * A_b)`` per sequence.
+
+NB: epsilon arcs (label ``-1``) are rejected by :func:`check_graph_args` (an
+epsilon arc would consume no frame).  ``T_b = 0`` scores the empty path
+(``log`` of the number of nodes that are both start and accept).  A graph
+without an accepting path of ``T_b`` arcs gives ``+inf`` (zero gradient, or the
+normaliser's gradient with ``normalize``), or 0 and zero gradients with
+``zero_infinity``.  NaN scores, or invalid runtime values, make that sequence
+NaN.
+
+References:
+  Hannun, Pratap, Kahn, Hsu, "Differentiable Weighted Finite-State Transducers",
+  arXiv:2010.01003, 2020.
+  Moritz, Hori, Le Roux, "Semi-supervised speech recognition via graph-based
+  temporal classification", ICASSP 2021.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ._spec import LossKernel
+from ._threading import parallel_guard
+
+__all__ = ["GRAPH_LOSS_KERNEL", "graph_loss_and_grad", "pack_graphs", "check_graph_args"]
+
+_TINY = 1e-200
+_CHECK_TOL = 1e-7
+_PARALLEL_MIN_CELLS = 40_000
+_NEG_INF = -np.inf
+_OK, _FALLBACK, _NAN = 0, 1, 2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lae(a, b):
+    if a == _NEG_INF:
+        return b
+    if b == _NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax, want,
+                  ge, cnt):
+    """Linear-space forward-backward; returns ``(logZ, status)``."""
+    a_n = src.shape[0]
+    alpha = np.zeros((tb + 1, v_n))
+    log_a = np.empty(tb + 1)
+    c = 0.0
+    for n in range(v_n):
+        if start[n]:
+            alpha[0, n] = 1.0
+            c += 1.0
+    if c == 0.0:
+        return _NEG_INF, _OK
+    for n in range(v_n):
+        alpha[0, n] /= c
+    log_a[0] = math.log(c)
+    for t in range(tb):
+        for a in range(a_n):
+            x = alpha[t, src[a]]
+            if x != 0.0:
+                alpha[t + 1, dst[a]] += x * w[a] * probs[t, b, lab[a]]
+        c = 0.0
+        for n in range(v_n):
+            c += alpha[t + 1, n]
+        if c != c or c == np.inf:
+            return np.nan, _NAN
+        if c < _TINY:
+            return 0.0, _FALLBACK
+        inv = 1.0 / c
+        for n in range(v_n):
+            alpha[t + 1, n] *= inv
+        log_a[t + 1] = log_a[t] + math.log(c) + fmax[t, b] + omega
+    zf = 0.0
+    for n in range(v_n):
+        if accept[n]:
+            zf += alpha[tb, n]
+    if zf < _TINY:
+        return 0.0, _FALLBACK
+    logz = log_a[tb] + math.log(zf)
+    if not want:
+        return logz, _OK
+    beta = np.zeros(v_n)
+    nb = np.zeros(v_n)
+    u = np.empty(a_n)
+    for n in range(v_n):
+        if accept[n]:
+            beta[n] = 1.0
+    log_b = 0.0  # log scale of beta at frame t+1
+    for t in range(tb - 1, -1, -1):
+        r = 0.0
+        for n in range(v_n):
+            nb[n] = 0.0
+        for a in range(a_n):
+            y = beta[dst[a]]
+            if y != 0.0:
+                ua = w[a] * probs[t, b, lab[a]] * y
+                u[a] = ua
+                nb[src[a]] += ua
+                r += alpha[t, src[a]] * ua
+            else:
+                u[a] = 0.0
+        expected = math.exp(logz - log_a[t] - log_b - fmax[t, b] - omega)
+        if not abs(r - expected) <= _CHECK_TOL * expected:
+            return logz, _FALLBACK
+        inv = 1.0 / r
+        for a in range(a_n):
+            if u[a] != 0.0:
+                p = alpha[t, src[a]] * u[a] * inv
+                ge[t, lab[a]] += p
+                cnt[a] += p
+        if t == 0:
+            break
+        d = 0.0
+        for n in range(v_n):
+            d += nb[n]
+        if not d >= _TINY:
+            return logz, _FALLBACK
+        inv_d = 1.0 / d
+        for n in range(v_n):
+            beta[n] = nb[n] * inv_d
+        log_b += math.log(d) + fmax[t, b] + omega
+    return logz, _OK
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_log(b, tb, v_n, src, dst, lab, lw, start, accept, em, want, ge, cnt):
+    """Exact log-space forward-backward (slow fallback); returns logZ."""
+    a_n = src.shape[0]
+    la = np.full((tb + 1, v_n), _NEG_INF)
+    for n in range(v_n):
+        if start[n]:
+            la[0, n] = 0.0
+    for t in range(tb):
+        for a in range(a_n):
+            x = la[t, src[a]]
+            if x != _NEG_INF:
+                la[t + 1, dst[a]] = _lae(la[t + 1, dst[a]],
+                                         x + lw[a] + np.float64(em[t, b, lab[a]]))
+    logz = _NEG_INF
+    for n in range(v_n):
+        if accept[n]:
+            logz = _lae(logz, la[tb, n])
+    if not want or logz == _NEG_INF or logz != logz:
+        return logz
+    lb = np.full(v_n, _NEG_INF)
+    nb = np.full(v_n, _NEG_INF)
+    for n in range(v_n):
+        if accept[n]:
+            lb[n] = 0.0
+    for t in range(tb - 1, -1, -1):
+        for n in range(v_n):
+            nb[n] = _NEG_INF
+        for a in range(a_n):
+            y = lb[dst[a]]
+            if y == _NEG_INF:
+                continue
+            ua = lw[a] + np.float64(em[t, b, lab[a]]) + y
+            nb[src[a]] = _lae(nb[src[a]], ua)
+            z = la[t, src[a]] + ua - logz
+            if z > -745.0:
+                p = math.exp(z)
+                ge[t, lab[a]] += p
+                cnt[a] += p
+        for n in range(v_n):
+            lb[n] = nb[n]
+    return logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
+               gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
+               losses, g_em, g_w):
+    t_max, _, n_cls = em.shape
+    k_n = theta.shape[0]
+    n_graphs = node_off.shape[0] - 1
+    if want_e:
+        for t in range(t_max):
+            for k in range(n_cls):
+                g_em[t, b, k] = 0.0
+    if want_w:
+        for k in range(k_n):
+            g_w[b, k] = 0.0
+    tb = in_len[b]
+    ok = n_graphs > 0 and 0 <= tb <= t_max
+    g = b % n_graphs if n_graphs > 0 else 0
+    n0 = n1 = a0 = a1 = 0
+    if ok:
+        n0, n1 = node_off[g], node_off[g + 1]
+        a0, a1 = arc_off[g], arc_off[g + 1]
+        ok = (0 <= n0 <= n1 <= start_all.shape[0] and n1 <= accept_all.shape[0]
+              and 0 <= a0 <= a1 <= src_all.shape[0] and a1 <= dst_all.shape[0]
+              and a1 <= lab_all.shape[0] and a1 <= gw_all.shape[0] and a1 <= widx_all.shape[0])
+    if not ok:
+        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+        return
+    v_n = n1 - n0
+    a_n = a1 - a0
+    src = np.empty(a_n, np.int64)
+    dst = np.empty(a_n, np.int64)
+    lab = np.empty(a_n, np.int64)
+    lw = np.empty(a_n)
+    omega = _NEG_INF
+    for i in range(a_n):
+        s = src_all[a0 + i]
+        d = dst_all[a0 + i]
+        k = lab_all[a0 + i]
+        j = widx_all[a0 + i]
+        if s < 0 or s >= v_n or d < 0 or d >= v_n or k < 0 or k >= n_cls or j < -1 or j >= k_n:
+            _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+            return
+        src[i] = s
+        dst[i] = d
+        lab[i] = k
+        x = np.float64(gw_all[a0 + i])
+        if j >= 0:
+            x += np.float64(theta[j])
+        lw[i] = x
+        if x > omega:
+            omega = x
+    if omega == _NEG_INF or omega != omega:
+        omega = 0.0
+    w = np.empty(a_n)
+    for i in range(a_n):
+        w[i] = math.exp(lw[i] - omega)
+    start = np.empty(v_n, np.bool_)
+    accept = np.empty(v_n, np.bool_)
+    for n in range(v_n):
+        start[n] = start_all[n0 + n] != 0
+        accept[n] = accept_all[n0 + n] != 0
+    want = want_e or want_w
+    # ---- the unconstrained normaliser (only with normalize) ---------------
+    lognorm = 0.0
+    ge = np.zeros((max(tb, 1), n_cls))
+    if normalize:
+        for t in range(tb):
+            s = 0.0
+            for k in range(n_cls):
+                s += probs[t, b, k]
+            if s != s or s == np.inf:
+                _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+                return
+            if s == 0.0:  # every class -inf: no path at all
+                lognorm = _NEG_INF
+                break
+            lognorm += fmax[t, b] + math.log(s)
+            inv = 1.0 / s
+            for k in range(n_cls):
+                ge[t, k] = probs[t, b, k] * inv
+    if tb == 0:
+        c = 0
+        for n in range(v_n):
+            if start[n] and accept[n]:
+                c += 1
+        if c == 0:
+            losses[b] = 0.0 if zero_inf else np.inf
+        else:
+            losses[b] = -math.log(c)
+        return
+    ne = np.zeros((tb, n_cls))
+    cnt = np.zeros(a_n)
+    logz, st = _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax,
+                             want, ne, cnt)
+    if st == _FALLBACK:
+        ne[:, :] = 0.0
+        cnt[:] = 0.0
+        logz = _graph_log(b, tb, v_n, src, dst, lab, lw, start, accept, em, want, ne, cnt)
+        st = _NAN if (logz != logz or logz == np.inf) else _OK
+    if st == _NAN:
+        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+        return
+    if logz == _NEG_INF or lognorm == _NEG_INF:
+        if zero_inf or lognorm == _NEG_INF:
+            losses[b] = 0.0 if zero_inf else np.inf
+            return
+        losses[b] = np.inf
+        if want_e and normalize:
+            for t in range(tb):
+                for k in range(n_cls):
+                    g_em[t, b, k] = ge[t, k]
+        return
+    losses[b] = lognorm - logz
+    if want_e:
+        for t in range(tb):
+            for k in range(n_cls):
+                g_em[t, b, k] = ge[t, k] - ne[t, k] if normalize else -ne[t, k]
+    if want_w:
+        for i in range(a_n):
+            j = widx_all[a0 + i]
+            if j >= 0:
+                g_w[b, j] -= cnt[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w):
+    losses[b] = np.nan
+    if want_e:
+        for t in range(t_max):
+            for k in range(g_em.shape[2]):
+                g_em[t, b, k] = np.nan
+    if want_w:
+        for k in range(g_w.shape[1]):
+            g_w[b, k] = np.nan
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _graph_batch_parallel(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
+                          lab, gw, start, accept, widx, normalize, want_e, want_w, zero_inf,
+                          losses, g_em, g_w):
+    for i in numba.prange(order.shape[0]):
+        _graph_one(order[i], em, probs, fmax, theta, in_len, node_off, arc_off, src, dst, lab,
+                   gw, start, accept, widx, normalize, want_e, want_w, zero_inf, losses, g_em,
+                   g_w)
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_batch_serial(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
+                        lab, gw, start, accept, widx, normalize, want_e, want_w, zero_inf,
+                        losses, g_em, g_w):
+    for i in range(order.shape[0]):
+        _graph_one(order[i], em, probs, fmax, theta, in_len, node_off, arc_off, src, dst, lab,
+                   gw, start, accept, widx, normalize, want_e, want_w, zero_inf, losses, g_em,
+                   g_w)
+
+
+def pack_graphs(graphs, arc_weight_index=None):
+    """Concatenate graphs into flat arrays for the kernel.
+
+    Args:
+      graphs: sequence of ``duoloss.gtn.Graph`` (one per sequence).
+      arc_weight_index: ``None`` or one integer array per graph (length = its
+        number of arcs) of indices into the shared weights, ``-1`` for none.
+
+    Returns:
+      A tuple ``(node_off, arc_off, src, dst, label, weight, start, accept,
+      widx)``: ``int64`` offsets ``(G+1,)``, per-arc ``int64`` local node ids and
+      input labels, ``float64`` graph weights, ``int8`` start/accept flags per node
+      and ``int64`` weight indices.
+    """
+    from ._graph import graph_arrays
+
+    parts = [graph_arrays(g) for g in graphs]
+    n_nodes = np.array([p[0] for p in parts], np.int64)
+    n_arcs = np.array([p[1].shape[0] for p in parts], np.int64)
+    node_off = np.concatenate([[0], np.cumsum(n_nodes)]).astype(np.int64)
+    arc_off = np.concatenate([[0], np.cumsum(n_arcs)]).astype(np.int64)
+
+    def cat(i, dtype):
+        if not parts:
+            return np.zeros(0, dtype)
+        return np.concatenate([np.asarray(p[i], dtype) for p in parts])
+
+    src, dst, lab = cat(1, np.int64), cat(2, np.int64), cat(3, np.int64)
+    weight = cat(5, np.float64)
+    start, accept = cat(6, np.int8), cat(7, np.int8)
+    if arc_weight_index is None:
+        widx = np.full(int(arc_off[-1]), -1, np.int64)
+    else:
+        widx = (np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in arc_weight_index])
+                if len(arc_weight_index) else np.zeros(0, np.int64))
+    return node_off, arc_off, src, dst, lab, weight, start, accept, widx
+
+
+def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index, *,
+                     concrete=True):
+    """Validate ``graph_loss`` arguments; returns the packed graphs (see :func:`pack_graphs`).
+
+    ``emissions``/``weights``/``input_lengths`` need ``.shape`` and ``.dtype``;
+    their values are checked only when ``concrete``.  The graphs are always
+    concrete (Python objects) and fully checked here.
+    """
+    from . import _validate as v
+    from ._graph import Graph
+
+    v.check_ndim(fn, "emissions", emissions.shape, (3,), "a (T, N, C)-array")
+    v.check_dtype(fn, "emissions", emissions.dtype, v.FLOAT_DTYPES, "a floating")
+    t_max, n, n_cls = (int(s) for s in emissions.shape)
+    if isinstance(graphs, Graph) or not isinstance(graphs, (list, tuple)):
+        raise TypeError(f"{fn}: argument 'graphs' must be a list or tuple of duoloss.gtn.Graph "
+                        f"(one per sequence), got {type(graphs).__name__}")
+    if len(graphs) != n:
+        raise ValueError(f"{fn}: argument 'graphs' must hold N = {n} graphs (one per sequence "
+                         f"of emissions), got {len(graphs)}")
+    for b, g in enumerate(graphs):
+        if not isinstance(g, Graph):
+            raise TypeError(f"{fn}: argument 'graphs' must hold duoloss.gtn.Graph objects, "
+                            f"got {type(g).__name__} at index {b}")
+    v.check_ndim(fn, "input_lengths", input_lengths.shape, (1,), f"an (N,)-array with N = {n}")
+    v.check_dtype(fn, "input_lengths", input_lengths.dtype, v.INT_DTYPES, "an integer")
+    if int(input_lengths.shape[0]) != n:
+        raise ValueError(f"{fn}: argument 'input_lengths' must be an (N,)-array with N = {n}, "
+                         f"got shape {v.shape_str(input_lengths.shape)}")
+    n_w = 0
+    if weights is not None:
+        v.check_ndim(fn, "weights", weights.shape, (1,), "a (K,)-array of arc weights")
+        if v.dtype_name(weights.dtype) != v.dtype_name(emissions.dtype):
+            raise TypeError(f"{fn}: argument 'weights' must have the dtype of 'emissions' "
+                            f"({v.dtype_name(emissions.dtype)}), got "
+                            f"{v.dtype_name(weights.dtype)}")
+        n_w = int(weights.shape[0])
+        if arc_weight_index is None:
+            raise ValueError(f"{fn}: argument 'arc_weight_index' must be given with 'weights' "
+                             f"(one integer array per graph), got None")
+    if arc_weight_index is not None:
+        if weights is None:
+            raise ValueError(f"{fn}: argument 'weights' must be given with 'arc_weight_index', "
+                             f"got None")
+        if not isinstance(arc_weight_index, (list, tuple)) or len(arc_weight_index) != n:
+            raise ValueError(f"{fn}: argument 'arc_weight_index' must be a list of N = {n} "
+                             f"integer arrays (one per graph), got "
+                             f"{type(arc_weight_index).__name__}"
+                             + (f" of length {len(arc_weight_index)}"
+                                if isinstance(arc_weight_index, (list, tuple)) else ""))
+    packed = pack_graphs(graphs, None)
+    node_off, arc_off, src, dst, lab = packed[:5]
+    eps = np.flatnonzero(lab < 0)
+    if eps.size:
+        a = int(eps[0])
+        b = int(np.searchsorted(arc_off, a, side="right") - 1)
+        raise ValueError(f"{fn}: argument 'graphs' must not contain epsilon arcs (label -1: "
+                         f"every arc consumes one frame), found at graph {b}, arc "
+                         f"{a - int(arc_off[b])}")
+    bad = np.flatnonzero(lab >= n_cls)
+    if bad.size:
+        a = int(bad[0])
+        b = int(np.searchsorted(arc_off, a, side="right") - 1)
+        raise ValueError(f"{fn}: argument 'graphs' must have arc labels in [0, {n_cls}) "
+                         f"(C from emissions), got {int(lab[a])} at graph {b}, arc "
+                         f"{a - int(arc_off[b])}")
+    if arc_weight_index is not None:
+        idx = []
+        for b, (g, x) in enumerate(zip(graphs, arc_weight_index)):
+            x = np.asarray(x)
+            if x.dtype.kind not in "iu":
+                raise TypeError(f"{fn}: argument 'arc_weight_index' must hold integer arrays, "
+                                f"got dtype {x.dtype} at graph {b}")
+            if x.shape != (g.num_arcs(),):
+                raise ValueError(f"{fn}: argument 'arc_weight_index' must hold one index per "
+                                 f"arc, shape ({g.num_arcs()},) at graph {b}, got "
+                                 f"{v.shape_str(x.shape)}")
+            if x.size and (x.min() < -1 or x.max() >= n_w):
+                bad_v = int(x[(x < -1) | (x >= n_w)][0])
+                raise ValueError(f"{fn}: argument 'arc_weight_index' must be in [-1, {n_w}) "
+                                 f"(K = {n_w} weights), got {bad_v} at graph {b}")
+            idx.append(x.astype(np.int64))
+        widx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        packed = packed[:8] + (widx,)
+    if concrete:
+        v.check_lengths(fn, "input_lengths", np.asarray(input_lengths).astype(np.int64), t_max,
+                        "T, the number of frames")
+    return packed
+
+
+def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, normalize=False,
+                        want_grad=(True, True), zero_infinity=False):
+    """Per-sequence graph losses and gradients (see the module docstring).
+
+    Args:
+      emissions: ``(T, N, C)`` float array.
+      packed: the output of :func:`pack_graphs` (``G`` graphs; sequence ``b`` uses
+        graph ``b % G``).
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      weights: ``(K,)`` shared learnable arc weights, or ``None``.
+      normalize: add the unconstrained emissions' forward score.
+      want_grad: booleans ``(emissions, weights)``.
+      zero_infinity: infeasible sequences get loss 0 and zero gradients.
+
+    Returns:
+      ``(losses, (g_emissions, g_weights))`` with ``(N,)``, ``(T, N, C)`` and
+      ``(N, K)`` arrays (``None`` where not wanted).
+    """
+    em = np.ascontiguousarray(emissions)
+    dtype = em.dtype
+    t_max, n, n_cls = em.shape
+    node_off, arc_off, src, dst, lab, gw, start, accept, widx = (
+        np.ascontiguousarray(x) for x in packed)
+    node_off, arc_off, src, dst, lab, widx = (
+        x.astype(np.int64, copy=False) for x in (node_off, arc_off, src, dst, lab, widx))
+    start = start.astype(np.int8, copy=False)
+    accept = accept.astype(np.int8, copy=False)
+    gw = gw.astype(np.float64, copy=False)
+    theta = (np.zeros(0) if weights is None
+             else np.ascontiguousarray(weights).astype(np.float64, copy=False))
+    want_e = bool(want_grad[0])
+    want_w = bool(want_grad[1]) and weights is not None
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
+    losses = np.empty(n, np.float64)
+    g_em = np.empty((t_max, n, n_cls), dtype) if want_e else np.empty((0, 0, 0), dtype)
+    g_w = (np.empty((n, theta.shape[0]), dtype) if want_w else np.empty((0, 0), dtype))
+    if n:
+        lp = em.astype(np.float64, copy=False)
+        fmax = lp.max(axis=2)
+        fmax[~np.isfinite(fmax)] = 0.0
+        probs = np.exp(lp - fmax[:, :, None])
+        n_g = max(node_off.shape[0] - 1, 1)
+        arcs = np.diff(arc_off) if node_off.shape[0] > 1 else np.zeros(1, np.int64)
+        cells = np.clip(il, 0, t_max) * (arcs[np.arange(n) % n_g] + 1)
+        order = np.argsort(-cells, kind="stable").astype(np.int64)
+        args = (order, em, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
+                accept, widx, bool(normalize), want_e, want_w, bool(zero_infinity), losses,
+                g_em, g_w)
+        if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
+            with parallel_guard():
+                old = numba.set_parallel_chunksize(1)
+                try:
+                    _graph_batch_parallel(*args)
+                finally:
+                    numba.set_parallel_chunksize(old)
+        else:
+            _graph_batch_serial(*args)
+    return losses.astype(dtype, copy=False), (g_em if want_e else None,
+                                              g_w if want_w else None)
+
+
+def _graph_run(arrays, want_grad, *, normalize=False, zero_infinity=False):
+    emissions, weights, input_lengths = arrays[:3]
+    packed = arrays[3:]
+    losses, (ge, gw) = graph_loss_and_grad(
+        emissions, packed, input_lengths, weights=weights, normalize=normalize,
+        want_grad=(want_grad[0], want_grad[1]), zero_infinity=zero_infinity)
+    return losses, (ge, gw) + (None,) * (len(arrays) - 2)
+
+
+#: The graph loss for the frontends' adapters: arrays are ``(emissions (T,N,C),
+#: weights (K,), input_lengths (N,), *pack_graphs(...))`` (9 packed arrays,
+#: shared by the batch: sequence ``b`` uses graph ``b % G``, so folding vmapped
+#: copies of the emissions into the batch keeps each sequence on its graph);
+#: static ``normalize`` and ``zero_infinity``.
+GRAPH_LOSS_KERNEL = LossKernel(
+    name="graph_loss",
+    run=_graph_run,
+    batch_axes=(1, None, 0) + (None,) * 9,
+    differentiable=(True, True) + (False,) * 10,
+)

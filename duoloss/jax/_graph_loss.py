@@ -1,0 +1,74 @@
+"""Target-graph loss for JAX: ``graph_loss``."""
+from __future__ import annotations
+
+from typing import Literal, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, check_graph_args
+from duoloss.core._validate import check_reduction
+
+from ._adapter import apply_kernel, is_concrete, reduce_losses
+from ._asg import _check_bool
+
+__all__ = ["graph_loss"]
+
+
+def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = False,
+               reduction: Literal["none", "sum", "mean"] = "mean", weights=None,
+               arc_weight_index: Optional[Sequence] = None, target_lengths=None,
+               zero_infinity: bool = False) -> jax.Array:
+    r"""Loss of one target graph per sequence; see :func:`duoloss.torch.graph_loss`.
+
+    .. math::
+
+        \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
+            \left(w_{a_t} + e_t(k_{a_t})\right)
+            + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
+        \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+
+    Args:
+      emissions: ``(T, N, C)``-array of scores.
+      graphs: ``N`` ``duoloss.gtn.Graph`` acceptors (Python objects: under ``jit``
+        close over them; they become constants of the trace).
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      normalize: add the forward score of the unconstrained emissions.
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (divided by ``target_lengths``
+        clamped to >= 1 if given, then the batch mean).
+      weights: ``(K,)``-array :math:`\theta` of learnable, tied arc weights
+        (differentiable).
+      arc_weight_index: with ``weights``: one integer array per graph, an index in
+        ``[-1, K)`` per arc.
+      target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
+      zero_infinity: sequences without a path get loss 0 and zero gradients.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    NB: works under ``jit``, ``grad`` and ``vmap`` over the emissions (each
+    vmapped copy uses the same graphs).
+    """
+    fn = "graph_loss"
+    check_reduction(fn, reduction)
+    _check_bool(fn, "normalize", normalize)
+    _check_bool(fn, "zero_infinity", zero_infinity)
+    emissions = jnp.asarray(emissions)
+    weights = None if weights is None else jnp.asarray(weights)
+    input_lengths = jnp.asarray(input_lengths)
+    packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
+                              concrete=is_concrete(input_lengths))
+    n = emissions.shape[1]
+    if target_lengths is None:
+        target_lengths = jnp.ones(n, jnp.int32)
+    else:
+        target_lengths = jnp.asarray(target_lengths)
+        if target_lengths.shape != (n,):
+            raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
+                             f"N = {n}, got shape {target_lengths.shape}")
+    if weights is None:
+        weights = jnp.zeros(0, emissions.dtype)
+    arrays = (emissions, weights, input_lengths) + tuple(jnp.asarray(p) for p in packed)
+    losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
+                          zero_infinity=bool(zero_infinity))
+    return reduce_losses(losses, target_lengths, reduction)

@@ -1,0 +1,133 @@
+"""Target-graph loss for PyTorch: ``graph_loss`` and ``GraphLoss``."""
+from __future__ import annotations
+
+from typing import Literal, Optional, Sequence
+
+import numpy as np
+import torch
+
+from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, check_graph_args
+from duoloss.core._validate import check_reduction
+
+from ._adapter import apply_kernel, reduction_weights
+from ._asg import _check_bool, _check_tensor
+from ._ctc import _as_int_array
+
+__all__ = ["graph_loss", "GraphLoss"]
+
+
+def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
+               normalize: bool = False, reduction: Literal["none", "sum", "mean"] = "mean",
+               weights: Optional[torch.Tensor] = None,
+               arc_weight_index: Optional[Sequence] = None, target_lengths=None,
+               zero_infinity: bool = False) -> torch.Tensor:
+    r"""Loss of one target graph per sequence: ``-forward_score(intersect(G_b, E_b))``.
+
+    ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` shared arc weights.  Each
+    path of :math:`G_b` that takes exactly ``T_b`` arcs (one per frame; self-loops
+    and cycles are fine) is scored by its arc weights plus the emissions of its
+    labels:
+
+    .. math::
+
+        \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
+            \left(w_{a_t} + e_t(k_{a_t})\right)
+            + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
+        \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+
+    With the CTC graph of each target (and ``target_lengths``) it equals
+    :func:`duoloss.torch.ctc_loss`; with GTN's ASG graphs it equals ASG.
+
+    Args:
+      emissions: ``(T, N, C)``-tensor of scores (e.g. log-probabilities), float32/float64.
+      graphs: ``N`` ``duoloss.gtn.Graph`` acceptors over ``[0, C)`` (matched on their
+        input labels; no epsilon arcs).  Their own arc weights are constants.
+      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      normalize: add the forward score of the unconstrained emissions (for
+        unnormalised ``emissions``, like GTN's "normalized" losses).
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (each loss divided by its
+        ``target_lengths`` entry clamped to >= 1 if given, then the batch mean).
+      weights: ``(K,)``-tensor :math:`\theta` of learnable, tied arc weights.
+      arc_weight_index: with ``weights``: ``N`` integer arrays, one index in
+        ``[-1, K)`` per arc of each graph (``-1``: the arc has no learnable part).
+      target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
+      zero_infinity: sequences without a path get loss 0 and zero gradients.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    Gradients: w.r.t. emissions, (softmax if ``normalize``) minus the posterior
+    of each label at each frame (zero on padded frames); w.r.t. ``weights[i]``,
+    minus the expected number of uses of the arcs tied to ``i``.
+
+    NB: a graph without a path of exactly ``T_b`` arcs gives ``+inf``.  Graphs
+    and indices are fully validated before any computation.  Maths and
+    numerics: :mod:`duoloss.core._graph_loss`.
+
+    References:
+      Hannun et al., "Differentiable Weighted Finite-State Transducers", 2020.
+    """
+    fn = "graph_loss"
+    check_reduction(fn, reduction)
+    _check_bool(fn, "normalize", normalize)
+    _check_bool(fn, "zero_infinity", zero_infinity)
+    _check_tensor(fn, "emissions", emissions)
+    _check_tensor(fn, "weights", weights, optional=True)
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    packed = check_graph_args(fn, emissions, graphs, il, weights, arc_weight_index)
+    il = il.astype(np.int64, copy=False).reshape(-1)
+    n = il.shape[0]
+    if target_lengths is None:
+        tl = np.ones(n, np.int64)
+    else:
+        tl = _as_int_array(target_lengths, fn, "target_lengths").astype(np.int64).reshape(-1)
+        if tl.shape != (n,):
+            raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
+                             f"N = {n}, got shape {tl.shape}")
+    if weights is None:
+        weights = torch.zeros(0, dtype=emissions.dtype, device=emissions.device)
+    elif weights.device != emissions.device:
+        raise ValueError(f"{fn}: argument 'weights' must be on the device of 'emissions' "
+                         f"({emissions.device}), got {weights.device}")
+    return apply_kernel(GRAPH_LOSS_KERNEL, (emissions, weights, il) + tuple(packed),
+                        weights=reduction_weights(reduction, tl), normalize=bool(normalize),
+                        zero_infinity=bool(zero_infinity))
+
+
+class GraphLoss(torch.nn.Module):
+    """Module form of :func:`graph_loss` holding ``K`` learnable tied arc weights.
+
+    Args:
+      num_weights: ``K`` (zeros at initialisation).
+      normalize, reduction, zero_infinity: as in :func:`graph_loss`.
+      dtype, device: of the weights.
+
+    Attributes:
+      weights: ``(K,)`` ``nn.Parameter``; arcs refer to it through the
+        ``arc_weight_index`` passed to :meth:`forward`.
+    """
+
+    def __init__(self, num_weights: int = 0, *, normalize: bool = False,
+                 reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False,
+                 dtype: Optional[torch.dtype] = None, device=None):
+        super().__init__()
+        if isinstance(num_weights, bool) or not isinstance(num_weights, int) or num_weights < 0:
+            raise ValueError(f"GraphLoss: argument 'num_weights' must be an int >= 0, "
+                             f"got {num_weights!r}")
+        check_reduction("GraphLoss", reduction)
+        self.weights = torch.nn.Parameter(torch.zeros(num_weights, dtype=dtype, device=device))
+        self.normalize = normalize
+        self.reduction = reduction
+        self.zero_infinity = zero_infinity
+
+    def forward(self, emissions, graphs, input_lengths, arc_weight_index=None,
+                target_lengths=None):
+        use = arc_weight_index is not None
+        return graph_loss(emissions, graphs, input_lengths, normalize=self.normalize,
+                          reduction=self.reduction, weights=self.weights if use else None,
+                          arc_weight_index=arc_weight_index, target_lengths=target_lengths,
+                          zero_infinity=self.zero_infinity)
+
+    def extra_repr(self) -> str:
+        return (f"num_weights={self.weights.shape[0]}, normalize={self.normalize}, "
+                f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}")
