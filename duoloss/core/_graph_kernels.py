@@ -1,0 +1,553 @@
+"""Compiled kernels of the graph engine (numba, ``nogil`` so threads overlap).
+
+Every kernel is a module-level ``@numba.njit(cache=True, nogil=True)`` function
+(kernels generated inside factories would defeat numba's on-disk cache).  The
+kernels take plain arrays, never index outside them (every index they read comes
+from arrays they validated or built themselves), and report problems through a
+status code: callers validate input before calling.
+
+Scores are accumulated in float64.  Notation: for a graph with arcs
+``a = (u -> v, w_a)``, a *path* runs from a start node to an accept node; the
+*useful* arcs are those on at least one path (source accessible from a start,
+target co-accessible to an accept).  Only useful arcs and nodes take part in
+scores, so dead ends, unreachable sources and their cycles are harmless.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_NEG_INF = -np.inf
+
+
+@numba.njit(cache=True, nogil=True)
+def csr(n, keys):
+    """Stable counting sort of arc indices by ``keys`` (values in ``[0, n)``).
+
+    Returns ``(ptr, idx)``: arcs with key ``k`` are ``idx[ptr[k]:ptr[k+1]]``.
+    """
+    m = keys.shape[0]
+    ptr = np.zeros(n + 1, np.int64)
+    for a in range(m):
+        ptr[keys[a] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    fill = ptr[:n].copy()
+    idx = np.empty(m, np.int64)
+    for a in range(m):
+        k = keys[a]
+        idx[fill[k]] = a
+        fill[k] += 1
+    return ptr, idx
+
+
+@numba.njit(cache=True, nogil=True)
+def dag_prepare(n, src, dst, start, accept):
+    """Useful part of a graph and a topological order of it.
+
+    Returns:
+      ``(status, order, useful_node, useful_arc, out_ptr, out_idx, in_ptr, in_idx)``;
+      ``status`` is 0, or 1 when the useful part has a cycle (then the path set
+      is infinite).  ``order`` lists the useful nodes topologically.
+    """
+    m = src.shape[0]
+    out_ptr, out_idx = csr(n, src)
+    in_ptr, in_idx = csr(n, dst)
+    fwd = np.zeros(n, np.bool_)
+    bwd = np.zeros(n, np.bool_)
+    stack = np.empty(n, np.int64)
+    top = 0
+    for v in range(n):
+        if start[v]:
+            fwd[v] = True
+            stack[top] = v
+            top += 1
+    while top > 0:
+        top -= 1
+        u = stack[top]
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            v = dst[out_idx[k]]
+            if not fwd[v]:
+                fwd[v] = True
+                stack[top] = v
+                top += 1
+    for v in range(n):
+        if accept[v]:
+            bwd[v] = True
+            stack[top] = v
+            top += 1
+    while top > 0:
+        top -= 1
+        v = stack[top]
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            u = src[in_idx[k]]
+            if not bwd[u]:
+                bwd[u] = True
+                stack[top] = u
+                top += 1
+    useful_node = fwd & bwd
+    useful_arc = np.zeros(m, np.bool_)
+    indeg = np.zeros(n, np.int64)
+    for a in range(m):
+        if fwd[src[a]] and bwd[dst[a]]:
+            useful_arc[a] = True
+            indeg[dst[a]] += 1
+    nu = 0
+    for v in range(n):
+        if useful_node[v]:
+            nu += 1
+    order = np.empty(nu, np.int64)
+    head = 0
+    tail = 0
+    for v in range(n):
+        if useful_node[v] and indeg[v] == 0:
+            order[tail] = v
+            tail += 1
+    while head < tail:
+        u = order[head]
+        head += 1
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            a = out_idx[k]
+            if useful_arc[a]:
+                v = dst[a]
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    order[tail] = v
+                    tail += 1
+    status = 0 if tail == nu else 1
+    return status, order, useful_node, useful_arc, out_ptr, out_idx, in_ptr, in_idx
+
+
+@numba.njit(cache=True, nogil=True)
+def log_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n):
+    """Log-semiring forward pass.
+
+    ``alpha[v] = log( [v is start] + sum_{a: u -> v} exp(alpha[u] + w_a) )`` over
+    useful arcs, in topological order; the score is ``logsumexp`` of ``alpha``
+    over accept nodes.  Returns ``(score, alpha)`` (float64).
+    """
+    alpha = np.full(n, _NEG_INF)
+    for i in range(order.shape[0]):
+        v = order[i]
+        mx = 0.0 if start[v] else _NEG_INF
+        nan = False
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            a = in_idx[k]
+            if useful_arc[a]:
+                x = alpha[src[a]] + weight[a]
+                if x != x:
+                    nan = True
+                elif x > mx:
+                    mx = x
+        if nan:
+            alpha[v] = np.nan
+            continue
+        if mx == _NEG_INF or mx == np.inf:
+            alpha[v] = mx
+            continue
+        s = np.exp(-mx) if start[v] else 0.0
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            a = in_idx[k]
+            if useful_arc[a]:
+                s += np.exp(alpha[src[a]] + weight[a] - mx)
+        alpha[v] = mx + np.log(s)
+    mx = _NEG_INF
+    nan = False
+    for i in range(order.shape[0]):
+        v = order[i]
+        if accept[v]:
+            x = alpha[v]
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+    if nan:
+        return np.nan, alpha
+    if mx == _NEG_INF or mx == np.inf:
+        return mx, alpha
+    s = 0.0
+    for i in range(order.shape[0]):
+        v = order[i]
+        if accept[v]:
+            s += np.exp(alpha[v] - mx)
+    return mx + np.log(s), alpha
+
+
+@numba.njit(cache=True, nogil=True)
+def log_backward(order, useful_arc, out_ptr, out_idx, src, dst, weight, accept, n, alpha, score):
+    """Arc posteriors ``d score / d w_a`` of the log-semiring forward score.
+
+    ``beta[u] = log( [u is accept] + sum_{a: u -> v} exp(w_a + beta[v]) )`` and
+    ``d score / d w_a = exp(alpha[u] + w_a + beta[v] - score)``: the probability
+    that a path drawn with probability ``exp(path weight - score)`` uses ``a``.
+    Arcs on no path, or whose paths all weigh ``-inf``, get exactly 0 (never NaN).
+    If the score is NaN or ``+inf`` the useful arcs get NaN.
+    """
+    m = src.shape[0]
+    grad = np.zeros(m, np.float64)
+    if score == _NEG_INF:
+        return grad
+    if not np.isfinite(score):
+        for a in range(m):
+            if useful_arc[a]:
+                grad[a] = np.nan
+        return grad
+    beta = np.full(n, _NEG_INF)
+    for i in range(order.shape[0] - 1, -1, -1):
+        u = order[i]
+        mx = 0.0 if accept[u] else _NEG_INF
+        nan = False
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            a = out_idx[k]
+            if useful_arc[a]:
+                x = weight[a] + beta[dst[a]]
+                if x != x:
+                    nan = True
+                elif x > mx:
+                    mx = x
+        if nan:
+            beta[u] = np.nan
+            continue
+        if mx == _NEG_INF or mx == np.inf:
+            beta[u] = mx
+            continue
+        s = np.exp(-mx) if accept[u] else 0.0
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            a = out_idx[k]
+            if useful_arc[a]:
+                s += np.exp(weight[a] + beta[dst[a]] - mx)
+        beta[u] = mx + np.log(s)
+    for a in range(m):
+        if useful_arc[a]:
+            au = alpha[src[a]]
+            bv = beta[dst[a]]
+            w = weight[a]
+            if au == _NEG_INF or bv == _NEG_INF or w == _NEG_INF:
+                continue
+            grad[a] = np.exp(au + w + bv - score)
+    return grad
+
+
+@numba.njit(cache=True, nogil=True)
+def max_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n):
+    """Tropical (max, +) forward pass with back-pointers.
+
+    Returns ``(score, best_accept, back)``: ``back[v]`` is the best incoming arc
+    of ``v`` (``-1``: the empty path at a start node is best).  Ties keep the
+    first maximum (empty path first, then incoming arcs in arc order; accept
+    nodes in id order).  NaN arc weights never win.  ``best_accept`` is ``-1``
+    when no path has a score above ``-inf``.
+    """
+    best = np.full(n, _NEG_INF)
+    back = np.full(n, -1, np.int64)
+    for i in range(order.shape[0]):
+        v = order[i]
+        mx = 0.0 if start[v] else _NEG_INF
+        arg = -1
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            a = in_idx[k]
+            if useful_arc[a]:
+                x = best[src[a]] + weight[a]
+                if x > mx:
+                    mx = x
+                    arg = a
+        best[v] = mx
+        back[v] = arg
+    score = _NEG_INF
+    best_acc = -1
+    for i in range(order.shape[0]):
+        v = order[i]
+        if accept[v] and best[v] > score:
+            score = best[v]
+            best_acc = v
+    if best_acc >= 0:
+        # Prefer the lowest node id among exact ties (deterministic).
+        for i in range(order.shape[0]):
+            v = order[i]
+            if accept[v] and best[v] == score and v < best_acc:
+                best_acc = v
+    return score, best_acc, back
+
+
+@numba.njit(cache=True, nogil=True)
+def trace_back(best_acc, back, src, max_len):
+    """Arc indices of the best path ending at ``best_acc`` (path order)."""
+    path = np.empty(max_len, np.int64)
+    k = 0
+    v = best_acc
+    while v >= 0 and k < max_len:
+        a = back[v]
+        if a < 0:
+            break
+        path[k] = a
+        k += 1
+        v = src[a]
+    out = np.empty(k, np.int64)
+    for i in range(k):
+        out[i] = path[k - 1 - i]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot(key, mask):
+    """Hash slot of a non-negative key (splitmix-style mixing in uint64)."""
+    x = np.uint64(key)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(29)
+    return np.int64(x & np.uint64(mask))
+
+
+@numba.njit(cache=True, nogil=True)
+def _sorted_csr(n, src, lab):
+    m = src.shape[0]
+    ptr, idx = csr(n, src)
+    # sort each node's arcs by label (insertion sort: out-degrees are small or
+    # already sorted, e.g. linear graphs); stable.
+    for u in range(n):
+        lo = ptr[u]
+        hi = ptr[u + 1]
+        if hi - lo > 32:
+            seg = idx[lo:hi].copy()
+            keys = np.empty(hi - lo, np.int64)
+            for j in range(hi - lo):
+                keys[j] = lab[seg[j]]
+            perm = np.argsort(keys, kind="mergesort")
+            for j in range(hi - lo):
+                idx[lo + j] = seg[perm[j]]
+        else:
+            for j in range(lo + 1, hi):
+                a = idx[j]
+                la = lab[a]
+                p = j - 1
+                while p >= lo and lab[idx[p]] > la:
+                    idx[p + 1] = idx[p]
+                    p -= 1
+                idx[p + 1] = a
+    return ptr, idx
+
+
+@numba.njit(cache=True, nogil=True)
+def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, start2,
+                   accept2, state_cap, arc_cap):
+    """Composition / intersection of two graphs with an epsilon filter.
+
+    Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
+    ``lab1[a1] == lab2[a2] != -1``.  Epsilons (``-1``) move one side alone; the
+    three-state epsilon-matching filter of Allauzen, Riley & Schalkwyk (2009)
+    keeps exactly one output path for every pair of input paths:
+
+    * filter 0: any move; epsilon on both sides together stays in 0;
+    * first side alone on epsilon -> filter 1 (allowed from 0 and 1);
+    * second side alone on epsilon -> filter 2 (allowed from 0 and 2);
+    * a real match returns to 0.
+
+    Output states are created breadth first from the start pairs and then trimmed
+    to the co-accessible ones (renumbered in creation order).  Buffers have the
+    fixed sizes ``state_cap`` / ``arc_cap`` (no reallocation inside the loops,
+    which keeps numba's reference counting out of them); when they are too small
+    the kernel returns ``status = 1`` and the caller retries with larger ones.
+
+    Returns:
+      ``(status, n_out, out_src, out_dst, out_a1, out_a2, out_start, out_accept)``;
+      ``out_a1[k]`` / ``out_a2[k]`` is the input arc behind output arc ``k``
+      (``-1``: that side did not move).
+    """
+    p1, i1 = _sorted_csr(n1, src1, lab1)
+    p2, i2 = _sorted_csr(n2, src2, lab2)
+    eps = False
+    for a in range(lab1.shape[0]):
+        if lab1[a] == -1:
+            eps = True
+            break
+    if not eps:
+        for a in range(lab2.shape[0]):
+            if lab2[a] == -1:
+                eps = True
+                break
+    nf = 3 if eps else 1
+    cap = 64
+    while cap < 2 * state_cap:
+        cap *= 2
+    mask = cap - 1
+    hkeys = np.full(cap, -1, np.int64)
+    hvals = np.empty(cap, np.int64)
+    sq1 = np.empty(state_cap, np.int64)
+    sq2 = np.empty(state_cap, np.int64)
+    sf = np.empty(state_cap, np.int64)
+    asrc = np.empty(arc_cap, np.int64)
+    adst = np.empty(arc_cap, np.int64)
+    aa1 = np.empty(arc_cap, np.int64)
+    aa2 = np.empty(arc_cap, np.int64)
+    e_i = np.zeros(0, np.int64)
+    e_b = np.zeros(0, np.bool_)
+    ns = 0
+    na = 0
+    for s1 in range(n1):
+        if not start1[s1]:
+            continue
+        for s2 in range(n2):
+            if not start2[s2]:
+                continue
+            if ns == state_cap:
+                return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+            key = (s1 * n2 + s2) * nf
+            h = _slot(key, mask)
+            while hkeys[h] != -1 and hkeys[h] != key:
+                h = (h + 1) & mask
+            if hkeys[h] == -1:
+                hkeys[h] = key
+                hvals[h] = ns
+                sq1[ns] = s1
+                sq2[ns] = s2
+                sf[ns] = 0
+                ns += 1
+    nstart = ns
+    head = 0
+    while head < ns:
+        q1 = sq1[head]
+        q2 = sq2[head]
+        f = sf[head]
+        k1 = p1[q1]
+        e1 = p1[q1 + 1]
+        k2 = p2[q2]
+        e2 = p2[q2 + 1]
+        b1 = k1
+        while b1 < e1 and lab1[i1[b1]] == -1:
+            b1 += 1
+        b2 = k2
+        while b2 < e2 and lab2[i2[b2]] == -1:
+            b2 += 1
+        # phase 0: real matches; 1: first side alone on eps; 2: second alone; 3: both eps
+        for phase in range(4):
+            if phase == 0:
+                xs, xe0, ys, ye0 = b1, e1, b2, e2
+            elif phase == 1:
+                if not eps or f == 2:
+                    continue
+                xs, xe0, ys, ye0 = k1, b1, 0, 1
+            elif phase == 2:
+                if not eps or f == 1:
+                    continue
+                xs, xe0, ys, ye0 = 0, 1, k2, b2
+            else:
+                if not eps or f != 0:
+                    continue
+                xs, xe0, ys, ye0 = k1, b1, k2, b2
+            x = xs
+            y = ys
+            while x < xe0 and y < ye0:
+                if phase == 0:
+                    l1 = lab1[i1[x]]
+                    l2 = lab2[i2[y]]
+                    if l1 < l2:
+                        x += 1
+                        continue
+                    if l1 > l2:
+                        y += 1
+                        continue
+                    xe = x
+                    while xe < xe0 and lab1[i1[xe]] == l1:
+                        xe += 1
+                    ye = y
+                    while ye < ye0 and lab2[i2[ye]] == l1:
+                        ye += 1
+                else:
+                    xe = xe0
+                    ye = ye0
+                for xx in range(x, xe):
+                    for yy in range(y, ye):
+                        if phase == 0 or phase == 3:
+                            a1 = i1[xx]
+                            a2 = i2[yy]
+                            t1 = dst1[a1]
+                            t2 = dst2[a2]
+                            tf = 0
+                        elif phase == 1:
+                            a1 = i1[xx]
+                            a2 = -1
+                            t1 = dst1[a1]
+                            t2 = q2
+                            tf = 1
+                        else:
+                            a1 = -1
+                            a2 = i2[yy]
+                            t1 = q1
+                            t2 = dst2[a2]
+                            tf = 2
+                        key = (t1 * n2 + t2) * nf + tf
+                        h = _slot(key, mask)
+                        while hkeys[h] != -1 and hkeys[h] != key:
+                            h = (h + 1) & mask
+                        if hkeys[h] == -1:
+                            if ns == state_cap:
+                                return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+                            hkeys[h] = key
+                            hvals[h] = ns
+                            sq1[ns] = t1
+                            sq2[ns] = t2
+                            sf[ns] = tf
+                            t = ns
+                            ns += 1
+                        else:
+                            t = hvals[h]
+                        if na == arc_cap:
+                            return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+                        asrc[na] = head
+                        adst[na] = t
+                        aa1[na] = a1
+                        aa2[na] = a2
+                        na += 1
+                x = xe
+                y = ye
+        head += 1
+    # Trim: keep states that reach an accepting state.
+    in_ptr, in_idx = csr(ns, adst[:na])
+    co = np.zeros(ns, np.bool_)
+    stack = np.empty(ns, np.int64)
+    top = 0
+    for s in range(ns):
+        if accept1[sq1[s]] and accept2[sq2[s]]:
+            co[s] = True
+            stack[top] = s
+            top += 1
+    while top > 0:
+        top -= 1
+        v = stack[top]
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            u = asrc[in_idx[k]]
+            if not co[u]:
+                co[u] = True
+                stack[top] = u
+                top += 1
+    newid = np.full(ns, -1, np.int64)
+    n_out = 0
+    for s in range(ns):
+        if co[s]:
+            newid[s] = n_out
+            n_out += 1
+    out_start = np.zeros(n_out, np.bool_)
+    out_accept = np.zeros(n_out, np.bool_)
+    for s in range(ns):
+        if co[s]:
+            if s < nstart:
+                out_start[newid[s]] = True
+            if accept1[sq1[s]] and accept2[sq2[s]]:
+                out_accept[newid[s]] = True
+    m_out = 0
+    for k in range(na):
+        if co[adst[k]]:
+            m_out += 1
+    out_src = np.empty(m_out, np.int64)
+    out_dst = np.empty(m_out, np.int64)
+    out_a1 = np.empty(m_out, np.int64)
+    out_a2 = np.empty(m_out, np.int64)
+    j = 0
+    for k in range(na):
+        if co[adst[k]]:
+            out_src[j] = newid[asrc[k]]
+            out_dst[j] = newid[adst[k]]
+            out_a1[j] = aa1[k]
+            out_a2[j] = aa2[k]
+            j += 1
+    return 0, n_out, out_src, out_dst, out_a1, out_a2, out_start, out_accept
