@@ -162,14 +162,18 @@ def add(g1: Graph, g2: Graph) -> Graph:
     """``w1 + w2`` for one-arc graphs; gradients ``1, 1``."""
     w1 = _one_arc("add", "g1", g1)
     w2 = _one_arc("add", "g2", g2)
-    return _scalar(np.float32(w1) + np.float32(w2), (g1, g2), lambda gout, inputs: (gout, gout))
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = np.float32(w1) + np.float32(w2)
+    return _scalar(value, (g1, g2), lambda gout, inputs: (gout, gout))
 
 
 def subtract(g1: Graph, g2: Graph) -> Graph:
     """``w1 - w2`` for one-arc graphs; gradients ``1, -1``."""
     w1 = _one_arc("subtract", "g1", g1)
     w2 = _one_arc("subtract", "g2", g2)
-    return _scalar(np.float32(w1) - np.float32(w2), (g1, g2), lambda gout, inputs: (gout, -gout))
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = np.float32(w1) - np.float32(w2)
+    return _scalar(value, (g1, g2), lambda gout, inputs: (gout, -gout))
 
 
 def _graph_list(fn: str, graphs) -> List[Graph]:
