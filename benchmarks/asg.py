@@ -1,0 +1,118 @@
+"""ASG, all-alignments and graph_loss speed against duoloss's CTC kernel (fwd+bwd).
+
+Times the core kernels (numpy in, numpy out) and the torch frontends, float32,
+and prints medians and ratios to the CTC kernel at the same (B, T, C, L).
+GTN cannot be installed here: its all-alignments loss via graphs took
+~100 ms at B=8, T=200, C=30, L=40 on this project's machines (NOTES.md) and is
+quoted as a reference number only.
+
+    python benchmarks/asg.py                       # default sizes
+    python benchmarks/asg.py --sizes 8,200,30,40 --repeats 30
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+GTN_REFERENCE_MS = {(8, 200, 30, 40): 100.0}
+
+
+def ctc_graph(target, blank=0):
+    from duoloss.gtn import Graph
+
+    g = Graph(calc_grad=False)
+    n_states = 2 * len(target) + 1
+    for s in range(n_states):
+        g.add_node(start=s == 0, accept=s >= n_states - 2)
+    lab = [blank if s % 2 == 0 else int(target[s // 2]) for s in range(n_states)]
+    for s in range(n_states):
+        g.add_arc(s, s, lab[s])
+        if s >= 1:
+            g.add_arc(s - 1, s, lab[s])
+        if s >= 3 and s % 2 == 1 and lab[s] != lab[s - 2]:
+            g.add_arc(s - 2, s, lab[s])
+    return g
+
+
+def median_ms(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def bench(b, t, c, l, repeats, frontends):
+    from duoloss.core import asg_loss_and_grad, ctc_loss_and_grad
+    from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t, b, c)).astype(np.float32)
+    lp = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
+    tg = rng.integers(1, c, (b, l))
+    il = np.full(b, t)
+    tl = np.full(b, l)
+    tr = (0.5 * rng.standard_normal((c, c))).astype(np.float32)
+    sv = rng.standard_normal(c).astype(np.float32)
+    graphs = [ctc_graph(tg[i]) for i in range(b)]
+
+    rows = {}
+    rows["ctc (core)"] = median_ms(lambda: ctc_loss_and_grad(lp, tg, il, tl), repeats)
+    rows["asg (core)"] = median_ms(
+        lambda: asg_loss_and_grad(x, tr, tg, il, tl, start_transitions=sv), repeats)
+    rows["all-alignments (core)"] = median_ms(
+        lambda: asg_loss_and_grad(x, None, tg, il, tl), repeats)
+
+    def graph_core():
+        packed = check_graph_args("graph_loss", lp, graphs, il, None, None)
+        graph_loss_and_grad(lp, packed, il)
+    rows["graph_loss, CTC graphs (core)"] = median_ms(graph_core, repeats)
+    if frontends:
+        import torch
+
+        import duoloss.torch as dt
+        xt = torch.tensor(x, requires_grad=True)
+        lpt = torch.tensor(lp, requires_grad=True)
+        trt = torch.tensor(tr, requires_grad=True)
+        tgt, ilt, tlt = torch.tensor(tg), torch.tensor(il), torch.tensor(tl)
+
+        def run(loss):
+            loss().backward()
+        rows["ctc_loss (torch)"] = median_ms(lambda: run(lambda: dt.ctc_loss(lpt, tgt, ilt, tlt)),
+                                             repeats)
+        rows["asg_loss (torch)"] = median_ms(
+            lambda: run(lambda: dt.asg_loss(xt, trt, tgt, ilt, tlt)), repeats)
+        rows["graph_loss, CTC graphs (torch)"] = median_ms(
+            lambda: run(lambda: dt.graph_loss(lpt, graphs, ilt, target_lengths=tlt)), repeats)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", nargs="*", default=["1,50,20,10", "8,200,30,40", "16,500,50,100"],
+                   help="B,T,C,L tuples")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--no-frontends", action="store_true", help="core kernels only")
+    args = p.parse_args()
+    print(f"{'B,T,C,L':>14} | {'loss':<32} | {'median ms':>9} | {'vs ctc core':>11} | "
+          f"{'GTN ~ms':>8}")
+    print("-" * 88)
+    for s in args.sizes:
+        b, t, c, l = (int(v) for v in s.split(","))
+        rows = bench(b, t, c, l, args.repeats, not args.no_frontends)
+        base = rows["ctc (core)"]
+        gtn = GTN_REFERENCE_MS.get((b, t, c, l))
+        for name, ms in rows.items():
+            ref = f"{gtn:8.0f}" if gtn and name.startswith("all-alignments") else f"{'':8}"
+            print(f"{s:>14} | {name:<32} | {ms:9.3f} | {ms / base:10.2f}x | {ref}")
+        print("-" * 88)
+
+
+if __name__ == "__main__":
+    main()
