@@ -6,6 +6,7 @@ module and is described to the frontends by a :class:`LossKernel`.
 from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align
+from ._align import graph_align
 from ._asg import ASG_KERNEL
 from ._asg import ASG_NO_TRANSITIONS_KERNEL
 from ._asg import asg_loss_and_grad
@@ -28,6 +29,7 @@ __all__ = [
     "asg_align",
     "asg_viterbi",
     "ctc_align",
+    "graph_align",
     "CTC_KERNEL",
     "LossKernel",
     "concat_to_padded",

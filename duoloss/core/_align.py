@@ -22,6 +22,9 @@ Both alignments run the same trellis as the corresponding loss with
   advance) and the start score :math:`s_{y_1}` at the first frame.
 * ASG decoding (:func:`asg_viterbi`): the best *unconstrained* labelling
   (GTN's ``viterbi_path(compose(E, Trans))``), over all ``C`` tokens.
+* Target graphs (:func:`graph_align`): nodes of one acceptor per sequence,
+  :math:`w_t(a) = e_t(k_a)` plus the arc weight (GTN's
+  ``viterbi_path(intersect(G, E))``); also returns the arc used at each frame.
 
 The gradient of a Viterbi score w.r.t. the scores is the indicator (count) of
 the arcs on the returned path; it is not provided here.
@@ -31,7 +34,8 @@ states) have the same score, the one with the **higher state index** wins
 (CTC: stay > advance by one > skip; the trailing blank ``2L`` over the last
 label ``2L-1``; ASG: stay > advance; decoding: the larger previous token).
 On backtracking this keeps labels as early as possible and blanks as late as
-possible.
+possible.  Target graphs have no state order: there the first arc in the
+graph's arc order (and the lowest accept node) wins, like GTN's first maximum.
 
 **Padding**: frames at or beyond ``T_b`` get label ``-1``.  An infeasible
 sequence (too few frames, or every path ``-inf``) gets score ``-inf`` and all
@@ -52,7 +56,7 @@ import numpy as np
 
 from ._threading import parallel_guard
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
 _NEG_INF = -np.inf
 _PARALLEL_MIN_CELLS = 200_000
@@ -395,3 +399,129 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
         _run(_asg_viterbi_serial, _asg_viterbi_parallel, cells,
              (em, trans, start, has_trans, il, labels, scores))
     return labels, scores.astype(em.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- #
+# Target graphs                                                                #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True)
+def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
+                     start_all, accept_all, widx_all, labels, arcs, scores):
+    t_max, _, n_cls = em.shape
+    n_graphs = node_off.shape[0] - 1
+    for t in range(t_max):
+        labels[b, t] = -1
+        arcs[b, t] = -1
+    tb = in_len[b]
+    ok = n_graphs > 0 and 0 <= tb <= t_max
+    n0 = n1 = a0 = a1 = 0
+    if ok:
+        g = b % n_graphs
+        n0, n1 = node_off[g], node_off[g + 1]
+        a0, a1 = arc_off[g], arc_off[g + 1]
+        ok = (0 <= n0 <= n1 <= start_all.shape[0] and n1 <= accept_all.shape[0]
+              and 0 <= a0 <= a1 <= src_all.shape[0] and a1 <= dst_all.shape[0]
+              and a1 <= lab_all.shape[0] and a1 <= gw_all.shape[0] and a1 <= widx_all.shape[0])
+    if ok:
+        for a in range(a0, a1):
+            s, d, k, j = src_all[a], dst_all[a], lab_all[a], widx_all[a]
+            if (s < 0 or s >= n1 - n0 or d < 0 or d >= n1 - n0 or k < 0 or k >= n_cls
+                    or j < -1 or j >= theta.shape[0]):
+                ok = False
+    if not ok:
+        scores[b] = np.nan
+        return
+    v_n = n1 - n0
+    delta = np.full((tb + 1, v_n), _NEG_INF)
+    back = np.full((tb + 1, v_n), -1, np.int64)
+    for n in range(v_n):
+        if start_all[n0 + n] != 0:
+            delta[0, n] = 0.0
+    for t in range(tb):
+        for a in range(a0, a1):
+            x = delta[t, src_all[a]]
+            if x == _NEG_INF:
+                continue
+            w = np.float64(gw_all[a]) + np.float64(em[t, b, lab_all[a]])
+            if widx_all[a] >= 0:
+                w += np.float64(theta[widx_all[a]])
+            v = x + w
+            d = dst_all[a]
+            if v > delta[t + 1, d] or (v != v and back[t + 1, d] < 0):
+                delta[t + 1, d] = v
+                back[t + 1, d] = a - a0
+    best = _NEG_INF
+    node = -1
+    for n in range(v_n):
+        if accept_all[n0 + n] != 0:
+            v = delta[tb, n]
+            if v > best or (v != v and node < 0):
+                best = v
+                node = n
+    if node < 0:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = best
+    if best != best:
+        return
+    for t in range(tb - 1, -1, -1):
+        a = back[t + 1, node]
+        arcs[b, t] = a
+        labels[b, t] = lab_all[a0 + a]
+        node = src_all[a0 + a]
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_align_serial(order, em, theta, in_len, node_off, arc_off, src, dst, lab, gw, start,
+                        accept, widx, labels, arcs, scores):
+    for i in range(order.shape[0]):
+        _graph_align_one(order[i], em, theta, in_len, node_off, arc_off, src, dst, lab, gw,
+                         start, accept, widx, labels, arcs, scores)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _graph_align_parallel(order, em, theta, in_len, node_off, arc_off, src, dst, lab, gw, start,
+                          accept, widx, labels, arcs, scores):
+    for i in numba.prange(order.shape[0]):
+        _graph_align_one(order[i], em, theta, in_len, node_off, arc_off, src, dst, lab, gw,
+                         start, accept, widx, labels, arcs, scores)
+
+
+def graph_align(emissions, packed, input_lengths, *, weights=None):
+    """Viterbi alignment of each sequence to its target graph.
+
+    Args:
+      emissions: ``(T, N, C)`` float array.
+      packed: :func:`duoloss.core._graph_loss.pack_graphs` output (sequence ``b``
+        uses graph ``b % G``).
+      input_lengths: ``(N,)`` integers in ``[0, T]``.
+      weights: ``(K,)`` tied arc weights (with the packed ``arc_weight_index``) or ``None``.
+
+    Returns:
+      ``(labels, scores, arcs)``: ``(N, T)`` int64 frame labels, ``(N,)``
+      best-path scores, and ``(N, T)`` int64 indices of the graph arc used at each
+      frame (labels and arcs are ``-1`` past the sequence); the scores are ``max sum_t (w_{a_t} + e_t(k_{a_t}))``.  Ties: the arc
+      that comes first in the graph's arc order, and the lowest accept node, win
+      (as GTN's first-maximum).  No path: ``-inf`` and ``-1`` labels.
+    """
+    em = np.ascontiguousarray(emissions)
+    t_max, n, _ = em.shape
+    node_off, arc_off, src, dst, lab, gw, start, accept, widx = (
+        np.ascontiguousarray(x) for x in packed)
+    node_off, arc_off, src, dst, lab, widx = (
+        x.astype(np.int64, copy=False) for x in (node_off, arc_off, src, dst, lab, widx))
+    theta = (np.zeros(0) if weights is None
+             else np.ascontiguousarray(weights).astype(np.float64, copy=False))
+    il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
+    labels = np.empty((n, t_max), np.int64)
+    arcs = np.empty((n, t_max), np.int64)
+    scores = np.empty(n, np.float64)
+    if n:
+        n_g = max(node_off.shape[0] - 1, 1)
+        n_arcs = np.diff(arc_off) if node_off.shape[0] > 1 else np.zeros(1, np.int64)
+        cells = np.clip(il, 0, t_max) * (n_arcs[np.arange(n) % n_g] + 1)
+        _run(_graph_align_serial, _graph_align_parallel, cells,
+             (em, theta, il, node_off, arc_off, src, dst, lab, gw.astype(np.float64, copy=False),
+              start.astype(np.int8, copy=False), accept.astype(np.int8, copy=False), widx,
+              labels, arcs, scores))
+    return labels, scores.astype(em.dtype, copy=False), arcs

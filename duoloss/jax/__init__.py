@@ -2,6 +2,7 @@
 from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align
+from ._align import graph_align
 from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
@@ -13,6 +14,7 @@ __all__ = [
     "asg_loss",
     "asg_viterbi",
     "ctc_align",
+    "graph_align",
     "ctc_loss",
     "optax_ctc_loss",
 ]

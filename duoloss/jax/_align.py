@@ -15,14 +15,16 @@ import numpy as np
 from duoloss.core._align import asg_align as _asg_align
 from duoloss.core._align import asg_viterbi as _asg_viterbi
 from duoloss.core._align import ctc_align as _ctc_align
+from duoloss.core._align import graph_align as _graph_align
 from duoloss.core._asg import check_asg_args
 from duoloss.core._ctc import check_ctc_static, check_ctc_values
+from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import is_concrete
 from ._asg import _prepare
 from ._ctc import _concat_to_padded_traced
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
 
 def _label_dtype():
@@ -158,3 +160,38 @@ def _asg_viterbi_host(has_tr, has_sv, em, il, *rest):
     tr = rest.pop(0) if has_tr else None
     sv = rest.pop(0) if has_sv else None
     return _asg_viterbi(em, tr, il, start_transitions=sv)
+
+
+def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_index=None):
+    r"""Viterbi alignment to target graphs; see :func:`duoloss.torch.graph_align`.
+
+    Args:
+      emissions: ``(T, N, C)``-array; graphs: ``N`` ``duoloss.gtn.Graph``;
+      input_lengths: ``(N,)``; weights, arc_weight_index: as in :func:`graph_loss`.
+
+    Returns:
+      ``(labels, scores, arcs)``: ``(N, T)`` frame labels, ``(N,)`` scores and
+      ``(N, T)`` arc indices (``-1`` past each sequence).
+
+    NB: no gradient.  Ties: the first arc in arc order wins.
+    """
+    fn = "graph_align"
+    em = jnp.asarray(emissions)
+    w = None if weights is None else jnp.asarray(weights)
+    il = jnp.asarray(input_lengths)
+    packed = check_graph_args(fn, em, graphs, il, w, arc_weight_index,
+                              concrete=is_concrete(il))
+    if w is None:
+        w = jnp.zeros(0, em.dtype)
+    t_max, n, _ = em.shape
+    specs = (jax.ShapeDtypeStruct((n, t_max), _label_dtype()),
+             jax.ShapeDtypeStruct((n,), em.dtype),
+             jax.ShapeDtypeStruct((n, t_max), _label_dtype()))
+    dts = tuple(np.dtype(s.dtype) for s in specs)
+
+    def run(e, ww, lengths):
+        out = _graph_align(np.asarray(e), packed, np.asarray(lengths), weights=np.asarray(ww))
+        return tuple(o.astype(d) for o, d in zip(out, dts))
+
+    return jax.pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
+                             il, vmap_method="sequential")

@@ -2,6 +2,7 @@
 from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align
+from ._align import graph_align
 from ._asg import ASGLoss
 from ._asg import asg_loss
 from ._ctc import CTCLoss
@@ -17,6 +18,7 @@ __all__ = [
     "asg_loss",
     "asg_viterbi",
     "ctc_align",
+    "graph_align",
     "CTCLoss",
     "ctc_loss",
 ]

@@ -9,14 +9,16 @@ import torch
 from duoloss.core._align import asg_align as _asg_align
 from duoloss.core._align import asg_viterbi as _asg_viterbi
 from duoloss.core._align import ctc_align as _ctc_align
+from duoloss.core._align import graph_align as _graph_align
 from duoloss.core._asg import check_asg_args
 from duoloss.core._ctc import check_ctc_static, check_ctc_values
+from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import to_numpy
 from ._asg import _check_tensor, _prepare
 from ._ctc import _as_int_array
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
 
 def _out(labels, scores, device):
@@ -143,3 +145,38 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
         il.astype(np.int64).reshape(-1),
         start_transitions=None if start_transitions is None else to_numpy(start_transitions))
     return _out(labels, scores, emissions.device)
+
+
+def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
+                weights: Optional[torch.Tensor] = None, arc_weight_index=None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Viterbi alignment of each sequence to its target graph.
+
+    GTN's ``viterbi_path(intersect(G_b, E_b))``: the best path of exactly ``T_b``
+    arcs, :math:`\max \sum_t (w_{a_t} + e_t(k_{a_t}))`, with arc weights as in
+    :func:`duoloss.torch.graph_loss`.
+
+    Args:
+      emissions, graphs, input_lengths, weights, arc_weight_index: as in
+        :func:`duoloss.torch.graph_loss`.
+
+    Returns:
+      ``(labels, scores, arcs)``: ``(N, T)`` int64 frame labels, ``(N,)`` path
+      scores, and ``(N, T)`` int64 index of the arc of ``graphs[b]`` used at each
+      frame (e.g. to read word boundaries off a lexicon graph); labels and arcs
+      are ``-1`` past each sequence.
+
+    NB: not differentiable.  Ties: the first arc in the graph's arc order and the
+    lowest accept node win.  No path: score ``-inf``, labels ``-1``.
+    """
+    fn = "graph_align"
+    _check_tensor(fn, "emissions", emissions)
+    _check_tensor(fn, "weights", weights, optional=True)
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    packed = check_graph_args(fn, emissions, graphs, il, weights, arc_weight_index)
+    labels, scores, arcs = _graph_align(
+        to_numpy(emissions), packed, il.astype(np.int64).reshape(-1),
+        weights=None if weights is None else to_numpy(weights))
+    dev = emissions.device
+    return (torch.from_numpy(labels).to(dev), torch.from_numpy(scores).to(dev),
+            torch.from_numpy(arcs).to(dev))
