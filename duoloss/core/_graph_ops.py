@@ -75,8 +75,10 @@ def _gather_grad(index: np.ndarray, gout: np.ndarray, size: int) -> np.ndarray:
     """``out[a] = sum of gout[k] over k with index[k] == a`` (index ``-1`` ignored)."""
     keep = index >= 0
     if keep.all():
-        return np.bincount(index, weights=gout, minlength=size)[:size]
-    return np.bincount(index[keep], weights=gout[keep], minlength=size)[:size]
+        out = np.bincount(index, weights=gout, minlength=size)[:size]
+    else:
+        out = np.bincount(index[keep], weights=gout[keep], minlength=size)[:size]
+    return out.astype(np.float64, copy=False)  # bincount of nothing is int64
 
 
 def _identity_grad(gout, inputs):
