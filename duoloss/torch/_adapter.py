@@ -5,6 +5,17 @@ make one round trip through the host) and, when a gradient is needed, keeps the
 per-sequence gradients it returns; the backward only scales them by the
 upstream gradient.  A batch reduction given as per-sequence weights is folded
 into the same autograd node (one node per loss call).
+
+Two paths, chosen per call by :func:`apply_kernel`:
+
+* eager code and ``torch.func`` transforms: a ``torch.autograd.Function`` with
+  ``setup_context`` (so ``torch.func.grad``/``vjp`` work) and a ``vmap`` rule
+  that folds the vmapped dimension into the batch axis: one core call per
+  ``torch.func.vmap``, nested ones included;
+* while ``torch.compile`` traces: the ``duoloss::kernel_loss`` custom operator
+  (:mod:`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
+  no graph break.  (The custom operator is not used eagerly: ``torch.func.grad``
+  rejects custom operators with ``register_autograd``, pytorch#168393.)
 """
 from __future__ import annotations
 
@@ -15,7 +26,15 @@ import torch
 
 from duoloss.core import LossKernel
 
-__all__ = ["apply_kernel", "reduction_weights", "to_numpy"]
+from ._ops import kernel_id, kernel_loss_op, static_json
+
+__all__ = ["apply_kernel", "is_concrete", "reduction_weights", "to_numpy"]
+
+try:  # torch >= 2.0: run plain-tensor code inside functorch transforms
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_interpreter_stack
+except ImportError:  # pragma: no cover
+    import contextlib
+    _clear_interpreter_stack = contextlib.nullcontext
 
 try:  # torch >= 2.0: what Function.apply does before running a single-level function
     from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
@@ -25,11 +44,64 @@ except ImportError:  # pragma: no cover
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host numpy view (CPU: no copy) of a tensor."""
+    """A host numpy view (CPU: no copy) of a tensor.
+
+    Works inside ``torch.func`` transforms (``grad``, ``vjp``: the values of
+    the tensor at the innermost level); raises a ``TypeError`` for a tensor
+    batched by ``torch.func.vmap`` or traced by ``torch.compile``, whose values
+    are unknown here (check :func:`is_concrete` first).
+    """
+    if torch._C._are_functorch_transforms_active():
+        if _is_batched(t):
+            raise TypeError("duoloss: cannot read the values of a tensor batched by "
+                            "torch.func.vmap on the host (vmap over this argument is not "
+                            "supported here; pass it unbatched)")
+        with _clear_interpreter_stack():
+            while torch._C._functorch.is_functorch_wrapped_tensor(t):
+                t = torch._C._functorch.get_unwrapped(t)
+            return _host(t)
+    return _host(t)
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     return t.numpy()
+
+
+def is_concrete(*xs) -> bool:
+    """True when the values of every tensor argument can be read on the host now.
+
+    False while ``torch.compile`` traces (tensors are fake) and for tensors
+    batched by ``torch.func.vmap``.  Frontends skip host-side value checks
+    (labels, lengths) when this is False, as the JAX frontends do under ``jit``:
+    the kernel then marks an invalid sequence with a NaN loss instead of raising.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return not any(isinstance(x, torch.Tensor) and _is_batched(x) for x in xs)
+
+
+def _is_batched(t: torch.Tensor) -> bool:
+    """Whether ``t`` is batched by ``torch.func.vmap`` at some level."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if torch._C._functorch.is_batchedtensor(t):
+            return True
+        t = torch._C._functorch.get_unwrapped(t)
+    return False
+
+
+def _requires_grad(t) -> bool:
+    """``t.requires_grad`` at any functorch level (a vmapped tensor hides it)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    while True:
+        if t.requires_grad:
+            return True
+        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+            return False
+        t = torch._C._functorch.get_unwrapped(t)
 
 
 def _scale(grad: torch.Tensor, g: torch.Tensor, axis: Optional[int]) -> torch.Tensor:
@@ -57,6 +129,12 @@ def _device(tensors) -> torch.device:
     return torch.device("cpu")
 
 
+def _host_weights(weights) -> Optional[np.ndarray]:
+    if weights is None or isinstance(weights, np.ndarray):
+        return weights
+    return to_numpy(weights).astype(np.float64)
+
+
 class _KernelFunction(torch.autograd.Function):
     """loss = kernel(*tensors) (or sum_b w_b loss_b); gradients from the same core call."""
 
@@ -64,6 +142,7 @@ class _KernelFunction(torch.autograd.Function):
     def forward(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], weights, *tensors):
         arrays = tuple(to_numpy(t) if isinstance(t, torch.Tensor) else t for t in tensors)
         losses, grads = kernel.run(arrays, want, **dict(static))
+        weights = _host_weights(weights)
         if weights is not None:
             # Reduce on the host in float64, and fold the weights into the
             # gradients now: the backward is then a single multiply.
@@ -82,7 +161,7 @@ class _KernelFunction(torch.autograd.Function):
         kernel, _, want, weights = inputs[:4]
         ctx.kernel = kernel
         ctx.want = want
-        ctx.weights = weights
+        ctx.weighted = weights is not None
         grads = output[1:]
         ctx.mark_non_differentiable(*grads)
         ctx.save_for_backward(*grads)
@@ -95,12 +174,60 @@ class _KernelFunction(torch.autograd.Function):
         for i, wanted in enumerate(ctx.want):
             if not wanted:
                 result.append(None)
-            elif ctx.weights is not None:  # scalar output, weights already applied
+            elif ctx.weighted:  # scalar output, weights already applied
                 g = next(saved)
                 result.append(g * grad_loss.to(g.dtype))
             else:
                 result.append(_scale(next(saved), grad_loss, ctx.kernel.batch_axes[i]))
         return tuple(result)
+
+    @staticmethod
+    def vmap(info, in_dims, kernel, static, want, weights, *tensors):
+        """``torch.func.vmap`` rule: fold the vmapped dimension into the batch axis.
+
+        One core call for all ``info.batch_size`` instances (nested vmaps arrive
+        here one level at a time, each folding into the same call).  Only when a
+        shared input (``batch_axes[i] is None``, e.g. a transition matrix) is
+        itself vmapped are the instances run one by one.
+        """
+        dims = in_dims[4:]
+        wdim = in_dims[3]
+        m = info.batch_size
+        if any(axis is None and d is not None for axis, d in zip(kernel.batch_axes, dims)):
+            outs = []
+            for j in range(m):
+                args = [t.select(d, j) if d is not None else t for t, d in zip(tensors, dims)]
+                w = weights.select(wdim, j) if wdim is not None else weights
+                outs.append(_KernelFunction.apply(kernel, static, want, w, *args))
+            return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
+        folded = tuple(_fold(t, d, axis, m) for t, d, axis in zip(tensors, dims, kernel.batch_axes))
+        out = _KernelFunction.apply(kernel, static, want, None, *folded)
+        losses = out[0].reshape(m, -1)
+        n = losses.shape[1]
+        grads = []
+        j = 1
+        for i, wanted in enumerate(want):
+            if wanted:
+                grads.append((_unfold(out[j], kernel.batch_axes[i], m, n), kernel.batch_axes[i]))
+                j += 1
+        if weights is None:
+            return (losses,) + tuple(g for g, _ in grads), (0,) * (1 + len(grads))
+        w = torch.as_tensor(weights, device=losses.device)
+        if wdim is None:
+            w = w.unsqueeze(0).expand(m, n)
+        else:
+            w = w.movedim(wdim, 0)
+        losses = (losses * w.to(losses.dtype)).sum(-1)
+        weighted = []
+        for g, axis in grads:  # g has the vmapped dimension first
+            wg = w.to(g.dtype)
+            if axis is None:  # (m, n, *shape) -> (m, *shape)
+                weighted.append(torch.einsum("mn,mn...->m...", wg, g))
+            else:
+                shape = [1] * g.dim()
+                shape[0], shape[axis + 1] = m, n
+                weighted.append(g * wg.reshape(shape))
+        return (losses,) + tuple(weighted), (0,) * (1 + len(weighted))
 
     @classmethod
     def apply(cls, *args):
@@ -112,25 +239,84 @@ class _KernelFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
 
 
+def _fold(x, d: Optional[int], axis: Optional[int], m: int):
+    """Fold a vmapped dimension ``d`` of ``x`` into its batch axis (``m`` copies
+    of an input that is not vmapped); shared inputs are passed through."""
+    if axis is None:
+        return x
+    if d is None:
+        if isinstance(x, torch.Tensor):
+            x = x.unsqueeze(axis).expand(*x.shape[:axis], m, *x.shape[axis:])
+        else:
+            x = np.asarray(x)
+            x = np.broadcast_to(np.expand_dims(x, axis), x.shape[:axis] + (m,) + x.shape[axis:])
+        return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+    x = x.movedim(d, axis)
+    return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:])
+
+
+def _unfold(g: torch.Tensor, axis: Optional[int], m: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`_fold` on a gradient, with the vmapped dimension first."""
+    if axis is None:  # (m * n, *shape) per-sequence gradients of a shared input
+        return g.reshape(m, n, *g.shape[1:])
+    g = g.reshape(*g.shape[:axis], m, n, *g.shape[axis + 1:])
+    return g.movedim(axis, 0)
+
+
+def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:
+    """The ``torch.compile`` path: one ``duoloss::kernel_loss`` operator call."""
+    device = _device(tensors)
+    inputs = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t, device=device)
+              for t in tensors]
+    if weights is not None and not isinstance(weights, torch.Tensor):
+        weights = torch.as_tensor(weights, dtype=torch.float64)
+    grad_on = torch.is_grad_enabled()
+    want = [bool(d and grad_on and t.requires_grad) for d, t in zip(kernel.differentiable, inputs)]
+    axes = [-1 if a is None else int(a) for a in kernel.batch_axes]
+    return kernel_loss_op(kernel_id(kernel), static_json(kernel, static), axes, want, weights,
+                          inputs)[0]
+
+
 def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
-                 weights: Optional[np.ndarray] = None, **static) -> torch.Tensor:
+                 weights=None, **static) -> torch.Tensor:
     """Losses of ``kernel``: ``(N,)`` per sequence, or ``sum_b weights[b] * loss_b``.
 
-    Differentiable w.r.t. the floating inputs that require grad.
+    Differentiable w.r.t. the floating inputs that require grad, under eager
+    autograd, ``torch.func`` (``grad``, ``vjp``, ``vmap``) and ``torch.compile``.
+
+    Args:
+      kernel: the core loss.
+      tensors: its array inputs in order; non-differentiable ones (targets,
+        lengths) may be numpy arrays.
+      weights: ``(N,)`` numpy array or tensor of per-sequence weights (a
+        reduction), or None for per-sequence losses.
+      **static: the kernel's static keyword arguments (under ``torch.compile``:
+        bool, int, float, str or None).
     """
+    if torch.compiler.is_compiling():
+        return _compiled_apply(kernel, tensors, weights, static)
     grad_on = torch.is_grad_enabled()
     want = tuple(
-        bool(d and grad_on and t.requires_grad) for d, t in zip(kernel.differentiable, tensors)
+        bool(d and grad_on and _requires_grad(t)) for d, t in zip(kernel.differentiable, tensors)
     )  # non-differentiable inputs may be passed as numpy arrays
     static_items = tuple(sorted(static.items()))
     return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
 
 
-def reduction_weights(reduction: str, target_lengths: np.ndarray) -> Optional[np.ndarray]:
+def reduction_weights(reduction: str, target_lengths):
     """Per-sequence weights of a reduction: None for 'none', ones for 'sum', and
-    ``1 / (N * max(target_length, 1))`` for 'mean' (ctc_loss's convention)."""
+    ``1 / (N * max(target_length, 1))`` for 'mean' (ctc_loss's convention).
+
+    ``target_lengths`` is a numpy array (numpy weights) or a tensor (float64
+    tensor weights on its device, e.g. while ``torch.compile`` traces).
+    """
     if reduction == "none":
         return None
+    if isinstance(target_lengths, torch.Tensor):
+        tl = target_lengths.reshape(-1).to(torch.float64)
+        if reduction == "sum":
+            return torch.ones_like(tl)
+        return 1.0 / (tl.shape[0] * torch.clamp(tl, min=1.0))
     n = target_lengths.shape[0]
     if reduction == "sum":
         return np.ones(n)

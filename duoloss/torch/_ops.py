@@ -1,0 +1,186 @@
+"""One ``torch.library`` custom operator for every core loss: what ``torch.compile`` sees.
+
+``duoloss::kernel_loss`` runs any :class:`~duoloss.core.LossKernel` on host
+buffers.  The kernel travels as a *string* (``"module:qualname"`` of its
+``run`` function) and its static arguments as a JSON string, so the operator
+is registered once, at import, under a deterministic name, and every loss
+added to the core works under ``torch.compile`` without a line of frontend
+code.  Its fake (meta) rule derives every output shape from the input shapes,
+and its autograd rule only scales the per-sequence gradients the forward
+already returned, so ``torch.compile(model + loss + backward, fullgraph=True)``
+traces through it with no graph break.
+
+Eager code and ``torch.func`` transforms do *not* go through this operator (a
+``custom_op`` with ``register_autograd`` fails under ``torch.func.grad``,
+pytorch#168393); :mod:`duoloss.torch._adapter` picks the path.
+
+Schema::
+
+    duoloss::kernel_loss(str run, str static, int[] batch_axes, bool[] want,
+                         Tensor? weights, Tensor[] inputs) -> Tensor[]
+
+``batch_axes`` uses ``-1`` for shared inputs.  The outputs are the losses
+(``(N,)``, or a scalar ``sum_b weights[b] * loss_b`` when ``weights`` is
+given) followed by one per-sequence gradient per input with ``want`` set:
+same shape as a batched input, ``(N, *shape)`` for a shared one, or the
+input's shape when ``weights`` is given (weights already folded in).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from duoloss.core import LossKernel
+
+__all__ = ["OP_NAME", "kernel_id", "kernel_loss_op", "static_json"]
+
+OP_NAME = "duoloss::kernel_loss"
+
+
+@torch.compiler.assume_constant_result  # dynamo misreads function.__qualname__
+def kernel_id(kernel: LossKernel) -> str:
+    """``"module:qualname"`` of ``kernel.run``: how the operator names a kernel."""
+    return f"{kernel.run.__module__}:{kernel.run.__qualname__}"
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(run_id: str):
+    """The ``run`` function named by ``run_id`` (must be reachable by import)."""
+    module, _, qualname = run_id.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        obj = None
+    if not callable(obj):
+        raise ValueError(
+            f"{OP_NAME}: cannot find the kernel function {run_id!r}; under torch.compile a "
+            f"LossKernel's run must be a module-level function (found by import)")
+    return obj
+
+
+def static_json(kernel: LossKernel, static: dict) -> str:
+    """The static arguments as a JSON object string (bool/int/float/str/None values).
+
+    Written by hand rather than with :func:`json.dumps`, which dynamo cannot trace.
+    """
+    parts = []
+    for key in sorted(static):
+        value = static[key]
+        if value is None:
+            text = "null"
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif isinstance(value, str) and value.isidentifier():
+            text = '"' + value + '"'
+        else:
+            raise TypeError(
+                f"{kernel.name}: under torch.compile, static argument '{key}' must be a bool, "
+                f"int, float, identifier-like str or None, got {value!r}")
+        parts.append('"' + key + '": ' + text)
+    return "{" + ", ".join(parts) + "}"
+
+
+def _loss_dtype(inputs: Sequence[torch.Tensor]) -> torch.dtype:
+    for t in inputs:
+        if t.is_floating_point():
+            return t.dtype
+    raise TypeError(f"{OP_NAME}: no floating-point input")
+
+
+def _batch_size(batch_axes: Sequence[int], inputs: Sequence[torch.Tensor]):
+    for axis, t in zip(batch_axes, inputs):
+        if axis >= 0:
+            return t.shape[axis]
+    raise ValueError(f"{OP_NAME}: the kernel has no batched input")
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.numpy()
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def kernel_loss_op(run: str, static: str, batch_axes: List[int], want: List[bool],
+                   weights: Optional[torch.Tensor], inputs: List[torch.Tensor]
+                   ) -> List[torch.Tensor]:
+    """Losses and wanted per-sequence gradients of the kernel ``run`` (see module doc)."""
+    fn = _resolve(run)
+    device = inputs[0].device
+    arrays = tuple(_host(t) for t in inputs)
+    losses, grads = fn(arrays, tuple(bool(w) for w in want), **json.loads(static))
+    if weights is not None:
+        w = _host(weights).astype(np.float64)
+        losses = np.asarray(np.dot(w, losses.astype(np.float64)), losses.dtype)
+        folded = []
+        for i, g in enumerate(grads):
+            if g is None or not want[i]:
+                folded.append(None)
+            elif batch_axes[i] < 0:
+                folded.append(np.tensordot(w.astype(g.dtype), g, axes=1))
+            else:
+                shape = [1] * g.ndim
+                shape[batch_axes[i]] = -1
+                folded.append(g * w.astype(g.dtype).reshape(shape))
+        grads = folded
+    out = [torch.from_numpy(np.array(losses, copy=True)).to(device)]
+    for i, g in enumerate(grads):
+        if want[i]:
+            out.append(torch.from_numpy(np.ascontiguousarray(g)).to(device))
+    return out
+
+
+@kernel_loss_op.register_fake
+def _fake(run, static, batch_axes, want, weights, inputs):
+    _resolve(run)  # fail at trace time, not at run time, on an unknown kernel
+    n = _batch_size(batch_axes, inputs)
+    ref = inputs[0]
+    out = [ref.new_empty(() if weights is not None else (n,), dtype=_loss_dtype(inputs))]
+    for i, t in enumerate(inputs):
+        if want[i]:
+            shared = batch_axes[i] < 0 and weights is None
+            out.append(t.new_empty(((n,) if shared else ()) + tuple(t.shape)))
+    return out
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, batch_axes, want, weights, _ = inputs
+    ctx.batch_axes = tuple(batch_axes)
+    ctx.want = tuple(want)
+    ctx.weighted = weights is not None
+    ctx.save_for_backward(*output[1:])
+
+
+def _backward(ctx, grads):
+    g = grads[0]
+    saved = iter(ctx.saved_tensors)
+    result = []
+    for wanted, axis in zip(ctx.want, ctx.batch_axes):
+        if not wanted:
+            result.append(None)
+            continue
+        gr = next(saved)
+        if g is None:
+            result.append(None)
+        elif ctx.weighted:
+            result.append(gr * g.to(gr.dtype))
+        elif axis < 0:
+            result.append(torch.tensordot(g.to(gr.dtype), gr, dims=1))
+        else:
+            shape = [1] * gr.dim()
+            shape[axis] = -1
+            result.append(gr * g.to(gr.dtype).reshape(shape))
+    return None, None, None, None, None, result
+
+
+kernel_loss_op.register_autograd(_backward, setup_context=_setup_context)
