@@ -9,6 +9,9 @@
   extra leading axes; they are folded into the batch axis and the core runs
   once.  Only when an input shared by all sequences (e.g. a transition matrix)
   is itself vmapped does the host loop over the vmapped instances.
+* Inside ``jax.shard_map`` the callback outputs are marked as varying over the
+  inputs' mesh axes (:mod:`duoloss.jax._sharding`), so ``check_vma=True`` (the
+  default) works.
 * Outputs are declared in the inputs' dtypes, so float32 stays float32 whether
   ``jax_enable_x64`` is on or off, and float64 works when it is on.
 """
@@ -23,6 +26,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from duoloss.core import LossKernel
+
+from ._sharding import mark_varying, varying_axes
 
 __all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
 
@@ -107,7 +112,9 @@ def _call(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], arrays):
             specs.append(jax.ShapeDtypeStruct(shape, arrays[i].dtype))
     host = functools.partial(_host_run, kernel, dict(static), want, shapes,
                              tuple(s.dtype for s in specs))
-    return jax.pure_callback(host, tuple(specs), *arrays, vmap_method="expand_dims")
+    out = jax.pure_callback(host, tuple(specs), *arrays, vmap_method="expand_dims")
+    axes = varying_axes(*arrays)  # inside shard_map: vary like the inputs
+    return tuple(mark_varying(o, axes) for o in out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -143,7 +150,24 @@ _losses.defvjp(_losses_fwd, _losses_bwd, symbolic_zeros=True)
 
 
 def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> jax.Array:
-    """Per-sequence losses ``(N,)`` of ``kernel`` as a differentiable JAX function."""
+    """Per-sequence losses ``(N,)`` of ``kernel`` as a differentiable JAX function.
+
+    Works under ``jit``, ``grad``/``vjp``, (nested) ``vmap``, ``pmap`` and
+    ``shard_map`` (default ``check_vma=True``): inside ``shard_map`` every input
+    is cast to vary over the mesh axes any input varies over, so the gradient
+    of a replicated input (e.g. transitions) is summed over the shards, as JAX
+    does for its own operations.  Outputs land on the inputs' device (XLA
+    copies callback results to it; on a GPU that is one host round trip each
+    way per call).
+
+    Args:
+      kernel: the core loss.
+      arrays: its array inputs, in order.
+      **static: the kernel's static keyword arguments (hashable).
+    """
+    axes = varying_axes(*arrays)
+    if axes:
+        arrays = tuple(mark_varying(a, axes) for a in arrays)
     return _losses(kernel, tuple(sorted(static.items())), *arrays)
 
 
