@@ -328,8 +328,8 @@ def _sorted_csr(n, src, lab):
 
 
 @numba.njit(cache=True, nogil=True)
-def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, start2,
-                   accept2, state_cap, arc_cap):
+def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
+                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws):
     """Composition / intersection of two graphs with an epsilon filter.
 
     Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
@@ -348,10 +348,17 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
     which keeps numba's reference counting out of them); when they are too small
     the kernel returns ``status = 1`` and the caller retries with larger ones.
 
+    Args (besides the two graphs' arrays): ``oil1`` / ``ool2`` are the labels the
+    output arcs copy from each side (``-1`` when that side does not move), ``w1``
+    / ``w2`` the weights (output weight ``w1 + w2``); ``hkeys`` (a power-of-two
+    length ``>= 2 * state_cap``) and ``ws`` (``>= len(hkeys) + 6 * state_cap +
+    5 * arc_cap + 1`` entries) are caller-owned scratch buffers, reused across
+    calls so that large temporaries are not re-allocated (and page-faulted).
+
     Returns:
-      ``(status, n_out, out_src, out_dst, out_a1, out_a2, out_start, out_accept)``;
-      ``out_a1[k]`` / ``out_a2[k]`` is the input arc behind output arc ``k``
-      (``-1``: that side did not move).
+      ``(status, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w,
+      out_start, out_accept)``; ``out_a1[k]`` / ``out_a2[k]`` is the input arc
+      behind output arc ``k`` (``-1``: that side did not move).
     """
     p1, i1 = _sorted_csr(n1, src1, lab1)
     p2, i2 = _sorted_csr(n2, src2, lab2)
@@ -366,21 +373,39 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
                 eps = True
                 break
     nf = 3 if eps else 1
-    cap = 64
-    while cap < 2 * state_cap:
-        cap *= 2
-    mask = cap - 1
-    hkeys = np.full(cap, -1, np.int64)
-    hvals = np.empty(cap, np.int64)
-    sq1 = np.empty(state_cap, np.int64)
-    sq2 = np.empty(state_cap, np.int64)
-    sf = np.empty(state_cap, np.int64)
-    asrc = np.empty(arc_cap, np.int64)
-    adst = np.empty(arc_cap, np.int64)
-    aa1 = np.empty(arc_cap, np.int64)
-    aa2 = np.empty(arc_cap, np.int64)
+    cap = hkeys.shape[0]
     e_i = np.zeros(0, np.int64)
     e_b = np.zeros(0, np.bool_)
+    e_f = np.zeros(0, np.float32)
+    if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
+            or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
+        return 2, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+    mask = cap - 1
+    hkeys[:] = -1
+    o = 0
+    hvals = ws[o:o + cap]
+    o += cap
+    sq1 = ws[o:o + state_cap]
+    o += state_cap
+    sq2 = ws[o:o + state_cap]
+    o += state_cap
+    sf = ws[o:o + state_cap]
+    o += state_cap
+    asrc = ws[o:o + arc_cap]
+    o += arc_cap
+    adst = ws[o:o + arc_cap]
+    o += arc_cap
+    aa1 = ws[o:o + arc_cap]
+    o += arc_cap
+    aa2 = ws[o:o + arc_cap]
+    o += arc_cap
+    t_ptr = ws[o:o + state_cap + 1]
+    o += state_cap + 1
+    t_idx = ws[o:o + arc_cap]
+    o += arc_cap
+    stack = ws[o:o + state_cap]
+    o += state_cap
+    newid = ws[o:o + state_cap]
     ns = 0
     na = 0
     for s1 in range(n1):
@@ -390,7 +415,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
             if not start2[s2]:
                 continue
             if ns == state_cap:
-                return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
             key = (s1 * n2 + s2) * nf
             h = _slot(key, mask)
             while hkeys[h] != -1 and hkeys[h] != key:
@@ -481,7 +506,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
                             h = (h + 1) & mask
                         if hkeys[h] == -1:
                             if ns == state_cap:
-                                return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+                                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
                             hkeys[h] = key
                             hvals[h] = ns
                             sq1[ns] = t1
@@ -492,7 +517,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
                         else:
                             t = hvals[h]
                         if na == arc_cap:
-                            return 1, 0, e_i, e_i, e_i, e_i, e_b, e_b
+                            return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -502,52 +527,80 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, n2, src2, dst2, lab2, 
                 y = ye
         head += 1
     # Trim: keep states that reach an accepting state.
-    in_ptr, in_idx = csr(ns, adst[:na])
-    co = np.zeros(ns, np.bool_)
-    stack = np.empty(ns, np.int64)
+    # reverse adjacency of the explored arcs (counting sort by target)
+    for s in range(ns + 1):
+        t_ptr[s] = 0
+    for k in range(na):
+        t_ptr[adst[k] + 1] += 1
+    for s in range(ns):
+        t_ptr[s + 1] += t_ptr[s]
+    for s in range(ns):
+        stack[s] = t_ptr[s]
+    for k in range(na):
+        d = adst[k]
+        t_idx[stack[d]] = k
+        stack[d] += 1
+    # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
     top = 0
     for s in range(ns):
+        newid[s] = -2
         if accept1[sq1[s]] and accept2[sq2[s]]:
-            co[s] = True
+            newid[s] = -1
             stack[top] = s
             top += 1
     while top > 0:
         top -= 1
         v = stack[top]
-        for k in range(in_ptr[v], in_ptr[v + 1]):
-            u = asrc[in_idx[k]]
-            if not co[u]:
-                co[u] = True
+        for k in range(t_ptr[v], t_ptr[v + 1]):
+            u = asrc[t_idx[k]]
+            if newid[u] == -2:
+                newid[u] = -1
                 stack[top] = u
                 top += 1
-    newid = np.full(ns, -1, np.int64)
     n_out = 0
     for s in range(ns):
-        if co[s]:
+        if newid[s] == -1:
             newid[s] = n_out
             n_out += 1
     out_start = np.zeros(n_out, np.bool_)
     out_accept = np.zeros(n_out, np.bool_)
     for s in range(ns):
-        if co[s]:
+        if newid[s] >= 0:
             if s < nstart:
                 out_start[newid[s]] = True
             if accept1[sq1[s]] and accept2[sq2[s]]:
                 out_accept[newid[s]] = True
     m_out = 0
     for k in range(na):
-        if co[adst[k]]:
+        if newid[adst[k]] >= 0:
             m_out += 1
     out_src = np.empty(m_out, np.int64)
     out_dst = np.empty(m_out, np.int64)
     out_a1 = np.empty(m_out, np.int64)
     out_a2 = np.empty(m_out, np.int64)
+    out_il = np.empty(m_out, np.int64)
+    out_ol = np.empty(m_out, np.int64)
+    out_w = np.empty(m_out, np.float32)
     j = 0
     for k in range(na):
-        if co[adst[k]]:
+        if newid[adst[k]] >= 0:
+            a1 = aa1[k]
+            a2 = aa2[k]
             out_src[j] = newid[asrc[k]]
             out_dst[j] = newid[adst[k]]
-            out_a1[j] = aa1[k]
-            out_a2[j] = aa2[k]
+            out_a1[j] = a1
+            out_a2[j] = a2
+            wt = np.float32(0.0)
+            if a1 >= 0:
+                out_il[j] = oil1[a1]
+                wt += w1[a1]
+            else:
+                out_il[j] = -1
+            if a2 >= 0:
+                out_ol[j] = ool2[a2]
+                wt += w2[a2]
+            else:
+                out_ol[j] = -1
+            out_w[j] = wt
             j += 1
-    return 0, n_out, out_src, out_dst, out_a1, out_a2, out_start, out_accept
+    return 0, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w, out_start, out_accept

@@ -27,6 +27,7 @@ References:
 """
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -292,36 +293,48 @@ def closure(g: Graph) -> Graph:
 
 
 # -------------------------------------------------------- intersect / compose
+_TLS = threading.local()
+
+
+def _scratch(name: str, size: int, dtype) -> np.ndarray:
+    """A per-thread scratch buffer of at least ``size`` entries (reused across calls)."""
+    buf = getattr(_TLS, name, None)
+    if buf is None or buf.shape[0] < size:
+        buf = np.empty(max(size, 2 * (0 if buf is None else buf.shape[0])), dtype)
+        setattr(_TLS, name, buf)
+    return buf
+
+
 def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.ndarray,
                   out_il_from1: np.ndarray, out_ol_from2: np.ndarray) -> Graph:
     n1, s1, d1, _, _, w1, st1, ac1 = _arrays(g1)
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
     nf = 3 if ((match1 == EPSILON).any() or (match2 == EPSILON).any()) else 1
-    state_cap = int(min(max(n1 * n2 * nf, 1), max(1024, 4 * (n1 + n2))))
-    if n1 * n2 * nf <= (1 << 18):
-        state_cap = max(n1 * n2 * nf, 1)
-    arc_cap = max(1024, 4 * state_cap)
+    bound = max(n1 * n2 * nf, 1)
+    state_cap = bound if bound <= (1 << 18) else max(1024, 4 * (n1 + n2))
+    arc_cap = max(1024, 4 * state_cap, g1._na + g2._na)
     while True:
-        status, n, src, dst, a1, a2, start, accept = K.compose_kernel(
-            n1, s1, d1, match1, st1, ac1, n2, s2, d2, match2, st2, ac2, state_cap, arc_cap)
+        hcap = 64
+        while hcap < 2 * state_cap:
+            hcap *= 2
+        hkeys = _scratch("hkeys", hcap, np.int64)[:hcap]
+        ws = _scratch("ws", hcap + 6 * state_cap + 5 * arc_cap + 1, np.int64)
+        (status, n, src, dst, a1, a2, il, ol, w, start, accept) = K.compose_kernel(
+            n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
+            n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws)
         if status == 0:
             break
-        state_cap = int(min(4 * state_cap, max(n1 * n2 * nf, 1)))
+        if status != 1:  # pragma: no cover - scratch sizes are computed above
+            raise RuntimeError(f"{fn}: internal error (compose scratch buffers too small)")
+        state_cap = int(min(4 * state_cap, bound))
         arc_cap *= 4
-    has1 = a1 >= 0
-    has2 = a2 >= 0
-    z = np.zeros(1, np.float32)
-    w = np.where(has1, w1[np.where(has1, a1, 0)] if w1.size else z, np.float32(0)) + \
-        np.where(has2, w2[np.where(has2, a2, 0)] if w2.size else z, np.float32(0))
-    il = np.where(has1, out_il_from1[np.where(has1, a1, 0)] if out_il_from1.size else 0, EPSILON)
-    ol = np.where(has2, out_ol_from2[np.where(has2, a2, 0)] if out_ol_from2.size else 0, EPSILON)
     A1, A2 = g1._na, g2._na
 
     def grad_fn(gout, inputs):
         return (_gather_grad(a1, gout, A1) if inputs[0]._calc_grad else None,
                 _gather_grad(a2, gout, A2) if inputs[1]._calc_grad else None)
 
-    return _make(n, src, dst, il, ol, w.astype(np.float32), start, accept, (g1, g2), grad_fn)
+    return _make(n, src, dst, il, ol, w, start, accept, (g1, g2), grad_fn)
 
 
 def compose(g1: Graph, g2: Graph) -> Graph:
