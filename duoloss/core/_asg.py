@@ -167,7 +167,9 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
     beta = np.ones(n_cls)
     nb = np.empty(n_cls)
     w = np.empty(n_cls)
-    cnt = np.zeros((n_cls, n_cls)) if has_trans else np.zeros((0, 0))
+    # u[t, i] = P_t(i) beta_t(i) / (c_t r_t): the transition counts are then one
+    # matrix product, sum_t u[t] alpha[t-1]^T (BLAS), instead of T rank-1 updates.
+    u_rows = np.zeros((tb, n_cls)) if has_trans else np.zeros((0, 0))
     log_b = 0.0
     for t in range(tb - 1, -1, -1):
         r = 0.0
@@ -191,10 +193,7 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
         for i in range(n_cls):
             w[i] = probs[t, b, i] * beta[i]
         for i in range(n_cls):
-            u = w[i] * scale
-            if u != 0.0:
-                for j in range(n_cls):
-                    cnt[i, j] += u * alpha[t - 1, j]
+            u_rows[t, i] = w[i] * scale
         for j in range(n_cls):
             nb[j] = 0.0
         for i in range(n_cls):
@@ -211,7 +210,8 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
         for j in range(n_cls):
             beta[j] = nb[j] * inv_d
         log_b += math.log(d) + fmax[t, b] + tau
-    if has_trans:
+    if has_trans and tb > 1:
+        cnt = np.dot(u_rows[1:].T, alpha[:tb - 1])
         for i in range(n_cls):
             for j in range(n_cls):
                 gt[i, j] += cnt[i, j] * m[i, j]
