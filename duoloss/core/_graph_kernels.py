@@ -604,3 +604,161 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             out_w[j] = wt
             j += 1
     return 0, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w, out_start, out_accept
+
+
+@numba.njit(cache=True, nogil=True)
+def log_forward_fast(n, src, dst, weight, start, accept):
+    """Fused topological sort and log-semiring forward pass over the whole graph.
+
+    Kahn's algorithm orders *all* nodes; an arc whose source has ``alpha = -inf``
+    (not accessible, or only through ``-inf`` arcs) is skipped, so unreachable
+    parts cannot leak NaN or ``+inf`` into the score.  One ``exp`` per arc (none
+    for each node's best arc) and one ``log`` per node.
+
+    Returns:
+      ``(status, score, alpha, order, out_ptr, out_idx)``; ``status`` is 1 when
+      the graph has a cycle anywhere (the caller then falls back to the
+      useful-part kernels, which accept cycles off every path).
+    """
+    m = src.shape[0]
+    out_ptr, out_idx = csr(n, src)
+    in_ptr, in_idx = csr(n, dst)
+    indeg = np.empty(n, np.int64)
+    order = np.empty(n, np.int64)
+    alpha = np.full(n, _NEG_INF)
+    tail = 0
+    for v in range(n):
+        indeg[v] = in_ptr[v + 1] - in_ptr[v]
+        if indeg[v] == 0:
+            order[tail] = v
+            tail += 1
+    head = 0
+    while head < tail:
+        u = order[head]
+        head += 1
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            v = dst[out_idx[k]]
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                order[tail] = v
+                tail += 1
+    if tail < n:
+        return 1, 0.0, alpha, order, out_ptr, out_idx
+    for i in range(n):
+        v = order[i]
+        mx = 0.0 if start[v] else _NEG_INF
+        best = -1
+        nan = False
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            a = in_idx[k]
+            au = alpha[src[a]]
+            if au == _NEG_INF:
+                continue
+            x = au + weight[a]
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+                best = a
+        if nan:
+            alpha[v] = np.nan
+            continue
+        if mx == _NEG_INF or mx == np.inf:
+            alpha[v] = mx
+            continue
+        s = 1.0
+        if start[v] and best >= 0:
+            s += np.exp(-mx)
+        for k in range(in_ptr[v], in_ptr[v + 1]):
+            a = in_idx[k]
+            if a == best:
+                continue
+            au = alpha[src[a]]
+            if au == _NEG_INF:
+                continue
+            x = au + weight[a]
+            if x > _NEG_INF:
+                s += np.exp(x - mx)
+        alpha[v] = mx + np.log(s)
+    mx = _NEG_INF
+    best = -1
+    nan = False
+    for v in range(n):
+        if accept[v]:
+            x = alpha[v]
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+                best = v
+    if nan:
+        return 0, np.nan, alpha, order, out_ptr, out_idx
+    if mx == _NEG_INF or mx == np.inf:
+        return 0, mx, alpha, order, out_ptr, out_idx
+    s = 1.0
+    for v in range(n):
+        if accept[v] and v != best and alpha[v] > _NEG_INF:
+            s += np.exp(alpha[v] - mx)
+    return 0, mx + np.log(s), alpha, order, out_ptr, out_idx
+
+
+@numba.njit(cache=True, nogil=True)
+def log_backward_fast(order, out_ptr, out_idx, dst, weight, accept, alpha, score):
+    """Arc posteriors for :func:`log_forward_fast` (same maths as :func:`log_backward`).
+
+    The backward scores ``beta`` and the posteriors come from one pass in reverse
+    topological order: with ``x_a = w_a + beta[v]`` and ``m_u = max_a x_a``,
+    ``posterior_a = exp(x_a - m_u) * exp(alpha[u] + m_u - score)``, so each arc
+    costs one ``exp``.  Arcs on no path, or only on ``-inf`` paths, get 0.
+    """
+    m = dst.shape[0]
+    n = order.shape[0]
+    grad = np.zeros(m, np.float64)
+    if score == _NEG_INF:
+        return grad
+    beta = np.full(n, _NEG_INF)
+    if not np.isfinite(score):
+        for a in range(m):
+            grad[a] = np.nan
+        return grad
+    for i in range(n - 1, -1, -1):
+        u = order[i]
+        mx = 0.0 if accept[u] else _NEG_INF
+        best = -1
+        nan = False
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            a = out_idx[k]
+            bv = beta[dst[a]]
+            if bv == _NEG_INF:
+                continue
+            x = weight[a] + bv
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+                best = a
+        if nan:
+            beta[u] = np.nan
+            continue
+        if mx == _NEG_INF or mx == np.inf:
+            beta[u] = mx
+            continue
+        s = 1.0
+        if accept[u] and best >= 0:
+            s += np.exp(-mx)
+        au = alpha[u]
+        scale = 0.0 if (au == _NEG_INF or au != au) else np.exp(au + mx - score)
+        for k in range(out_ptr[u], out_ptr[u + 1]):
+            a = out_idx[k]
+            bv = beta[dst[a]]
+            if bv == _NEG_INF:
+                continue
+            if a == best:
+                e = 1.0
+            else:
+                x = weight[a] + bv
+                e = np.exp(x - mx) if x > _NEG_INF else 0.0
+                s += e
+            grad[a] = e * scale
+        beta[u] = mx + np.log(s)
+    return grad

@@ -406,19 +406,32 @@ def forward_score(g: Graph) -> Graph:
       ValueError: the useful part of ``g`` is cyclic.
     """
     _check("forward_score", "g", g)
-    status, order, un, ua, op, oi, ip, ii = _prepare("forward_score", g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
+    status, score, alpha, order, out_ptr, out_idx = K.log_forward_fast(n, src, dst, w, st, ac)
+    if status == 0:
+        if not g._calc_grad:
+            return _scalar(score, (g,), None)
+        w = w.copy()
+        ac = ac.copy()
+
+        def grad_fn(gout, inputs):
+            post = K.log_backward_fast(order, out_ptr, out_idx, dst, w, ac, alpha, score)
+            return (post * gout[0],)
+
+        return _scalar(score, (g,), grad_fn)
+    # a cycle somewhere: restrict to the useful part (raises if the cycle is on a path)
+    status, order, un, ua, op, oi, ip, ii = _prepare("forward_score", g)
     score, alpha = K.log_forward(order, ua, ip, ii, src, w, st, ac, n)
     if not g._calc_grad:
         return _scalar(score, (g,), None)
     w = w.copy()
     ac = ac.copy()
 
-    def grad_fn(gout, inputs):
+    def grad_fn_useful(gout, inputs):
         post = K.log_backward(order, ua, op, oi, src, dst, w, ac, n, alpha, score)
         return (post * gout[0],)
 
-    return _scalar(score, (g,), grad_fn)
+    return _scalar(score, (g,), grad_fn_useful)
 
 
 def _viterbi(fn: str, g: Graph):
