@@ -37,17 +37,6 @@ def ctc_graph(target, blank=0):
     return g
 
 
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def bench(b, t, c, l, repeats, frontends):
     from duoloss.core import asg_loss_and_grad, ctc_loss_and_grad
     from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
@@ -62,17 +51,16 @@ def bench(b, t, c, l, repeats, frontends):
     sv = rng.standard_normal(c).astype(np.float32)
     graphs = [ctc_graph(tg[i]) for i in range(b)]
 
-    rows = {}
-    rows["ctc (core)"] = median_ms(lambda: ctc_loss_and_grad(lp, tg, il, tl), repeats)
-    rows["asg (core)"] = median_ms(
-        lambda: asg_loss_and_grad(x, tr, tg, il, tl, start_transitions=sv), repeats)
-    rows["all-alignments (core)"] = median_ms(
-        lambda: asg_loss_and_grad(x, None, tg, il, tl), repeats)
-
     def graph_core():
         packed = check_graph_args("graph_loss", lp, graphs, il, None, None)
         graph_loss_and_grad(lp, packed, il)
-    rows["graph_loss, CTC graphs (core)"] = median_ms(graph_core, repeats)
+
+    fns = {
+        "ctc (core)": lambda: ctc_loss_and_grad(lp, tg, il, tl),
+        "asg (core)": lambda: asg_loss_and_grad(x, tr, tg, il, tl, start_transitions=sv),
+        "all-alignments (core)": lambda: asg_loss_and_grad(x, None, tg, il, tl),
+        "graph_loss, CTC graphs (core)": graph_core,
+    }
     if frontends:
         import torch
 
@@ -82,15 +70,25 @@ def bench(b, t, c, l, repeats, frontends):
         trt = torch.tensor(tr, requires_grad=True)
         tgt, ilt, tlt = torch.tensor(tg), torch.tensor(il), torch.tensor(tl)
 
-        def run(loss):
-            loss().backward()
-        rows["ctc_loss (torch)"] = median_ms(lambda: run(lambda: dt.ctc_loss(lpt, tgt, ilt, tlt)),
-                                             repeats)
-        rows["asg_loss (torch)"] = median_ms(
-            lambda: run(lambda: dt.asg_loss(xt, trt, tgt, ilt, tlt)), repeats)
-        rows["graph_loss, CTC graphs (torch)"] = median_ms(
-            lambda: run(lambda: dt.graph_loss(lpt, graphs, ilt, target_lengths=tlt)), repeats)
-    return rows
+        fns["ctc_loss (torch)"] = lambda: dt.ctc_loss(lpt, tgt, ilt, tlt).backward()
+        fns["asg_loss (torch)"] = lambda: dt.asg_loss(xt, trt, tgt, ilt, tlt).backward()
+        fns["graph_loss, CTC graphs (torch)"] = (
+            lambda: dt.graph_loss(lpt, graphs, ilt, target_lengths=tlt).backward())
+    return interleaved_medians(fns, repeats)
+
+
+def interleaved_medians(fns, repeats, warmup=2):
+    """Median ms of each function, timed round-robin so load drift hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def main():
@@ -99,7 +97,18 @@ def main():
                    help="B,T,C,L tuples")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--no-frontends", action="store_true", help="core kernels only")
+    p.add_argument("--threads", type=int, default=0,
+                   help="numba (and torch) threads; 0 = default. 1 gives stable ratios on a "
+                        "shared machine")
     args = p.parse_args()
+    if args.threads:
+        import numba
+        numba.set_num_threads(args.threads)
+        try:
+            import torch
+            torch.set_num_threads(args.threads)
+        except ImportError:
+            pass
     print(f"{'B,T,C,L':>14} | {'loss':<32} | {'median ms':>9} | {'vs ctc core':>11} | "
           f"{'GTN ~ms':>8}")
     print("-" * 88)

@@ -216,3 +216,12 @@ def test_torch_rejects_non_tensors():
     with pytest.raises(TypeError, match="argument 'transitions' must be a torch.Tensor or None"):
         dt.asg_loss(torch.zeros(3, 1, 2), np.zeros((2, 2)), torch.zeros(1, 1, dtype=torch.long),
                     [3], [1])
+
+
+def test_jax_vmap_over_shared_transitions():
+    em, tr, sv, tg, il, tl = _batch(np.random.default_rng(7), dtype=np.float32)
+    trs = np.stack([tr, 0.5 * tr])
+    f = lambda t: dj.asg_loss(em, t, tg, il, tl)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(jax.vmap(f)(trs)), [f(trs[0]), f(trs[1])], rtol=1e-6)
+    g = jax.vmap(jax.grad(f))(trs)
+    np.testing.assert_allclose(np.asarray(g[1]), np.asarray(jax.grad(f)(trs[1])), rtol=1e-6)
