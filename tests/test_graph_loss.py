@@ -295,3 +295,60 @@ def test_validation_messages():
                     fe.graph_loss(conv(em), graphs, lengths, **args)
             assert str(info.value).startswith("graph_loss: ") and msg in str(info.value), (
                 str(info.value))
+
+
+ASG = load_family("asg")
+
+
+def _asg_graphs(target, n_cls):
+    """GTN's ASG as two target graphs whose arcs index tied weights
+    ``theta = [transitions.ravel() (i*C + j), start (C*C + k)]``."""
+    full = Graph(calc_grad=False)  # Trans: node 0 = <s>, node j+1 = "last token j"
+    full.add_node(start=True)
+    for _ in range(n_cls):
+        full.add_node(accept=True)
+    idx_full = []
+    for k in range(n_cls):
+        full.add_arc(0, k + 1, k)
+        idx_full.append(n_cls * n_cls + k)
+    for i in range(n_cls):
+        for j in range(n_cls):
+            full.add_arc(j + 1, i + 1, i)
+            idx_full.append(i * n_cls + j)
+    num = Graph(calc_grad=False)  # FAL ∘ Trans: position l, stay or advance
+    num.add_node(start=True)
+    idx_num = []
+    for pos, k in enumerate(target):
+        num.add_node(accept=pos == len(target) - 1)
+        num.add_arc(pos, pos + 1, k)
+        idx_num.append(n_cls * n_cls + k if pos == 0 else k * n_cls + target[pos - 1])
+        num.add_arc(pos + 1, pos + 1, k)
+        idx_num.append(k * n_cls + k)
+    return full, np.array(idx_full), num, np.array(idx_num)
+
+
+@pytest.mark.skipif(ASG is None, reason="GTN fixtures (shared/fixtures/gtn) absent")
+@pytest.mark.parametrize("idx", [0, 4, 7, 13, 15, 21])
+def test_tied_weights_reproduce_gtn_asg(idx):
+    """ASG = graph_loss(FAL∘Trans) - graph_loss(Trans), both with tied transition weights."""
+    case = ASG["cases"][idx]
+    c, t_max = case["N"], case["T"]
+    em = torch.tensor(np.asarray(case["emissions"], np.float32)[:, None, :].astype(np.float64),
+                      requires_grad=True)
+    theta = torch.tensor(np.concatenate([np.asarray(case["transitions"], np.float32).ravel(),
+                                         np.asarray(case["start"], np.float32)]).astype(np.float64),
+                         requires_grad=True)
+    full, i_full, num, i_num = _asg_graphs(case["target"], c)
+    loss = (dt.graph_loss(em, [num], [t_max], weights=theta, arc_weight_index=[i_num],
+                          reduction="sum")
+            - dt.graph_loss(em, [full], [t_max], weights=theta, arc_weight_index=[i_full],
+                            reduction="sum"))
+    np.testing.assert_allclose(loss.item(), case["loss"], rtol=1e-5)
+    loss.backward()
+    s = max(abs(case["forward_score_norm"]), abs(case["forward_score_target"]))
+    g = theta.grad.numpy()
+    for got, want in ((em.grad[:, 0].numpy(), case["grad_emissions"]),
+                      (g[:c * c].reshape(c, c), case["grad_transitions"]),
+                      (g[c * c:], case["grad_start"])):
+        ok, worst = grad_tolerance_ok(got, want, s)
+        assert ok, worst
