@@ -225,3 +225,17 @@ def test_jax_vmap_over_shared_transitions():
     np.testing.assert_allclose(np.asarray(jax.vmap(f)(trs)), [f(trs[0]), f(trs[1])], rtol=1e-6)
     g = jax.vmap(jax.grad(f))(trs)
     np.testing.assert_allclose(np.asarray(g[1]), np.asarray(jax.grad(f)(trs[1])), rtol=1e-6)
+
+
+def test_concatenated_targets():
+    em, tr, sv, tg, il, tl = _batch(np.random.default_rng(8), dtype=np.float32)
+    flat = np.concatenate([tg[b, :tl[b]] for b in range(3)])
+    padded = dt.asg_loss(torch.tensor(em), torch.tensor(tr), torch.tensor(tg), il.tolist(),
+                         tl.tolist(), reduction="none")
+    concat = dt.asg_loss(torch.tensor(em), torch.tensor(tr), torch.tensor(flat), il.tolist(),
+                         tl.tolist(), reduction="none")
+    torch.testing.assert_close(concat, padded)
+    jitted = jax.jit(lambda f, l: dj.asg_loss(em, tr, f, il, l, reduction="none"))(flat, tl)
+    np.testing.assert_allclose(np.asarray(jitted), padded.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="asg_loss: argument 'target_lengths' must sum to"):
+        dj.asg_loss(em, tr, flat[:-1], il, tl)

@@ -653,8 +653,12 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
     """Validate ASG arguments (shapes, dtypes; values when ``concrete``).
 
     Arguments are anything with ``.shape`` and ``.dtype`` (numpy, torch or JAX
-    arrays, including JAX tracers when ``concrete=False``).  Raises
-    ``TypeError``/``ValueError`` naming ``fn`` and the argument.
+    arrays, including JAX tracers when ``concrete=False``); ``targets`` is
+    ``(N, S)`` padded or 1-D concatenated (``sum(target_lengths)`` labels).
+    Raises ``TypeError``/``ValueError`` naming ``fn`` and the argument.
+
+    Returns:
+      The ``(N, S)`` int64 padded targets when ``concrete``, else ``None``.
     """
     from . import _validate as v
 
@@ -676,9 +680,11 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
         if v.dtype_name(x.dtype) != edt:
             raise TypeError(f"{fn}: argument '{arg}' must have the dtype of 'emissions' "
                             f"({edt}), got {v.dtype_name(x.dtype)}")
-    v.check_ndim(fn, "targets", targets.shape, (2,), "an (N, S)-array of padded targets")
+    v.check_ndim(fn, "targets", targets.shape, (1, 2),
+                 f"an (N, S) = ({n}, S)-array of padded targets or 1-D concatenated targets")
     v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
-    if int(targets.shape[0]) != n:
+    concatenated = len(targets.shape) == 1
+    if not concatenated and int(targets.shape[0]) != n:
         raise ValueError(f"{fn}: argument 'targets' must have N = {n} rows (from emissions), "
                          f"got shape {v.shape_str(targets.shape)}")
     for arg, x in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
@@ -687,14 +693,24 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
         if int(x.shape[0]) != n:
             raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
                              f"got shape {v.shape_str(x.shape)}")
-    if concrete:
-        il = np.asarray(input_lengths).astype(np.int64)
-        tl = np.asarray(target_lengths).astype(np.int64)
-        tg = np.asarray(targets).astype(np.int64)
-        v.check_lengths(fn, "input_lengths", il, t_max, "T, the number of frames")
+    if not concrete:
+        return None
+    il = np.asarray(input_lengths).astype(np.int64)
+    tl = np.asarray(target_lengths).astype(np.int64)
+    tg = np.asarray(targets).astype(np.int64)
+    v.check_lengths(fn, "input_lengths", il, t_max, "T, the number of frames")
+    if concatenated:
+        v.check_lengths(fn, "target_lengths", tl, tg.shape[0], "the concatenated targets' size")
+        if int(tl.sum()) != tg.shape[0]:
+            raise ValueError(f"{fn}: argument 'target_lengths' must sum to the size of the "
+                             f"concatenated 1-D targets ({tg.shape[0]}), got sum {int(tl.sum())}")
+        from ._ctc import concat_to_padded
+        tg = concat_to_padded(tg, tl)
+    else:
         v.check_lengths(fn, "target_lengths", tl, int(targets.shape[1]),
                         "S, the padded target length")
-        v.check_labels(fn, "targets", tg, tl, n_cls)
+    v.check_labels(fn, "targets", tg, tl, n_cls)
+    return tg
 
 
 def _asg_run(arrays, want_grad, *, zero_infinity=False):

@@ -11,6 +11,7 @@ from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_a
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
+from ._ctc import _concat_to_padded_traced
 
 __all__ = ["asg_loss"]
 
@@ -28,9 +29,13 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     targets = jnp.asarray(targets)
     input_lengths = jnp.asarray(input_lengths)
     target_lengths = jnp.asarray(target_lengths)
-    check_asg_args(fn, emissions, transitions, start_transitions, targets, input_lengths,
-                   target_lengths,
-                   concrete=is_concrete(targets, input_lengths, target_lengths))
+    concrete = is_concrete(targets, input_lengths, target_lengths)
+    padded = check_asg_args(fn, emissions, transitions, start_transitions, targets,
+                            input_lengths, target_lengths, concrete=concrete)
+    if padded is not None:
+        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
+    elif targets.ndim == 1:
+        targets = _concat_to_padded_traced(targets, target_lengths)
     return emissions, transitions, start_transitions, targets, input_lengths, target_lengths
 
 
@@ -53,7 +58,8 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
       emissions: ``(T, N, C)``-array of unnormalised scores, float32 (or float64
         with ``jax_enable_x64``).
       transitions: ``(C, C)``-array, ``[i, j]`` = score of ``i`` right after ``j``, or ``None``.
-      targets: ``(N, S)`` integer padded targets, tokens in ``[0, C)``.
+      targets: ``(N, S)`` integer padded targets or 1-D concatenated targets of size
+        ``sum(target_lengths)``; tokens in ``[0, C)``.
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       target_lengths: ``(N,)`` integers in ``[0, S]``.
       start_transitions: ``(C,)``-array of first-token scores, or ``None`` (zeros).

@@ -37,8 +37,7 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     _check_tensor(fn, "targets", targets)
     il = _as_int_array(input_lengths, fn, "input_lengths")
     tl = _as_int_array(target_lengths, fn, "target_lengths")
-    tg = to_numpy(targets)
-    check_asg_args(fn, emissions, transitions, start_transitions, tg, il, tl)
+    tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
     for arg, x in (("transitions", transitions), ("start_transitions", start_transitions)):
         if x is not None and x.device != emissions.device:
             raise ValueError(f"{fn}: argument '{arg}' must be on the device of 'emissions' "
@@ -74,7 +73,8 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
         applied, as in GTN), float32 or float64.
       transitions: ``(C, C)``-tensor, ``transitions[i, j]`` = score of token ``i``
         right after token ``j`` (row = to, column = from), or ``None``.
-      targets: ``(N, S)`` integer tensor of padded targets, tokens in ``[0, C)``.
+      targets: ``(N, S)`` integer tensor of padded targets, or 1-D concatenated
+        targets of size ``sum(target_lengths)``; tokens in ``[0, C)``.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
       target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
       start_transitions: ``(C,)``-tensor of first-token scores, or ``None`` (zeros).
