@@ -328,8 +328,38 @@ def _sorted_csr(n, src, lab):
 
 
 @numba.njit(cache=True, nogil=True)
+def _find(key, dense, table, hkeys, hvals, mask):
+    """(slot, state) of ``key``; state ``-1`` when absent (slot is where to insert)."""
+    if dense:
+        return key, table[key]
+    h = _slot(key, mask)
+    while hkeys[h] != -1 and hkeys[h] != key:
+        h = (h + 1) & mask
+    if hkeys[h] == -1:
+        return h, -1
+    return h, hvals[h]
+
+
+@numba.njit(cache=True, nogil=True)
+def _put(slot, key, state, dense, table, hkeys, hvals):
+    if dense:
+        table[slot] = state
+    else:
+        hkeys[slot] = key
+        hvals[slot] = state
+
+
+@numba.njit(cache=True, nogil=True)
+def _reset(dense, table, sq1, sq2, sf, ns, n2, nf):
+    """Restore the touched entries of a dense state table to -1."""
+    if dense:
+        for s in range(ns):
+            table[(sq1[s] * n2 + sq2[s]) * nf + sf[s]] = -1
+
+
+@numba.njit(cache=True, nogil=True)
 def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
-                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws):
+                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table):
     """Composition / intersection of two graphs with an epsilon filter.
 
     Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
@@ -354,6 +384,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     length ``>= 2 * state_cap``) and ``ws`` (``>= len(hkeys) + 6 * state_cap +
     5 * arc_cap + 1`` entries) are caller-owned scratch buffers, reused across
     calls so that large temporaries are not re-allocated (and page-faulted).
+    ``table``: when it has at least ``n1 * n2 * nf`` entries (``nf`` = 3 with
+    epsilons, else 1) it is used as a dense state index instead of the hash
+    table; it must hold only ``-1`` on entry and is restored to that on return.
 
     Returns:
       ``(status, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w,
@@ -373,6 +406,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 eps = True
                 break
     nf = 3 if eps else 1
+    dense = table.shape[0] >= n1 * n2 * nf
     cap = hkeys.shape[0]
     e_i = np.zeros(0, np.int64)
     e_b = np.zeros(0, np.bool_)
@@ -381,7 +415,8 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
         return 2, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
     mask = cap - 1
-    hkeys[:] = -1
+    if not dense:
+        hkeys[:] = -1
     o = 0
     hvals = ws[o:o + cap]
     o += cap
@@ -415,14 +450,12 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             if not start2[s2]:
                 continue
             if ns == state_cap:
+                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                 return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
             key = (s1 * n2 + s2) * nf
-            h = _slot(key, mask)
-            while hkeys[h] != -1 and hkeys[h] != key:
-                h = (h + 1) & mask
-            if hkeys[h] == -1:
-                hkeys[h] = key
-                hvals[h] = ns
+            h, found = _find(key, dense, table, hkeys, hvals, mask)
+            if found < 0:
+                _put(h, key, ns, dense, table, hkeys, hvals)
                 sq1[ns] = s1
                 sq2[ns] = s2
                 sf[ns] = 0
@@ -443,46 +476,66 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         b2 = k2
         while b2 < e2 and lab2[i2[b2]] == -1:
             b2 += 1
-        # phase 0: real matches; 1: first side alone on eps; 2: second alone; 3: both eps
-        for phase in range(4):
-            if phase == 0:
-                xs, xe0, ys, ye0 = b1, e1, b2, e2
-            elif phase == 1:
-                if not eps or f == 2:
-                    continue
-                xs, xe0, ys, ye0 = k1, b1, 0, 1
-            elif phase == 2:
-                if not eps or f == 1:
-                    continue
-                xs, xe0, ys, ye0 = 0, 1, k2, b2
+        # real matches: merge the label-sorted out-arcs of q1 and q2
+        x = b1
+        y = b2
+        while x < e1 and y < e2:
+            l1 = lab1[i1[x]]
+            l2 = lab2[i2[y]]
+            if l1 < l2:
+                x += 1
+            elif l1 > l2:
+                y += 1
             else:
-                if not eps or f != 0:
-                    continue
-                xs, xe0, ys, ye0 = k1, b1, k2, b2
-            x = xs
-            y = ys
-            while x < xe0 and y < ye0:
-                if phase == 0:
-                    l1 = lab1[i1[x]]
-                    l2 = lab2[i2[y]]
-                    if l1 < l2:
-                        x += 1
-                        continue
-                    if l1 > l2:
-                        y += 1
-                        continue
-                    xe = x
-                    while xe < xe0 and lab1[i1[xe]] == l1:
-                        xe += 1
-                    ye = y
-                    while ye < ye0 and lab2[i2[ye]] == l1:
-                        ye += 1
-                else:
-                    xe = xe0
-                    ye = ye0
-                for xx in range(x, xe):
+                ye = y
+                while ye < e2 and lab2[i2[ye]] == l1:
+                    ye += 1
+                while x < e1 and lab1[i1[x]] == l1:
+                    a1 = i1[x]
+                    t1 = dst1[a1]
                     for yy in range(y, ye):
-                        if phase == 0 or phase == 3:
+                        a2 = i2[yy]
+                        t2 = dst2[a2]
+                        key = (t1 * n2 + t2) * nf
+                        h, t = _find(key, dense, table, hkeys, hvals, mask)
+                        if t < 0:
+                            if ns == state_cap:
+                                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                            _put(h, key, ns, dense, table, hkeys, hvals)
+                            sq1[ns] = t1
+                            sq2[ns] = t2
+                            sf[ns] = 0
+                            t = ns
+                            ns += 1
+                        if na == arc_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                            return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                        asrc[na] = head
+                        adst[na] = t
+                        aa1[na] = a1
+                        aa2[na] = a2
+                        na += 1
+                    x += 1
+                y = ye
+        if eps:
+            # 1: first side alone on epsilon; 2: second side alone; 3: both together
+            for phase in range(1, 4):
+                if phase == 1:
+                    if f == 2:
+                        continue
+                    xs, xe0, ys, ye0 = k1, b1, 0, 1
+                elif phase == 2:
+                    if f == 1:
+                        continue
+                    xs, xe0, ys, ye0 = 0, 1, k2, b2
+                else:
+                    if f != 0:
+                        continue
+                    xs, xe0, ys, ye0 = k1, b1, k2, b2
+                for xx in range(xs, xe0):
+                    for yy in range(ys, ye0):
+                        if phase == 3:
                             a1 = i1[xx]
                             a2 = i2[yy]
                             t1 = dst1[a1]
@@ -501,32 +554,27 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t2 = dst2[a2]
                             tf = 2
                         key = (t1 * n2 + t2) * nf + tf
-                        h = _slot(key, mask)
-                        while hkeys[h] != -1 and hkeys[h] != key:
-                            h = (h + 1) & mask
-                        if hkeys[h] == -1:
+                        h, t = _find(key, dense, table, hkeys, hvals, mask)
+                        if t < 0:
                             if ns == state_cap:
+                                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                                 return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
-                            hkeys[h] = key
-                            hvals[h] = ns
+                            _put(h, key, ns, dense, table, hkeys, hvals)
                             sq1[ns] = t1
                             sq2[ns] = t2
                             sf[ns] = tf
                             t = ns
                             ns += 1
-                        else:
-                            t = hvals[h]
                         if na == arc_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                             return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
                         aa2[na] = a2
                         na += 1
-                x = xe
-                y = ye
         head += 1
-    # Trim: keep states that reach an accepting state.
+    _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
     # reverse adjacency of the explored arcs (counting sort by target)
     for s in range(ns + 1):
         t_ptr[s] = 0

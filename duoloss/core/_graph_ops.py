@@ -305,29 +305,50 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
     return buf
 
 
+_DENSE_MAX = 1 << 21  # entries of the per-thread dense state table (16 MiB of int64)
+_EMPTY_TABLE = np.zeros(0, np.int64)
+
+
+def _dense_table(size: int) -> np.ndarray:
+    """A per-thread all ``-1`` table of ``size`` entries, or an empty one (use hashing)."""
+    if size > _DENSE_MAX:
+        return _EMPTY_TABLE
+    buf = getattr(_TLS, "table", None)
+    if buf is None or buf.shape[0] < size:
+        buf = np.full(max(size, 2 * (0 if buf is None else buf.shape[0])), -1, np.int64)
+        _TLS.table = buf
+    return buf
+
+
+def _compose_caps(bound: int, n1: int, n2: int, m1: int, m2: int):
+    """Initial (state, arc) buffer sizes for compose; the kernel asks for more."""
+    state_cap = bound if bound <= (1 << 18) else max(1024, 4 * (n1 + n2))
+    return state_cap, max(1024, 4 * state_cap, m1 + m2)
+
+
 def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.ndarray,
                   out_il_from1: np.ndarray, out_ol_from2: np.ndarray) -> Graph:
     n1, s1, d1, _, _, w1, st1, ac1 = _arrays(g1)
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
     nf = 3 if ((match1 == EPSILON).any() or (match2 == EPSILON).any()) else 1
     bound = max(n1 * n2 * nf, 1)
-    state_cap = bound if bound <= (1 << 18) else max(1024, 4 * (n1 + n2))
-    arc_cap = max(1024, 4 * state_cap, g1._na + g2._na)
+    state_cap, arc_cap = _compose_caps(bound, n1, n2, g1._na, g2._na)
     while True:
         hcap = 64
         while hcap < 2 * state_cap:
             hcap *= 2
         hkeys = _scratch("hkeys", hcap, np.int64)[:hcap]
         ws = _scratch("ws", hcap + 6 * state_cap + 5 * arc_cap + 1, np.int64)
+        table = _dense_table(bound)
         (status, n, src, dst, a1, a2, il, ol, w, start, accept) = K.compose_kernel(
             n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
-            n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws)
+            n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table)
         if status == 0:
             break
         if status != 1:  # pragma: no cover - scratch sizes are computed above
             raise RuntimeError(f"{fn}: internal error (compose scratch buffers too small)")
         state_cap = int(min(4 * state_cap, bound))
-        arc_cap *= 4
+        arc_cap = 4 * arc_cap
     A1, A2 = g1._na, g2._na
 
     def grad_fn(gout, inputs):

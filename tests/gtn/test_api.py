@@ -265,3 +265,22 @@ def test_nan_free_gradients_with_neg_inf_weights():
     s = gtn.forward_score(g)
     gtn.backward(s)
     assert s.item() == -np.inf and g.grad().weights_to_list() == [0.0] * 6
+
+
+def test_compose_hash_mode_matches_dense_mode(monkeypatch):
+    """Large products use a hash table for the state index; both paths agree."""
+    from duoloss.core import _graph_ops as ops
+
+    rng = np.random.default_rng(3)
+    g1 = gtn.Graph.from_arrays(6, rng.integers(0, 6, 30), rng.integers(0, 6, 30),
+                               rng.integers(-1, 3, 30), rng.integers(-1, 3, 30),
+                               rng.standard_normal(30).astype(np.float32), [0, 1], [4, 5])
+    g2 = gtn.linear_graph(5, 3)
+    g2.set_weights(rng.standard_normal(15).astype(np.float32))
+    dense = ops.compose(g1, g2)
+    monkeypatch.setattr(ops, "_DENSE_MAX", 0)
+    hashed = ops.compose(g1, g2)
+    assert gtn.equal(dense, hashed)
+    # tiny initial buffers force the grow-and-retry path as well
+    monkeypatch.setattr(ops, "_compose_caps", lambda bound, n1, n2, m1, m2: (1, 1))
+    assert gtn.equal(dense, ops.compose(g1, g2))
