@@ -655,7 +655,26 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
 
 
 @numba.njit(cache=True, nogil=True)
-def log_forward_fast(n, src, dst, weight, start, accept):
+def csr_into(n, keys, ptr, idx):
+    """:func:`csr` writing into caller-owned ``ptr`` (``>= n+1``) and ``idx`` (``>= m``)."""
+    m = keys.shape[0]
+    for i in range(n + 1):
+        ptr[i] = 0
+    for a in range(m):
+        ptr[keys[a] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    for a in range(m):
+        k = keys[a]
+        idx[ptr[k]] = a
+        ptr[k] += 1
+    for i in range(n, 0, -1):
+        ptr[i] = ptr[i - 1]
+    ptr[0] = 0
+
+
+@numba.njit(cache=True, nogil=True)
+def log_forward_fast(n, src, dst, weight, start, accept, scratch):
     """Fused topological sort and log-semiring forward pass over the whole graph.
 
     Kahn's algorithm orders *all* nodes; an arc whose source has ``alpha = -inf``
@@ -663,17 +682,25 @@ def log_forward_fast(n, src, dst, weight, start, accept):
     parts cannot leak NaN or ``+inf`` into the score.  One ``exp`` per arc (none
     for each node's best arc) and one ``log`` per node.
 
+    ``scratch`` is a caller-owned int64 buffer of at least ``2 * n + m + 1``
+    entries (in-arc index and in-degrees; reused across calls).
+
     Returns:
       ``(status, score, alpha, order, out_ptr, out_idx)``; ``status`` is 1 when
       the graph has a cycle anywhere (the caller then falls back to the
-      useful-part kernels, which accept cycles off every path).
+      useful-part kernels, which accept cycles off every path), 2 when
+      ``scratch`` is too small.
     """
     m = src.shape[0]
     out_ptr, out_idx = csr(n, src)
-    in_ptr, in_idx = csr(n, dst)
-    indeg = np.empty(n, np.int64)
     order = np.empty(n, np.int64)
     alpha = np.full(n, _NEG_INF)
+    if scratch.shape[0] < 2 * n + m + 1:
+        return 2, 0.0, alpha, order, out_ptr, out_idx
+    in_ptr = scratch[: n + 1]
+    in_idx = scratch[n + 1: n + 1 + m]
+    indeg = scratch[n + 1 + m: 2 * n + 1 + m]
+    csr_into(n, dst, in_ptr, in_idx)
     tail = 0
     for v in range(n):
         indeg[v] = in_ptr[v + 1] - in_ptr[v]
@@ -751,20 +778,22 @@ def log_forward_fast(n, src, dst, weight, start, accept):
 
 
 @numba.njit(cache=True, nogil=True)
-def log_backward_fast(order, out_ptr, out_idx, dst, weight, accept, alpha, score):
+def log_backward_fast(order, out_ptr, out_idx, dst, weight, accept, alpha, score, beta):
     """Arc posteriors for :func:`log_forward_fast` (same maths as :func:`log_backward`).
 
     The backward scores ``beta`` and the posteriors come from one pass in reverse
     topological order: with ``x_a = w_a + beta[v]`` and ``m_u = max_a x_a``,
     ``posterior_a = exp(x_a - m_u) * exp(alpha[u] + m_u - score)``, so each arc
     costs one ``exp``.  Arcs on no path, or only on ``-inf`` paths, get 0.
+    ``beta`` is a caller-owned float64 scratch buffer of at least ``n`` entries.
     """
     m = dst.shape[0]
     n = order.shape[0]
     grad = np.zeros(m, np.float64)
-    if score == _NEG_INF:
+    if score == _NEG_INF or beta.shape[0] < n:
         return grad
-    beta = np.full(n, _NEG_INF)
+    for i in range(n):
+        beta[i] = _NEG_INF
     if not np.isfinite(score):
         for a in range(m):
             grad[a] = np.nan

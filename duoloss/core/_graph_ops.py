@@ -428,7 +428,8 @@ def forward_score(g: Graph) -> Graph:
     """
     _check("forward_score", "g", g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
-    status, score, alpha, order, out_ptr, out_idx = K.log_forward_fast(n, src, dst, w, st, ac)
+    scratch = _scratch("fwd", 2 * n + g._na + 1, np.int64)
+    status, score, alpha, order, out_ptr, out_idx = K.log_forward_fast(n, src, dst, w, st, ac, scratch)
     if status == 0:
         if not g._calc_grad:
             return _scalar(score, (g,), None)
@@ -436,7 +437,8 @@ def forward_score(g: Graph) -> Graph:
         ac = ac.copy()
 
         def grad_fn(gout, inputs):
-            post = K.log_backward_fast(order, out_ptr, out_idx, dst, w, ac, alpha, score)
+            beta = _scratch("beta", n, np.float64)
+            post = K.log_backward_fast(order, out_ptr, out_idx, dst, w, ac, alpha, score, beta)
             return (post * gout[0],)
 
         return _scalar(score, (g,), grad_fn)

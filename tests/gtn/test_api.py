@@ -285,3 +285,25 @@ def test_compose_hash_mode_matches_dense_mode(monkeypatch):
     # tiny initial buffers force the grow-and-retry path as well
     monkeypatch.setattr(ops, "_compose_caps", lambda bound, n1, n2, m1, m2: (1, 1))
     assert gtn.equal(dense, ops.compose(g1, g2))
+
+
+def test_parallel_backward_into_a_shared_graph():
+    """Gradients from many threads accumulate into one shared input without loss."""
+    shared = gtn.linear_graph(3, 4)
+    shared.set_weights(np.random.default_rng(1).standard_normal(12).astype(np.float32))
+    chains = [gtn.linear_graph(3, 4, False) for _ in range(24)]
+    losses = [None] * 24
+
+    def work(i):
+        losses[i] = gtn.forward_score(gtn.intersect(chains[i], shared))
+        gtn.backward(losses[i])
+
+    gtn.parallel_for(work, range(24))
+    single = gtn.forward_score(gtn.intersect(chains[0], gtn.clone(shared)))
+    ref = gtn.linear_graph(3, 4)
+    ref.set_weights(shared.weights_to_numpy())
+    s = gtn.forward_score(gtn.intersect(chains[0], ref))
+    gtn.backward(s)
+    np.testing.assert_allclose(shared.grad().weights_to_numpy(),
+                               24 * ref.grad().weights_to_numpy(), rtol=1e-5)
+    assert single.item() == pytest.approx(s.item())
