@@ -301,3 +301,32 @@ def test_closure_against_star(g, K):
         if len(s_) == K:
             want[(s_, s_)] = logsumexp(vs) + sum(cw[t, c] for t, c in enumerate(s_))
     lang_equal(language(out), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dags(max_nodes=6, max_arcs=10), st.randoms(use_true_random=False))
+def test_text_round_trip_and_isomorphism(g, rnd):
+    buf = io.StringIO()
+    gtn.savetxt(g, buf)
+    h = gtn.loadtxt(io.StringIO(buf.getvalue()), num_nodes=g.num_nodes())
+    assert gtn.equal(g, h)
+    # renumbering nodes and shuffling arcs keeps the graph isomorphic, not equal
+    n, src, dst, il, ol, w, start, accept = gtn.graph_arrays(g)
+    perm = list(range(n))
+    rnd.shuffle(perm)
+    perm = np.asarray(perm, np.int64)
+    order = list(range(len(src)))
+    rnd.shuffle(order)
+    order = np.asarray(order, np.int64)
+    inv_start = np.zeros(n, bool)
+    inv_accept = np.zeros(n, bool)
+    inv_start[perm] = start
+    inv_accept[perm] = accept
+    p = gtn.Graph.from_arrays(n, perm[src][order], perm[dst][order], il[order], ol[order],
+                              w[order], inv_start, inv_accept)
+    assert gtn.isomorphic(g, p)
+    lang_equal(language(p), language(g), tol=1e-12)
+    if g.num_arcs():
+        q = gtn.clone(p)
+        q.set_weights(np.asarray(q.weights_to_list(), np.float32) + np.float32(1.0))
+        assert not gtn.isomorphic(g, q)
