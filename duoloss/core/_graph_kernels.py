@@ -409,11 +409,12 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     dense = table.shape[0] >= n1 * n2 * nf
     cap = hkeys.shape[0]
     e_i = np.zeros(0, np.int64)
+    e_i32 = np.zeros(0, np.int32)
     e_b = np.zeros(0, np.bool_)
     e_f = np.zeros(0, np.float32)
     if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
             or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
-        return 2, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+        return 2, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
     mask = cap - 1
     if not dense:
         hkeys[:] = -1
@@ -451,7 +452,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 continue
             if ns == state_cap:
                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
             key = (s1 * n2 + s2) * nf
             h, found = _find(key, dense, table, hkeys, hvals, mask)
             if found < 0:
@@ -501,7 +502,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
                             _put(h, key, ns, dense, table, hkeys, hvals)
                             sq1[ns] = t1
                             sq2[ns] = t2
@@ -510,7 +511,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                            return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                            return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -558,7 +559,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                                return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
                             _put(h, key, ns, dense, table, hkeys, hvals)
                             sq1[ns] = t1
                             sq2[ns] = t2
@@ -567,7 +568,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                            return 1, 0, e_i, e_i, e_i, e_i, e_i, e_i, e_f, e_b, e_b
+                            return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -624,8 +625,8 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             m_out += 1
     out_src = np.empty(m_out, np.int64)
     out_dst = np.empty(m_out, np.int64)
-    out_a1 = np.empty(m_out, np.int64)
-    out_a2 = np.empty(m_out, np.int64)
+    out_a1 = np.empty(m_out, np.int32)  # arc counts < 2**31 (checked by the caller)
+    out_a2 = np.empty(m_out, np.int32)
     out_il = np.empty(m_out, np.int64)
     out_ol = np.empty(m_out, np.int64)
     out_w = np.empty(m_out, np.float32)

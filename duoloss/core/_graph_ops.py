@@ -330,6 +330,8 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
                   out_il_from1: np.ndarray, out_ol_from2: np.ndarray) -> Graph:
     n1, s1, d1, _, _, w1, st1, ac1 = _arrays(g1)
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
+    if max(g1._na, g2._na) >= 2 ** 31:
+        raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
     nf = 3 if ((match1 == EPSILON).any() or (match2 == EPSILON).any()) else 1
     bound = max(n1 * n2 * nf, 1)
     state_cap, arc_cap = _compose_caps(bound, n1, n2, g1._na, g2._na)
