@@ -30,6 +30,8 @@ class JCase(NamedTuple):
     args: Tuple[np.ndarray, ...]  # float inputs (all differentiable), float64 numpy
     call: Callable  # call(*args, reduction=...) -> losses; ints closed over
     shared: Tuple[bool, ...]  # per float input: shared by the batch (not batch axis 1)
+    ints: Tuple[np.ndarray, ...] = ()  # per-sequence non-float inputs, batch axis 0
+    call_ints: Callable = None  # call_ints(*args, *ints, reduction=...)
 
 
 def make_cases(seed=0, n=N, graphs_per_shard=None):
@@ -57,6 +59,27 @@ def make_cases(seed=0, n=N, graphs_per_shard=None):
     def sl(a, lo, hi):  # slice the per-sequence ints for a shard
         return a[lo:hi]
 
+    def graph_call(e, w, il_, tl_, reduction="mean"):
+        reps = il_.shape[0] // period
+        return dj.graph_loss(e, graphs * reps, il_, weights=w, arc_weight_index=idx * reps,
+                             normalize=True, target_lengths=tl_, reduction=reduction)
+
+    ints_calls = {
+        "ctc": ((tg, il, tl), lambda x, t, i, l, reduction="mean": dj.ctc_loss(
+            jax.nn.log_softmax(x), t, i, l, reduction=reduction)),
+        "optax_ctc": ((pads, tg, lpads), lambda x, p, t, lp, reduction="none": _reduce(
+            dj.optax_ctc_loss(x.transpose(1, 0, 2), p, t, lp), reduction)),
+        "asg": ((tg, il, tl), lambda e, a, s, t, i, l, reduction="mean": dj.asg_loss(
+            e, a, t, i, l, start_transitions=s, reduction=reduction)),
+        "asg_no_transitions": ((tg, il, tl), lambda e, t, i, l, reduction="mean": dj.asg_loss(
+            e, None, t, i, l, reduction=reduction)),
+        "graph": ((il, tl), graph_call),
+    }
+    return [c._replace(ints=ints_calls[c.name][0], call_ints=ints_calls[c.name][1])
+            for c in _cases(rand, tg, il, tl, pads, lpads, graphs, idx, period, sl, n)]
+
+
+def _cases(rand, tg, il, tl, pads, lpads, graphs, idx, period, sl, n):
     return [
         JCase("ctc", "duoloss.jax._ctc", "CTC_KERNEL", (rand(T, n, C),),
               lambda x, reduction="mean", lo=0, hi=n: dj.ctc_loss(
