@@ -152,7 +152,8 @@ def test_frontends_match_gtn_float32():
     sv = np.asarray(case["start"], np.float32)
     tg = np.asarray(case["target"])[None]
     args = (tg, np.array([case["T"]]), np.array([tg.shape[1]]))
-    lt = dt.asg_loss(torch.tensor(em), torch.tensor(tr), torch.tensor(tg), *map(torch.tensor, args[1:]),
+    lt = dt.asg_loss(torch.tensor(em), torch.tensor(tr), torch.tensor(tg),
+                     *map(torch.tensor, args[1:]),
                      start_transitions=torch.tensor(sv), reduction="none")
     lj = dj.asg_loss(em, tr, *args, start_transitions=sv, reduction="none")
     np.testing.assert_allclose(lt.numpy(), [case["loss"]], rtol=2e-6)
@@ -173,11 +174,13 @@ def test_jax_vmap_and_traced_invalid_values():
 
 BAD_CASES = [
     (dict(em=np.zeros((3, 2))), ValueError, "argument 'emissions' must be a (T, N, C)-array"),
-    (dict(em=np.zeros((3, 2, 4), np.int64)), TypeError, "argument 'emissions' must have a floating"),
+    (dict(em=np.zeros((3, 2, 4), np.int64)), TypeError,
+     "argument 'emissions' must have a floating"),
     (dict(tr=np.zeros((4, 3))), ValueError, "argument 'transitions' must have shape (4, 4)"),
     (dict(sv=np.zeros(5)), ValueError, "argument 'start_transitions' must have shape (4,)"),
     (dict(tr=np.zeros((4, 4), np.float32)), TypeError, "must have the dtype of 'emissions'"),
-    (dict(tg=np.array([[0, 4], [1, 1]])), ValueError, "argument 'targets' must hold labels in [0, 4)"),
+    (dict(tg=np.array([[0, 4], [1, 1]])), ValueError,
+     "argument 'targets' must hold labels in [0, 4)"),
     (dict(tg=np.zeros((3, 2), np.int64)), ValueError, "argument 'targets' must have N = 2"),
     (dict(tg=np.zeros((2, 2))), TypeError, "argument 'targets' must have an integer dtype"),
     (dict(il=np.array([3, 4])), ValueError, "argument 'input_lengths' must be in [0, 3]"),

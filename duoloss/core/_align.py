@@ -184,6 +184,8 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
       dtype (see the module docstring for ties and infeasible sequences).
     """
     logp = np.ascontiguousarray(log_probs)
+    dtype = logp.dtype
+    logp = logp.astype(np.float64, copy=False)  # one compiled signature
     t_max, n, _ = logp.shape
     tg, il, tl = _int_buffers(targets, input_lengths, target_lengths, n)
     labels = np.empty((n, t_max), np.int64)
@@ -192,7 +194,7 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
         cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
         _run(_ctc_align_serial, _ctc_align_parallel, cells,
              (logp, tg, il, tl, int(blank), labels, scores))
-    return labels, scores.astype(logp.dtype, copy=False)
+    return labels, scores.astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- #
@@ -280,8 +282,10 @@ def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_le
 def _asg_params(em, transitions, start_transitions):
     n_cls = em.shape[2]
     has_trans = transitions is not None
-    trans = np.ascontiguousarray(transitions) if has_trans else np.zeros((0, 0))
-    start = (np.ascontiguousarray(start_transitions) if start_transitions is not None
+    trans = (np.ascontiguousarray(transitions, dtype=np.float64) if has_trans
+             else np.zeros((0, 0)))
+    start = (np.ascontiguousarray(start_transitions, dtype=np.float64)
+             if start_transitions is not None
              else np.zeros(n_cls))
     return has_trans, trans, start
 
@@ -304,6 +308,8 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
       in the emissions' dtype.
     """
     em = np.ascontiguousarray(emissions)
+    dtype = em.dtype
+    em = em.astype(np.float64, copy=False)  # one compiled signature
     t_max, n, _ = em.shape
     has_trans, trans, start = _asg_params(em, transitions, start_transitions)
     tg, il, tl = _int_buffers(targets, input_lengths, target_lengths, n)
@@ -313,7 +319,7 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
         cells = np.clip(il, 0, t_max) * np.clip(tl, 1, tg.shape[1] + 1)
         _run(_asg_align_serial, _asg_align_parallel, cells,
              (em, trans, start, has_trans, tg, il, tl, labels, scores))
-    return labels, scores.astype(em.dtype, copy=False)
+    return labels, scores.astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- #
@@ -389,6 +395,8 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
       ``viterbi_score(compose(E, Trans))``.  Ties: the larger token index wins.
     """
     em = np.ascontiguousarray(emissions)
+    dtype = em.dtype
+    em = em.astype(np.float64, copy=False)  # one compiled signature
     t_max, n, n_cls = em.shape
     has_trans, trans, start = _asg_params(em, transitions, start_transitions)
     il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
@@ -398,7 +406,7 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
         cells = np.clip(il, 0, t_max) * n_cls * n_cls
         _run(_asg_viterbi_serial, _asg_viterbi_parallel, cells,
              (em, trans, start, has_trans, il, labels, scores))
-    return labels, scores.astype(em.dtype, copy=False)
+    return labels, scores.astype(dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- #
@@ -500,11 +508,14 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
     Returns:
       ``(labels, scores, arcs)``: ``(N, T)`` int64 frame labels, ``(N,)``
       best-path scores, and ``(N, T)`` int64 indices of the graph arc used at each
-      frame (labels and arcs are ``-1`` past the sequence); the scores are ``max sum_t (w_{a_t} + e_t(k_{a_t}))``.  Ties: the arc
-      that comes first in the graph's arc order, and the lowest accept node, win
-      (as GTN's first-maximum).  No path: ``-inf`` and ``-1`` labels.
+      frame (labels and arcs are ``-1`` past the sequence); the scores are
+      ``max sum_t (w_{a_t} + e_t(k_{a_t}))``.  Ties: the arc that comes first in
+      the graph's arc order, and the lowest accept node, win (as GTN's first
+      maximum).  No path: ``-inf`` and ``-1`` labels.
     """
     em = np.ascontiguousarray(emissions)
+    dtype = em.dtype
+    em = em.astype(np.float64, copy=False)  # one compiled signature
     t_max, n, _ = em.shape
     node_off, arc_off, src, dst, lab, gw, start, accept, widx = (
         np.ascontiguousarray(x) for x in packed)
@@ -524,4 +535,4 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
              (em, theta, il, node_off, arc_off, src, dst, lab, gw.astype(np.float64, copy=False),
               start.astype(np.int8, copy=False), accept.astype(np.int8, copy=False), widx,
               labels, arcs, scores))
-    return labels, scores.astype(em.dtype, copy=False), arcs
+    return labels, scores.astype(dtype, copy=False), arcs

@@ -604,9 +604,11 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
     want_e, want_t, want_s = (bool(w) for w in want_grad)
     want_t = want_t and has_trans
     want_s = want_s and has_start
-    trans = (np.ascontiguousarray(transitions) if has_trans
+    # Every kernel buffer is float64 whatever the input dtype: one compiled
+    # signature per kernel (numba compiles per dtype), results cast back at the end.
+    trans = (np.ascontiguousarray(transitions, dtype=np.float64) if has_trans
              else np.zeros((0, 0), np.float64))
-    start = (np.ascontiguousarray(start_transitions) if has_start
+    start = (np.ascontiguousarray(start_transitions, dtype=np.float64) if has_start
              else np.zeros(n_cls, np.float64))
     tg = np.ascontiguousarray(targets, dtype=np.int64)
     if tg.ndim != 2:
@@ -614,9 +616,10 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
     il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64).reshape(n)
     losses = np.empty(n, np.float64)
-    g_em = np.empty((t_max, n, n_cls), dtype) if want_e else np.empty((0, 0, 0), dtype)
-    g_tr = np.empty((n, n_cls, n_cls), dtype) if want_t else np.empty((0, 0, 0), dtype)
-    g_st = np.empty((n, n_cls), dtype) if want_s else np.empty((0, 0), dtype)
+    f64 = np.float64
+    g_em = np.empty((t_max, n, n_cls), f64) if want_e else np.empty((0, 0, 0), f64)
+    g_tr = np.empty((n, n_cls, n_cls), f64) if want_t else np.empty((0, 0, 0), f64)
+    g_st = np.empty((n, n_cls), f64) if want_s else np.empty((0, 0), f64)
     if n > 0:
         lp = em.astype(np.float64, copy=False)
         fmax = lp.max(axis=2) if n_cls else np.zeros((t_max, n))
@@ -631,7 +634,7 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
         sp, sigma = _shifted_exp(start)
         cells = np.clip(il, 0, t_max) * ((n_cls * n_cls) if has_trans else n_cls)
         order = np.argsort(-cells, kind="stable").astype(np.int64)
-        args = (order, probs, fmax, em, m, mt, float(tau), trans, sp, float(sigma), start,
+        args = (order, probs, fmax, lp, m, mt, float(tau), trans, sp, float(sigma), start,
                 tg, il, tl, has_trans, want_e, want_t, want_s, bool(zero_infinity), losses,
                 g_em, g_tr, g_st)
         if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
@@ -643,9 +646,9 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
                     numba.set_parallel_chunksize(old)
         else:
             _asg_batch_serial(*args)
-    return losses.astype(dtype, copy=False), (g_em if want_e else None,
-                                              g_tr if want_t else None,
-                                              g_st if want_s else None)
+    return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
+                                              g_tr.astype(dtype, copy=False) if want_t else None,
+                                              g_st.astype(dtype, copy=False) if want_s else None)
 
 
 def check_asg_args(fn, emissions, transitions, start_transitions, targets, input_lengths,

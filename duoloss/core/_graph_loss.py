@@ -534,8 +534,9 @@ def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, norma
     want_w = bool(want_grad[1]) and weights is not None
     il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
     losses = np.empty(n, np.float64)
-    g_em = np.empty((t_max, n, n_cls), dtype) if want_e else np.empty((0, 0, 0), dtype)
-    g_w = (np.empty((n, theta.shape[0]), dtype) if want_w else np.empty((0, 0), dtype))
+    f64 = np.float64  # float64 buffers only: one compiled signature per kernel
+    g_em = np.empty((t_max, n, n_cls), f64) if want_e else np.empty((0, 0, 0), f64)
+    g_w = (np.empty((n, theta.shape[0]), f64) if want_w else np.empty((0, 0), f64))
     if n:
         lp = em.astype(np.float64, copy=False)
         fmax = lp.max(axis=2)
@@ -545,7 +546,7 @@ def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, norma
         arcs = np.diff(arc_off) if node_off.shape[0] > 1 else np.zeros(1, np.int64)
         cells = np.clip(il, 0, t_max) * (arcs[np.arange(n) % n_g] + 1)
         order = np.argsort(-cells, kind="stable").astype(np.int64)
-        args = (order, em, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
+        args = (order, lp, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
                 accept, widx, bool(normalize), want_e, want_w, bool(zero_infinity), losses,
                 g_em, g_w)
         if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
@@ -557,8 +558,8 @@ def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, norma
                     numba.set_parallel_chunksize(old)
         else:
             _graph_batch_serial(*args)
-    return losses.astype(dtype, copy=False), (g_em if want_e else None,
-                                              g_w if want_w else None)
+    return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
+                                              g_w.astype(dtype, copy=False) if want_w else None)
 
 
 def _graph_run(arrays, want_grad, *, normalize=False, zero_infinity=False):

@@ -1,7 +1,7 @@
 """ASG and the all-alignments loss for JAX: ``asg_loss``."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import jax
 import jax.numpy as jnp

@@ -156,5 +156,6 @@ class ASGLoss(torch.nn.Module):
                         zero_infinity=self.zero_infinity)
 
     def extra_repr(self) -> str:
-        return (f"num_classes={self.num_classes}, learn_start={self.start_transitions is not None}, "
+        learn_start = self.start_transitions is not None
+        return (f"num_classes={self.num_classes}, learn_start={learn_start}, "
                 f"reduction={self.reduction!r}, zero_infinity={self.zero_infinity}")
