@@ -389,9 +389,10 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     table; it must hold only ``-1`` on entry and is restored to that on return.
 
     Returns:
-      ``(status, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w,
-      out_start, out_accept)``; ``out_a1[k]`` / ``out_a2[k]`` is the input arc
-      behind output arc ``k`` (``-1``: that side did not move).
+      ``(status, ns, na, nstart, n_out, m_out)``: the explored and trimmed sizes;
+      :func:`compose_emit` then writes the result (so the caller can allocate its
+      arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
+      it (``-1``: that side did not move).
     """
     p1, i1 = _sorted_csr(n1, src1, lab1)
     p2, i2 = _sorted_csr(n2, src2, lab2)
@@ -408,13 +409,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     nf = 3 if eps else 1
     dense = table.shape[0] >= n1 * n2 * nf
     cap = hkeys.shape[0]
-    e_i = np.zeros(0, np.int64)
-    e_i32 = np.zeros(0, np.int32)
-    e_b = np.zeros(0, np.bool_)
-    e_f = np.zeros(0, np.float32)
     if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
             or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
-        return 2, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+        return 2, 0, 0, 0, 0, 0
     mask = cap - 1
     if not dense:
         hkeys[:] = -1
@@ -452,7 +449,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 continue
             if ns == state_cap:
                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+                return 1, 0, 0, 0, 0, 0
             key = (s1 * n2 + s2) * nf
             h, found = _find(key, dense, table, hkeys, hvals, mask)
             if found < 0:
@@ -502,7 +499,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+                                return 1, 0, 0, 0, 0, 0
                             _put(h, key, ns, dense, table, hkeys, hvals)
                             sq1[ns] = t1
                             sq2[ns] = t2
@@ -511,7 +508,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                            return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+                            return 1, 0, 0, 0, 0, 0
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -559,7 +556,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                                return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+                                return 1, 0, 0, 0, 0, 0
                             _put(h, key, ns, dense, table, hkeys, hvals)
                             sq1[ns] = t1
                             sq2[ns] = t2
@@ -568,7 +565,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                            return 1, 0, e_i, e_i, e_i32, e_i32, e_i, e_i, e_f, e_b, e_b
+                            return 1, 0, 0, 0, 0, 0
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -611,25 +608,50 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         if newid[s] == -1:
             newid[s] = n_out
             n_out += 1
-    out_start = np.zeros(n_out, np.bool_)
-    out_accept = np.zeros(n_out, np.bool_)
+    m_out = 0
+    for k in range(na):
+        if newid[adst[k]] >= 0:
+            m_out += 1
+    return 0, ns, na, nstart, n_out, m_out
+
+
+@numba.njit(cache=True, nogil=True)
+def compose_emit(ns, na, nstart, n_out, m_out, accept1, accept2, oil1, w1, ool2, w2,
+                 state_cap, arc_cap, cap, ws, out_src, out_dst, out_a1, out_a2, out_il,
+                 out_ol, out_w, out_start, out_accept):
+    """Second half of :func:`compose_kernel`: write the trimmed result into
+    caller-owned arrays (``m_out`` arcs, ``n_out`` nodes), reading the explored
+    states and arcs that :func:`compose_kernel` left in ``ws``.  Returns 0, or 2
+    when a buffer is too small (nothing is written then)."""
+    if (out_src.shape[0] < m_out or out_dst.shape[0] < m_out or out_a1.shape[0] < m_out
+            or out_a2.shape[0] < m_out or out_il.shape[0] < m_out or out_ol.shape[0] < m_out
+            or out_w.shape[0] < m_out or out_start.shape[0] < n_out
+            or out_accept.shape[0] < n_out or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1
+            or ns > state_cap or na > arc_cap):
+        return 2
+    o = cap
+    sq1 = ws[o:o + state_cap]
+    o += state_cap
+    sq2 = ws[o:o + state_cap]
+    o += 2 * state_cap
+    asrc = ws[o:o + arc_cap]
+    o += arc_cap
+    adst = ws[o:o + arc_cap]
+    o += arc_cap
+    aa1 = ws[o:o + arc_cap]
+    o += arc_cap
+    aa2 = ws[o:o + arc_cap]
+    o += 2 * arc_cap + 2 * state_cap + 1
+    newid = ws[o:o + state_cap]
+    for i in range(n_out):
+        out_start[i] = False
+        out_accept[i] = False
     for s in range(ns):
         if newid[s] >= 0:
             if s < nstart:
                 out_start[newid[s]] = True
             if accept1[sq1[s]] and accept2[sq2[s]]:
                 out_accept[newid[s]] = True
-    m_out = 0
-    for k in range(na):
-        if newid[adst[k]] >= 0:
-            m_out += 1
-    out_src = np.empty(m_out, np.int64)
-    out_dst = np.empty(m_out, np.int64)
-    out_a1 = np.empty(m_out, np.int32)  # arc counts < 2**31 (checked by the caller)
-    out_a2 = np.empty(m_out, np.int32)
-    out_il = np.empty(m_out, np.int64)
-    out_ol = np.empty(m_out, np.int64)
-    out_w = np.empty(m_out, np.float32)
     j = 0
     for k in range(na):
         if newid[adst[k]] >= 0:
@@ -652,7 +674,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 out_ol[j] = -1
             out_w[j] = wt
             j += 1
-    return 0, n_out, out_src, out_dst, out_a1, out_a2, out_il, out_ol, out_w, out_start, out_accept
+    return 0
 
 
 @numba.njit(cache=True, nogil=True)

@@ -27,6 +27,7 @@ References:
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import List, Optional, Sequence
 
@@ -320,6 +321,60 @@ def _dense_table(size: int) -> np.ndarray:
     return buf
 
 
+_POOL_MIN = 1 << 15   # arrays of fewer bytes come straight from malloc
+_POOL_SLOTS = 48      # recycled buffers kept per thread and dtype
+
+
+def _free_refs() -> int:
+    """Reference count of an unused pooled buffer as seen in :func:`_pooled`."""
+    pool = [np.empty(1)]
+    for i in range(len(pool)):
+        buf = pool[i]
+        return sys.getrefcount(buf)
+    return 3  # pragma: no cover
+
+
+_FREE_REFS = _free_refs()
+
+
+def _pooled(dtype, size: int) -> np.ndarray:
+    """A fresh-contents array of ``size`` entries whose memory is recycled.
+
+    Large intermediate graphs (an intersection of a CTC graph with 200 frames
+    has ~30k arcs) would otherwise come from fresh ``mmap`` pages every call,
+    and first-touch page faults then cost more than the kernels.  Buffers are
+    kept per thread; one is reused once no array refers to it any more (its
+    reference count says so), so results never share memory.
+    """
+    dtype = np.dtype(dtype)
+    if size * dtype.itemsize < _POOL_MIN:
+        return np.empty(size, dtype)
+    pools = getattr(_TLS, "pools", None)
+    if pools is None:
+        pools = _TLS.pools = {}
+    pool = pools.setdefault(dtype.str, [])
+    best = -1
+    for i in range(len(pool)):
+        buf = pool[i]
+        # free = 3 references: the pool list, ``buf`` and getrefcount's argument
+        if buf.shape[0] >= size and sys.getrefcount(buf) <= _FREE_REFS and \
+                (best < 0 or buf.shape[0] < pool[best].shape[0]):
+            best = i
+    if best >= 0 and pool[best].shape[0] <= 2 * size + 1024:
+        return pool[best][:size]
+    cap = 1 << max(0, (size - 1).bit_length())
+    buf = np.empty(cap, dtype)
+    if len(pool) < _POOL_SLOTS:
+        pool.append(buf)
+    else:
+        for i in range(len(pool)):
+            old = pool[i]
+            if sys.getrefcount(old) <= _FREE_REFS:
+                pool[i] = buf
+                break
+    return buf[:size]
+
+
 def _compose_caps(bound: int, n1: int, n2: int, m1: int, m2: int):
     """Initial (state, arc) buffer sizes for compose; the kernel asks for more."""
     state_cap = bound if bound <= (1 << 18) else max(1024, 4 * (n1 + n2))
@@ -342,10 +397,19 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
         hkeys = _scratch("hkeys", hcap, np.int64)[:hcap]
         ws = _scratch("ws", hcap + 6 * state_cap + 5 * arc_cap + 1, np.int64)
         table = _dense_table(bound)
-        (status, n, src, dst, a1, a2, il, ol, w, start, accept) = K.compose_kernel(
+        status, ns, na, nstart, n, m = K.compose_kernel(
             n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
             n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table)
         if status == 0:
+            src, dst, il, ol = (_pooled(np.int64, m) for _ in range(4))
+            a1, a2 = _pooled(np.int32, m), _pooled(np.int32, m)
+            w = _pooled(np.float32, m)
+            start, accept = np.empty(n, np.bool_), np.empty(n, np.bool_)
+            status = K.compose_emit(ns, na, nstart, n, m, ac1, ac2, out_il_from1, w1,
+                                    out_ol_from2, w2, state_cap, arc_cap, hcap, ws,
+                                    src, dst, a1, a2, il, ol, w, start, accept)
+            if status != 0:  # pragma: no cover - sizes come from compose_kernel
+                raise RuntimeError(f"{fn}: internal error (compose output buffers too small)")
             break
         if status != 1:  # pragma: no cover - scratch sizes are computed above
             raise RuntimeError(f"{fn}: internal error (compose scratch buffers too small)")

@@ -307,3 +307,22 @@ def test_parallel_backward_into_a_shared_graph():
     np.testing.assert_allclose(shared.grad().weights_to_numpy(),
                                24 * ref.grad().weights_to_numpy(), rtol=1e-5)
     assert single.item() == pytest.approx(s.item())
+
+
+def test_pooled_results_never_share_live_memory():
+    from duoloss.core import _graph_ops as ops
+
+    ctc = gtn.linear_graph(60, 30, False)  # big enough for pooled outputs
+    e = gtn.linear_graph(60, 30)
+    first = gtn.intersect(ctc, e)
+    second = gtn.intersect(ctc, e)
+    a1 = gtn.graph_arrays(first)
+    a2 = gtn.graph_arrays(second)
+    assert a1[1].nbytes >= ops._POOL_MIN
+    for x, y in zip(a1[1:], a2[1:]):
+        assert not np.shares_memory(x, y)
+    keep = a1[5]  # a view keeps its buffer alive after the graph is gone
+    del first, a1
+    third = gtn.intersect(ctc, e)
+    assert not np.shares_memory(keep, gtn.graph_arrays(third)[5])
+    assert gtn.equal(second, third)
