@@ -312,8 +312,8 @@ def test_parallel_backward_into_a_shared_graph():
 def test_pooled_results_never_share_live_memory():
     from duoloss.core import _graph_ops as ops
 
-    ctc = gtn.linear_graph(60, 30, False)  # big enough for pooled outputs
-    e = gtn.linear_graph(60, 30)
+    ctc = gtn.linear_graph(200, 30, False)  # big enough for pooled outputs
+    e = gtn.linear_graph(200, 30)
     first = gtn.intersect(ctc, e)
     second = gtn.intersect(ctc, e)
     a1 = gtn.graph_arrays(first)
