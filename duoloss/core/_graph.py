@@ -250,7 +250,7 @@ class Graph:
         """Add an arc and return its index.
 
         ``add_arc(src, dst, label)`` adds an acceptor arc (``olabel = ilabel``)
-        with weight 0, as in GTN.
+        with weight 0, as in GTN.  Any accumulated gradient is dropped.
 
         Raises:
           ValueError: a node id is out of range or a label is below ``-1``.
@@ -274,8 +274,6 @@ class Graph:
             self._ilabel = _grow(self._ilabel, a + 1)
             self._olabel = _grow(self._olabel, a + 1)
             self._weight = _grow(self._weight, a + 1)
-            if self._grad is not None:
-                self._grad = None
         self._src[a] = s
         self._dst[a] = d
         self._ilabel[a] = il
@@ -283,6 +281,7 @@ class Graph:
         self._weight[a] = weight
         self._na = a + 1
         self._ilabel_sorted = self._olabel_sorted = False
+        self._grad = None  # a gradient no longer matches the arcs
         return a
 
     # ---------------------------------------------------------------- queries

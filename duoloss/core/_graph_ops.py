@@ -555,10 +555,15 @@ def viterbi_path(g: Graph) -> Graph:
     """
     _check("viterbi_path", "g", g)
     score, path = _viterbi("viterbi_path", g)
-    if score == -np.inf or (path.size == 0 and not np.isfinite(score) and score != score):
-        return _make(0, *(np.zeros(0, np.int64) for _ in range(4)), np.zeros(0, np.float32),
-                     np.zeros(0, np.bool_), np.zeros(0, np.bool_), (g,), None)
+    if score == -np.inf:
+        return _empty_graph(g)
     return _path_graph(g, path)
+
+
+def _empty_graph(g: Graph) -> Graph:
+    """The graph with no nodes (no path), recorded as computed from ``g``."""
+    return _make(0, *(np.zeros(0, np.int64) for _ in range(4)), np.zeros(0, np.float32),
+                 np.zeros(0, np.bool_), np.zeros(0, np.bool_), (g,), None)
 
 
 def _path_graph(g: Graph, path: np.ndarray) -> Graph:
@@ -587,9 +592,7 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
     n, src, dst, il, ol, w, st, ac = _arrays(g)
     starts = np.flatnonzero(st)
     if starts.size == 0 or not ac.any():
-        return _path_graph(g, np.zeros(0, np.int64)) if False else _make(
-            0, *(np.zeros(0, np.int64) for _ in range(4)), np.zeros(0, np.float32),
-            np.zeros(0, np.bool_), np.zeros(0, np.bool_), (g,), None)
+        return _empty_graph(g)
     ptr, idx = K.csr(n, src)
     for _ in range(100):
         v = int(rng.choice(starts))
@@ -605,8 +608,7 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
             a = int(idx[ptr[v] + c])
             path.append(a)
             v = int(dst[a])
-    return _make(0, *(np.zeros(0, np.int64) for _ in range(4)), np.zeros(0, np.float32),
-                 np.zeros(0, np.bool_), np.zeros(0, np.bool_), (g,), None)
+    return _empty_graph(g)
 
 
 # --------------------------------------------------------------- remove (eps)
