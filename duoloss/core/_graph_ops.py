@@ -626,7 +626,9 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     node through removable arcs (other than being an accept node itself with no
     further such path) gets its final weight ``rho(x)`` folded into copies of
     its in-arcs that lead to one new accept node.  A start node with such a
-    weighted empty path keeps one removable arc to that node (weight ``rho``).
+    weighted empty path gets a companion start node with one removable arc
+    (weight ``rho``) into that accept node: without final weights this is the
+    only way to give the empty string a weight.
 
     Gradient: exact (``d(u, v)`` is differentiated through its removable-path
     posteriors).  Unlike GTN, weights are kept and the gradient exists.
@@ -695,8 +697,12 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
             simple = ac[u] and not other.any()
             final_rho[u] = None if simple else alpha[n]
     need_f = [u for u, r in final_rho.items() if r is not None]
-    N = kept_ids.size + (1 if need_f else 0)
+    # start nodes whose empty string has a non-trivial weight get a new start node
+    # with one removable arc into F (using the start node itself would let paths
+    # that merely pass through it end there as well)
+    empty_starts = [u for u in need_f if st[u]]
     F = kept_ids.size
+    N = kept_ids.size + (1 if need_f else 0) + len(empty_starts)
     accept_new = np.zeros(N, np.bool_)
     for u, r in final_rho.items():
         if r is None:
@@ -710,9 +716,8 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     for (u, x, a, wt, uu, v) in out:
         if x in need_set:
             rows.append((newid[u], F, int(il[a]), int(ol[a]), wt + final_rho[x], a, ((uu, v), (x, n))))
-    for u in need_f:
-        if st[u]:
-            rows.append((newid[u], F, il_rm, ol_rm, final_rho[u], -1, ((u, n),)))
+    for j, u in enumerate(empty_starts):
+        rows.append((F + 1 + j, F, il_rm, ol_rm, final_rho[u], -1, ((u, n),)))
     M = len(rows)
     r_src = np.array([r[0] for r in rows], np.int64)
     r_dst = np.array([r[1] for r in rows], np.int64)
@@ -723,6 +728,7 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     r_deps = [r[6] for r in rows]
     start_new = np.zeros(N, np.bool_)
     start_new[newid[np.flatnonzero(st)]] = True
+    start_new[F + 1:] = True
 
     def grad_fn(gout, inputs):
         grad = _gather_grad(r_a, gout, A) if M else np.zeros(A)

@@ -326,3 +326,12 @@ def test_pooled_results_never_share_live_memory():
     third = gtn.intersect(ctc, e)
     assert not np.shares_memory(keep, gtn.graph_arrays(third)[5])
     assert gtn.equal(second, third)
+
+
+def test_remove_regression_start_node_on_a_longer_path():
+    """Start node 2 accepts the empty string through an epsilon arc, and paths from
+    start node 1 pass through 2: each path must be counted once."""
+    g = gtn.loadtxt(io.StringIO("1 2\n0\n1 2 -1 0 0.0\n2 0 -1 -1 0.0\n"))
+    out = gtn.remove(g)
+    assert language(out) == pytest.approx(language(g))
+    assert language(g) == {((), (0,)): 0.0, ((), ()): 0.0}

@@ -259,10 +259,12 @@ def test_projections_negate_clone(g):
 @given(dags(max_nodes=5, max_arcs=9, labels=(-1, -1, 0, 1)))
 def test_remove_keeps_weighted_language_and_gradient(g):
     out = gtn.remove(g)
-    # the only epsilon arcs left carry a weighted empty string out of a start node
+    # the only epsilon arcs left carry a weighted empty string: from a companion
+    # start node (no other arcs) into an accept node
     n, src, dst, il, ol, w, start, accept = gtn.graph_arrays(out)
     eps = (il == -1) & (ol == -1)
     assert start[src[eps]].all() and accept[dst[eps]].all()
+    assert not np.isin(src[eps], dst).any() and np.bincount(src, minlength=n)[src[eps]].max(initial=1) == 1
     lang_equal(language(out), language(g))
     s = gtn.forward_score(out)
     (grad,) = grad_of(s, g)
