@@ -76,8 +76,9 @@ def run(B, T, C, L, reps, seed=0):
 
     med, best = _median_ms(batch, reps)
 
-    # CPU time of the same work done serially (insensitive to other load on the
-    # machine's cores): what one core spends per batch.
+    # CPU time of the same work done serially: what one core spends per batch
+    # (less sensitive to other jobs than wall time, though shared caches still
+    # inflate it on a busy machine).
     def serial():
         for b in range(B):
             E = gtn.linear_graph(T, C, True)
@@ -149,7 +150,7 @@ def main(argv=None):
               f"{(tms if tms is not None else float('nan')):8.2f} "
               f"{(med / tms if tms else float('nan')):6.2f} | {(err if err is not None else float('nan')):8.1e} | {goal}")
     print("gtn-graphs: wall time of the whole batch via parallel_for (median, min);")
-    print("cpu ms: CPU time of the same batch run serially on one thread (load-insensitive;")
+    print("cpu ms: CPU time of the same batch run serially on one thread (less load-sensitive;")
     print("  with N free cores the parallel batch needs about cpu ms / N);")
     print("stage columns: one sequence on one thread (ms, median);")
     print("ratio: gtn-graphs / torch F.ctc_loss fwd+bwd on the same batch (a load-independent yardstick:")
