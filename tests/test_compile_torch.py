@@ -203,10 +203,34 @@ NEEDS_FRONTEND = pytest.mark.xfail(
 @NEEDS_FRONTEND
 @pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
 def test_frontend_compiles_fullgraph(case):
+    """The public loss (validation included) + backward in one graph, as in eager."""
     f = lambda *a: case.call(*a, reduction="mean")  # noqa: E731
-    ref = f(*case.args)
-    got = torch.compile(f, backend="aot_eager", fullgraph=True)(*case.args)
-    torch.testing.assert_close(got, ref)
+    params = [torch.nn.Parameter(a.clone()) for a in case.args]
+    (l0, g0), (l1, g1) = eager_and_compiled(f, params, "aot_eager", backward_inside=True)
+    torch.testing.assert_close(l1, l0, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@NEEDS_FRONTEND
+def test_frontend_ctc_compiled_with_tensor_ints_and_concatenated_targets():
+    """Integer inputs as graph inputs (tensors, concatenated targets): one graph serves
+    new values; results match eager, where the values are validated on the host."""
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    f = lambda x, tg, il, tl: dt.ctc_loss(x.log_softmax(-1), tg, il, tl,  # noqa: E731
+                                          reduction="sum")
+    compiled = torch.compile(f, backend=counter, fullgraph=True)
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        x = torch.tensor(rng.standard_normal((10, 3, 5)), requires_grad=True)
+        tl = torch.tensor(rng.permutation([1, 2, 3]))  # same total: same shapes
+        tg = torch.tensor(rng.integers(1, 5, int(tl.sum())))
+        il = torch.tensor([10, 9, 8])
+        got, ref = compiled(x, tg, il, tl), f(x, tg, il, tl)
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(torch.autograd.grad(got, x)[0],
+                                   torch.autograd.grad(ref, x)[0])
+    assert counter.frame_count == 1
 
 
 def test_eager_and_func_do_not_use_the_operator(monkeypatch):
