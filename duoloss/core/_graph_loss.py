@@ -89,8 +89,11 @@ def _lae(a, b):
 
 @numba.njit(cache=True, nogil=True)
 def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax, want,
-                  ge, cnt):
-    """Linear-space forward-backward; returns ``(logZ, status)``."""
+                  want_cnt, ge, cnt):
+    """Linear-space forward-backward; returns ``(logZ, status)``.
+
+    Adds label posteriors to ``ge`` and (if ``want_cnt``) arc counts to ``cnt``.
+    """
     a_n = src.shape[0]
     alpha = np.zeros((tb + 1, v_n))
     log_a = np.empty(tb + 1)
@@ -105,10 +108,11 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
         alpha[0, n] /= c
     log_a[0] = math.log(c)
     for t in range(tb):
+        pt = probs[t, b]
         for a in range(a_n):
             x = alpha[t, src[a]]
             if x != 0.0:
-                alpha[t + 1, dst[a]] += x * w[a] * probs[t, b, lab[a]]
+                alpha[t + 1, dst[a]] += x * w[a] * pt[lab[a]]
         c = 0.0
         for n in range(v_n):
             c += alpha[t + 1, n]
@@ -131,33 +135,39 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
         return logz, _OK
     beta = np.zeros(v_n)
     nb = np.zeros(v_n)
-    u = np.empty(a_n)
+    u = np.empty(a_n if want_cnt else 0)
     for n in range(v_n):
         if accept[n]:
             beta[n] = 1.0
     log_b = 0.0  # log scale of beta at frame t+1
+    n_cls = ge.shape[1]
     for t in range(tb - 1, -1, -1):
         r = 0.0
+        pt = probs[t, b]
+        get = ge[t]
         for n in range(v_n):
             nb[n] = 0.0
+        # One pass: unnormalised arc posteriors go straight into row t of ge.
         for a in range(a_n):
             y = beta[dst[a]]
+            q = 0.0
             if y != 0.0:
-                ua = w[a] * probs[t, b, lab[a]] * y
-                u[a] = ua
+                ua = w[a] * pt[lab[a]] * y
                 nb[src[a]] += ua
-                r += alpha[t, src[a]] * ua
-            else:
-                u[a] = 0.0
+                q = alpha[t, src[a]] * ua
+                r += q
+                get[lab[a]] += q
+            if want_cnt:
+                u[a] = q
         expected = math.exp(logz - log_a[t] - log_b - fmax[t, b] - omega)
         if not abs(r - expected) <= _CHECK_TOL * expected:
             return logz, _FALLBACK
         inv = 1.0 / r
-        for a in range(a_n):
-            if u[a] != 0.0:
-                p = alpha[t, src[a]] * u[a] * inv
-                ge[t, lab[a]] += p
-                cnt[a] += p
+        for k in range(n_cls):
+            get[k] *= inv
+        if want_cnt:
+            for a in range(a_n):
+                cnt[a] += u[a] * inv
         if t == 0:
             break
         d = 0.0
@@ -309,7 +319,7 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
     ne = np.zeros((tb, n_cls))
     cnt = np.zeros(a_n)
     logz, st = _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax,
-                             want, ne, cnt)
+                             want, want_w, ne, cnt)
     if st == _FALLBACK:
         ne[:, :] = 0.0
         cnt[:] = 0.0
