@@ -495,12 +495,24 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         a2 = i2[yy]
                         t2 = dst2[a2]
                         key = (t1 * n2 + t2) * nf
-                        h, t = _find(key, dense, table, hkeys, hvals, mask)
+                        # state lookup, inlined (a helper call costs ~40% here)
+                        if dense:
+                            h = key
+                            t = table[key]
+                        else:
+                            h = _slot(key, mask)
+                            while hkeys[h] != -1 and hkeys[h] != key:
+                                h = (h + 1) & mask
+                            t = -1 if hkeys[h] == -1 else hvals[h]
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                                 return 1, 0, 0, 0, 0, 0
-                            _put(h, key, ns, dense, table, hkeys, hvals)
+                            if dense:
+                                table[key] = ns
+                            else:
+                                hkeys[h] = key
+                                hvals[h] = ns
                             sq1[ns] = t1
                             sq2[ns] = t2
                             sf[ns] = 0
@@ -552,12 +564,24 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t2 = dst2[a2]
                             tf = 2
                         key = (t1 * n2 + t2) * nf + tf
-                        h, t = _find(key, dense, table, hkeys, hvals, mask)
+                        # state lookup, inlined (a helper call costs ~40% here)
+                        if dense:
+                            h = key
+                            t = table[key]
+                        else:
+                            h = _slot(key, mask)
+                            while hkeys[h] != -1 and hkeys[h] != key:
+                                h = (h + 1) & mask
+                            t = -1 if hkeys[h] == -1 else hvals[h]
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                                 return 1, 0, 0, 0, 0, 0
-                            _put(h, key, ns, dense, table, hkeys, hvals)
+                            if dense:
+                                table[key] = ns
+                            else:
+                                hkeys[h] = key
+                                hvals[h] = ns
                             sq1[ns] = t1
                             sq2[ns] = t2
                             sf[ns] = tf
