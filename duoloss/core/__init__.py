@@ -18,8 +18,10 @@ from ._threading import threading_layer
 from ._graph_loss import GRAPH_LOSS_KERNEL
 from ._graph_loss import graph_loss_and_grad
 from ._graph_loss import pack_graphs
+from ._graph_loss import PackedGraphs
 
 __all__ = [
+    "PackedGraphs",
     "GRAPH_LOSS_KERNEL",
     "graph_loss_and_grad",
     "pack_graphs",

@@ -64,10 +64,13 @@ import math
 import numba
 import numpy as np
 
+from typing import Any, NamedTuple
+
 from ._spec import LossKernel
 from ._threading import parallel_guard
 
-__all__ = ["GRAPH_LOSS_KERNEL", "graph_loss_and_grad", "pack_graphs", "check_graph_args"]
+__all__ = ["GRAPH_LOSS_KERNEL", "PackedGraphs", "graph_loss_and_grad", "pack_graphs",
+           "check_graph_args"]
 
 _TINY = 1e-200
 _CHECK_TOL = 1e-7
@@ -382,22 +385,58 @@ def _graph_batch_serial(order, em, probs, fmax, theta, in_len, node_off, arc_off
                    g_w)
 
 
-def pack_graphs(graphs, arc_weight_index=None):
-    """Concatenate graphs into flat arrays for the kernel.
+class PackedGraphs(NamedTuple):
+    """A batch of graphs as flat arrays (a pytree for JAX: pass it through ``jit``).
+
+    ``G`` graphs; graph ``g`` owns nodes ``node_off[g]:node_off[g+1]`` and arcs
+    ``arc_off[g]:arc_off[g+1]`` of the concatenated arrays (entries past
+    ``node_off[-1]`` / ``arc_off[-1]`` are padding and ignored).  ``src``/``dst``
+    are node ids local to their graph, ``label`` the input labels, ``weight`` the
+    graphs' own (constant) arc weights, ``start``/``accept`` 0/1 flags per node,
+    ``arc_weight_index`` the index of each arc's tied learnable weight (``-1``:
+    none).
+    """
+
+    node_off: Any
+    arc_off: Any
+    src: Any
+    dst: Any
+    label: Any
+    weight: Any
+    start: Any
+    accept: Any
+    arc_weight_index: Any
+
+
+def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None):
+    """Concatenate graphs into a :class:`PackedGraphs` of numpy arrays.
 
     Args:
       graphs: sequence of ``duoloss.gtn.Graph`` (one per sequence).
-      arc_weight_index: ``None`` or one integer array per graph (length = its
-        number of arcs) of indices into the shared weights, ``-1`` for none.
+      arc_weight_index: ``None`` or one integer array per graph (one entry per
+        arc) of indices into the shared weights, ``-1`` for none.
+      num_nodes, num_arcs: pad the node/arc arrays to these totals (static
+        shapes, so a jitted JAX step does not retrace for every batch).
 
     Returns:
-      A tuple ``(node_off, arc_off, src, dst, label, weight, start, accept,
-      widx)``: ``int64`` offsets ``(G+1,)``, per-arc ``int64`` local node ids and
-      input labels, ``float64`` graph weights, ``int8`` start/accept flags per node
-      and ``int64`` weight indices.
-    """
-    from ._graph import graph_arrays
+      ``PackedGraphs`` with ``int64`` offsets ``(G+1,)``, ``int64`` ``src``,
+      ``dst``, ``label`` and ``arc_weight_index`` ``(A,)``, ``float64`` ``weight``
+      ``(A,)`` and ``int8`` ``start``/``accept`` ``(V,)``.
 
+    Raises:
+      TypeError/ValueError: not a list of graphs, bad ``arc_weight_index`` shapes,
+        or totals larger than ``num_nodes``/``num_arcs``.
+    """
+    from ._graph import Graph, graph_arrays
+
+    fn = "pack_graphs"
+    if isinstance(graphs, Graph) or not isinstance(graphs, (list, tuple)):
+        raise TypeError(f"{fn}: argument 'graphs' must be a list or tuple of duoloss.gtn.Graph "
+                        f"(one per sequence), got {type(graphs).__name__}")
+    for b, g in enumerate(graphs):
+        if not isinstance(g, Graph):
+            raise TypeError(f"{fn}: argument 'graphs' must hold duoloss.gtn.Graph objects, "
+                            f"got {type(g).__name__} at index {b}")
     parts = [graph_arrays(g) for g in graphs]
     n_nodes = np.array([p[0] for p in parts], np.int64)
     n_arcs = np.array([p[1].shape[0] for p in parts], np.int64)
@@ -415,35 +454,59 @@ def pack_graphs(graphs, arc_weight_index=None):
     if arc_weight_index is None:
         widx = np.full(int(arc_off[-1]), -1, np.int64)
     else:
-        widx = (np.concatenate([np.asarray(x, np.int64).reshape(-1) for x in arc_weight_index])
-                if len(arc_weight_index) else np.zeros(0, np.int64))
-    return node_off, arc_off, src, dst, lab, weight, start, accept, widx
+        if not isinstance(arc_weight_index, (list, tuple)) or len(arc_weight_index) != len(graphs):
+            raise ValueError(f"{fn}: argument 'arc_weight_index' must be a list of "
+                             f"{len(graphs)} integer arrays (one per graph), got "
+                             f"{type(arc_weight_index).__name__}"
+                             + (f" of length {len(arc_weight_index)}"
+                                if isinstance(arc_weight_index, (list, tuple)) else ""))
+        idx = []
+        for b, (g, x) in enumerate(zip(graphs, arc_weight_index)):
+            x = np.asarray(x)
+            if x.dtype.kind not in "iu":
+                raise TypeError(f"{fn}: argument 'arc_weight_index' must hold integer arrays, "
+                                f"got dtype {x.dtype} at graph {b}")
+            if x.shape != (g.num_arcs(),):
+                raise ValueError(f"{fn}: argument 'arc_weight_index' must hold one index per "
+                                 f"arc, shape ({g.num_arcs()},) at graph {b}, got "
+                                 f"{tuple(x.shape)}")
+            idx.append(x.astype(np.int64))
+        widx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    for arg, total, want in (("num_nodes", int(node_off[-1]), num_nodes),
+                             ("num_arcs", int(arc_off[-1]), num_arcs)):
+        if want is not None and (isinstance(want, bool) or not isinstance(want, (int, np.integer))
+                                 or want < total):
+            raise ValueError(f"{fn}: argument '{arg}' must be an int >= the batch's total "
+                             f"({total}), got {want!r}")
+    if num_nodes is not None:
+        pad = int(num_nodes) - start.shape[0]
+        start = np.concatenate([start, np.zeros(pad, np.int8)])
+        accept = np.concatenate([accept, np.zeros(pad, np.int8)])
+    if num_arcs is not None:
+        pad = int(num_arcs) - src.shape[0]
+        zeros = np.zeros(pad, np.int64)
+        src, dst, lab = (np.concatenate([x, zeros]) for x in (src, dst, lab))
+        weight = np.concatenate([weight, np.zeros(pad)])
+        widx = np.concatenate([widx, np.full(pad, -1, np.int64)])
+    return PackedGraphs(node_off, arc_off, src, dst, lab, weight, start, accept, widx)
 
 
 def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index, *,
-                     concrete=True):
-    """Validate ``graph_loss`` arguments; returns the packed graphs (see :func:`pack_graphs`).
+                     concrete=True, graphs_concrete=True):
+    """Validate ``graph_loss``/``graph_align`` arguments; returns a :class:`PackedGraphs`.
 
+    ``graphs`` is a list of ``N`` ``duoloss.gtn.Graph`` (packed here, with
+    ``arc_weight_index``) or an already packed :class:`PackedGraphs` of ``N``
+    graphs (its own ``arc_weight_index``; the argument must then be ``None``).
     ``emissions``/``weights``/``input_lengths`` need ``.shape`` and ``.dtype``;
-    their values are checked only when ``concrete``.  The graphs are always
-    concrete (Python objects) and fully checked here.
+    the values of ``input_lengths`` are checked when ``concrete``, those of
+    packed graphs when ``graphs_concrete`` (Graph objects always are).
     """
     from . import _validate as v
-    from ._graph import Graph
 
     v.check_ndim(fn, "emissions", emissions.shape, (3,), "a (T, N, C)-array")
     v.check_dtype(fn, "emissions", emissions.dtype, v.FLOAT_DTYPES, "a floating")
     t_max, n, n_cls = (int(s) for s in emissions.shape)
-    if isinstance(graphs, Graph) or not isinstance(graphs, (list, tuple)):
-        raise TypeError(f"{fn}: argument 'graphs' must be a list or tuple of duoloss.gtn.Graph "
-                        f"(one per sequence), got {type(graphs).__name__}")
-    if len(graphs) != n:
-        raise ValueError(f"{fn}: argument 'graphs' must hold N = {n} graphs (one per sequence "
-                         f"of emissions), got {len(graphs)}")
-    for b, g in enumerate(graphs):
-        if not isinstance(g, Graph):
-            raise TypeError(f"{fn}: argument 'graphs' must hold duoloss.gtn.Graph objects, "
-                            f"got {type(g).__name__} at index {b}")
     v.check_ndim(fn, "input_lengths", input_lengths.shape, (1,), f"an (N,)-array with N = {n}")
     v.check_dtype(fn, "input_lengths", input_lengths.dtype, v.INT_DTYPES, "an integer")
     if int(input_lengths.shape[0]) != n:
@@ -457,57 +520,94 @@ def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_i
                             f"({v.dtype_name(emissions.dtype)}), got "
                             f"{v.dtype_name(weights.dtype)}")
         n_w = int(weights.shape[0])
-        if arc_weight_index is None:
+    packed_in = isinstance(graphs, PackedGraphs)
+    if packed_in:
+        if arc_weight_index is not None:
+            raise ValueError(f"{fn}: argument 'arc_weight_index' must be None when 'graphs' is "
+                             f"a PackedGraphs (it carries its own), got "
+                             f"{type(arc_weight_index).__name__}")
+        packed = graphs
+        _check_packed_static(fn, packed, n)
+    else:
+        if weights is not None and arc_weight_index is None:
             raise ValueError(f"{fn}: argument 'arc_weight_index' must be given with 'weights' "
                              f"(one integer array per graph), got None")
-    if arc_weight_index is not None:
-        if weights is None:
+        if arc_weight_index is not None and weights is None:
             raise ValueError(f"{fn}: argument 'weights' must be given with 'arc_weight_index', "
                              f"got None")
-        if not isinstance(arc_weight_index, (list, tuple)) or len(arc_weight_index) != n:
-            raise ValueError(f"{fn}: argument 'arc_weight_index' must be a list of N = {n} "
-                             f"integer arrays (one per graph), got "
-                             f"{type(arc_weight_index).__name__}"
-                             + (f" of length {len(arc_weight_index)}"
-                                if isinstance(arc_weight_index, (list, tuple)) else ""))
-    packed = pack_graphs(graphs, None)
-    node_off, arc_off, src, dst, lab = packed[:5]
-    eps = np.flatnonzero(lab < 0)
-    if eps.size:
-        a = int(eps[0])
-        b = int(np.searchsorted(arc_off, a, side="right") - 1)
-        raise ValueError(f"{fn}: argument 'graphs' must not contain epsilon arcs (label -1: "
-                         f"every arc consumes one frame), found at graph {b}, arc "
-                         f"{a - int(arc_off[b])}")
-    bad = np.flatnonzero(lab >= n_cls)
-    if bad.size:
-        a = int(bad[0])
-        b = int(np.searchsorted(arc_off, a, side="right") - 1)
-        raise ValueError(f"{fn}: argument 'graphs' must have arc labels in [0, {n_cls}) "
-                         f"(C from emissions), got {int(lab[a])} at graph {b}, arc "
-                         f"{a - int(arc_off[b])}")
-    if arc_weight_index is not None:
-        idx = []
-        for b, (g, x) in enumerate(zip(graphs, arc_weight_index)):
-            x = np.asarray(x)
-            if x.dtype.kind not in "iu":
-                raise TypeError(f"{fn}: argument 'arc_weight_index' must hold integer arrays, "
-                                f"got dtype {x.dtype} at graph {b}")
-            if x.shape != (g.num_arcs(),):
-                raise ValueError(f"{fn}: argument 'arc_weight_index' must hold one index per "
-                                 f"arc, shape ({g.num_arcs()},) at graph {b}, got "
-                                 f"{v.shape_str(x.shape)}")
-            if x.size and (x.min() < -1 or x.max() >= n_w):
-                bad_v = int(x[(x < -1) | (x >= n_w)][0])
-                raise ValueError(f"{fn}: argument 'arc_weight_index' must be in [-1, {n_w}) "
-                                 f"(K = {n_w} weights), got {bad_v} at graph {b}")
-            idx.append(x.astype(np.int64))
-        widx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-        packed = packed[:8] + (widx,)
+        if isinstance(graphs, (list, tuple)) and len(graphs) != n:
+            raise ValueError(f"{fn}: argument 'graphs' must hold N = {n} graphs (one per "
+                             f"sequence of emissions), got {len(graphs)}")
+        try:
+            packed = pack_graphs(graphs, arc_weight_index)
+        except (TypeError, ValueError) as err:  # re-raise under this function's name
+            raise type(err)(str(err).replace("pack_graphs: ", f"{fn}: ", 1)) from None
+        graphs_concrete = True
+    if graphs_concrete:
+        _check_packed_values(fn, packed, n_cls, n_w, weights is not None or not packed_in)
     if concrete:
         v.check_lengths(fn, "input_lengths", np.asarray(input_lengths).astype(np.int64), t_max,
                         "T, the number of frames")
     return packed
+
+
+def _check_packed_static(fn, packed, n):
+    for name, x in zip(PackedGraphs._fields, packed):
+        if len(x.shape) != 1:
+            raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) must hold 1-D arrays, "
+                             f"got '{name}' of shape {tuple(x.shape)}")
+    if packed.node_off.shape[0] != n + 1 or packed.arc_off.shape[0] != n + 1:
+        raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) must hold N = {n} graphs "
+                         f"(offsets of shape ({n + 1},)), got {packed.node_off.shape[0] - 1}")
+    a_n = packed.src.shape[0]
+    v_n = packed.start.shape[0]
+    for name in ("dst", "label", "weight", "arc_weight_index"):
+        if getattr(packed, name).shape[0] != a_n:
+            raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) arrays 'src' and "
+                             f"'{name}' must have the same length, got {a_n} and "
+                             f"{getattr(packed, name).shape[0]}")
+    if packed.accept.shape[0] != v_n:
+        raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) arrays 'start' and 'accept' "
+                         f"must have the same length, got {v_n} and {packed.accept.shape[0]}")
+
+
+def _check_packed_values(fn, packed, n_cls, n_w, has_weights):
+    node_off, arc_off, src, dst, lab = (np.asarray(x).astype(np.int64) for x in packed[:5])
+    widx = np.asarray(packed.arc_weight_index).astype(np.int64)
+    for name, off, size in (("node_off", node_off, packed.start.shape[0]),
+                            ("arc_off", arc_off, packed.src.shape[0])):
+        if off.size and (off[0] != 0 or np.any(np.diff(off) < 0) or off[-1] > size):
+            raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) '{name}' must rise from "
+                             f"0 to at most {size}, got {off.tolist()[:8]}")
+    a_tot = int(arc_off[-1]) if arc_off.size else 0
+    owner = np.searchsorted(arc_off, np.arange(a_tot), side="right") - 1
+    n_nodes = (node_off[1:] - node_off[:-1])[owner] if a_tot else np.zeros(0, np.int64)
+
+    def first(mask, what):
+        a = int(np.flatnonzero(mask)[0])
+        b = int(owner[a])
+        return f"{what} at graph {b}, arc {a - int(arc_off[b])}"
+
+    lab, src, dst, widx = lab[:a_tot], src[:a_tot], dst[:a_tot], widx[:a_tot]
+    if np.any(lab < 0):
+        raise ValueError(f"{fn}: argument 'graphs' must not contain epsilon arcs (label -1: "
+                         f"every arc consumes one frame), found "
+                         + first(lab < 0, "one").replace("one at ", "at "))
+    if np.any(lab >= n_cls):
+        bad = lab >= n_cls
+        raise ValueError(f"{fn}: argument 'graphs' must have arc labels in [0, {n_cls}) "
+                         f"(C from emissions), got " + first(bad, str(int(lab[bad][0]))))
+    bad = (src < 0) | (src >= n_nodes) | (dst < 0) | (dst >= n_nodes)
+    if np.any(bad):
+        raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) must have arc ends inside "
+                         f"their graph, got a bad node id " + first(bad, "").strip())
+    bad = (widx < -1) | (widx >= n_w)
+    if np.any(bad):
+        if not has_weights:
+            raise ValueError(f"{fn}: argument 'weights' must be given: the packed graphs' "
+                             f"'arc_weight_index' refers to weights, got None")
+        raise ValueError(f"{fn}: argument 'arc_weight_index' must be in [-1, {n_w}) "
+                         f"(K = {n_w} weights), got " + first(bad, str(int(widx[bad][0]))))
 
 
 def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, normalize=False,

@@ -7,8 +7,12 @@ from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
 from ._graph_loss import graph_loss
+from duoloss.core._graph_loss import PackedGraphs
+from duoloss.core._graph_loss import pack_graphs
 
 __all__ = [
+    "PackedGraphs",
+    "pack_graphs",
     "graph_loss",
     "asg_align",
     "asg_loss",

@@ -23,6 +23,7 @@ from duoloss.core._graph_loss import check_graph_args
 from ._adapter import is_concrete
 from ._asg import _prepare
 from ._ctc import _concat_to_padded_traced
+from ._graph_loss import device_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -179,8 +180,9 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
     em = jnp.asarray(emissions)
     w = None if weights is None else jnp.asarray(weights)
     il = jnp.asarray(input_lengths)
+    graphs, graphs_concrete = device_graphs(graphs)
     packed = check_graph_args(fn, em, graphs, il, w, arc_weight_index,
-                              concrete=is_concrete(il))
+                              concrete=is_concrete(il), graphs_concrete=graphs_concrete)
     if w is None:
         w = jnp.zeros(0, em.dtype)
     t_max, n, _ = em.shape
@@ -189,9 +191,10 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
              jax.ShapeDtypeStruct((n, t_max), _label_dtype()))
     dts = tuple(np.dtype(s.dtype) for s in specs)
 
-    def run(e, ww, lengths):
-        out = _graph_align(np.asarray(e), packed, np.asarray(lengths), weights=np.asarray(ww))
+    def run(e, ww, lengths, *pk):
+        out = _graph_align(np.asarray(e), tuple(np.asarray(x) for x in pk), np.asarray(lengths),
+                           weights=np.asarray(ww))
         return tuple(o.astype(d) for o, d in zip(out, dts))
 
     return jax.pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
-                             il, vmap_method="sequential")
+                             il, *(jnp.asarray(x) for x in packed), vmap_method="sequential")

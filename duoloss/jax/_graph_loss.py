@@ -6,7 +6,7 @@ from typing import Literal, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, check_graph_args
+from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
@@ -31,7 +31,10 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     Args:
       emissions: ``(T, N, C)``-array of scores.
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors (Python objects: under ``jit``
-        close over them; they become constants of the trace).
+        close over them; they become constants of the trace), or a
+        :class:`PackedGraphs` from :func:`pack_graphs`, a pytree of arrays that can
+        be a ``jit`` argument (pad with ``num_nodes``/``num_arcs`` for static shapes;
+        then ``arc_weight_index`` is inside it and the argument must be ``None``).
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       normalize: add the forward score of the unconstrained emissions.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (divided by ``target_lengths``
@@ -56,8 +59,10 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     emissions = jnp.asarray(emissions)
     weights = None if weights is None else jnp.asarray(weights)
     input_lengths = jnp.asarray(input_lengths)
+    graphs, graphs_concrete = device_graphs(graphs)
     packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
-                              concrete=is_concrete(input_lengths))
+                              concrete=is_concrete(input_lengths),
+                              graphs_concrete=graphs_concrete)
     n = emissions.shape[1]
     if target_lengths is None:
         target_lengths = jnp.ones(n, jnp.int32)
@@ -72,3 +77,11 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
                           zero_infinity=bool(zero_infinity))
     return reduce_losses(losses, target_lengths, reduction)
+
+
+def device_graphs(graphs):
+    """A :class:`PackedGraphs` -> of jax arrays, and whether its values are concrete."""
+    if isinstance(graphs, PackedGraphs):
+        graphs = PackedGraphs(*(jnp.asarray(x) for x in graphs))
+        return graphs, is_concrete(*graphs)
+    return graphs, True

@@ -9,8 +9,12 @@ from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 from ._graph_loss import GraphLoss
 from ._graph_loss import graph_loss
+from duoloss.core._graph_loss import PackedGraphs
+from duoloss.core._graph_loss import pack_graphs
 
 __all__ = [
+    "PackedGraphs",
+    "pack_graphs",
     "GraphLoss",
     "graph_loss",
     "ASGLoss",

@@ -17,6 +17,7 @@ from duoloss.core._graph_loss import check_graph_args
 from ._adapter import to_numpy
 from ._asg import _check_tensor, _prepare
 from ._ctc import _as_int_array
+from ._graph_loss import host_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -173,7 +174,8 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "weights", weights, optional=True)
     il = _as_int_array(input_lengths, fn, "input_lengths")
-    packed = check_graph_args(fn, emissions, graphs, il, weights, arc_weight_index)
+    packed = check_graph_args(fn, emissions, host_graphs(graphs), il, weights,
+                              arc_weight_index)
     labels, scores, arcs = _graph_align(
         to_numpy(emissions), packed, il.astype(np.int64).reshape(-1),
         weights=None if weights is None else to_numpy(weights))

@@ -6,10 +6,10 @@ from typing import Literal, Optional, Sequence
 import numpy as np
 import torch
 
-from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, check_graph_args
+from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import apply_kernel, reduction_weights
+from ._adapter import apply_kernel, reduction_weights, to_numpy
 from ._asg import _check_bool, _check_tensor
 from ._ctc import _as_int_array
 
@@ -41,7 +41,9 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     Args:
       emissions: ``(T, N, C)``-tensor of scores (e.g. log-probabilities), float32/float64.
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors over ``[0, C)`` (matched on their
-        input labels; no epsilon arcs).  Their own arc weights are constants.
+        input labels; no epsilon arcs), or the same already packed by
+        :func:`pack_graphs` (then ``arc_weight_index`` is inside it).  Their own
+        arc weights are constants.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
       normalize: add the forward score of the unconstrained emissions (for
         unnormalised ``emissions``, like GTN's "normalized" losses).
@@ -74,7 +76,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "weights", weights, optional=True)
     il = _as_int_array(input_lengths, fn, "input_lengths")
-    packed = check_graph_args(fn, emissions, graphs, il, weights, arc_weight_index)
+    packed = check_graph_args(fn, emissions, host_graphs(graphs), il, weights, arc_weight_index)
     il = il.astype(np.int64, copy=False).reshape(-1)
     n = il.shape[0]
     if target_lengths is None:
@@ -92,6 +94,14 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     return apply_kernel(GRAPH_LOSS_KERNEL, (emissions, weights, il) + tuple(packed),
                         weights=reduction_weights(reduction, tl), normalize=bool(normalize),
                         zero_infinity=bool(zero_infinity))
+
+
+def host_graphs(graphs):
+    """A :class:`PackedGraphs` of tensors -> of numpy arrays; anything else unchanged."""
+    if isinstance(graphs, PackedGraphs):
+        return PackedGraphs(*(to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
+                              for x in graphs))
+    return graphs
 
 
 class GraphLoss(torch.nn.Module):
@@ -122,7 +132,7 @@ class GraphLoss(torch.nn.Module):
 
     def forward(self, emissions, graphs, input_lengths, arc_weight_index=None,
                 target_lengths=None):
-        use = arc_weight_index is not None
+        use = arc_weight_index is not None or isinstance(graphs, PackedGraphs)
         return graph_loss(emissions, graphs, input_lengths, normalize=self.normalize,
                           reduction=self.reduction, weights=self.weights if use else None,
                           arc_weight_index=arc_weight_index, target_lengths=target_lengths,
