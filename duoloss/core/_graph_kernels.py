@@ -597,36 +597,48 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         na += 1
         head += 1
     _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-    # reverse adjacency of the explored arcs (counting sort by target)
-    for s in range(ns + 1):
-        t_ptr[s] = 0
-    for k in range(na):
-        t_ptr[adst[k] + 1] += 1
-    for s in range(ns):
-        t_ptr[s + 1] += t_ptr[s]
-    for s in range(ns):
-        stack[s] = t_ptr[s]
-    for k in range(na):
-        d = adst[k]
-        t_idx[stack[d]] = k
-        stack[d] += 1
     # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
-    top = 0
+    forward_ids = True
+    for k in range(na):
+        if adst[k] <= asrc[k]:
+            forward_ids = False
+            break
     for s in range(ns):
-        newid[s] = -2
-        if accept1[sq1[s]] and accept2[sq2[s]]:
-            newid[s] = -1
-            stack[top] = s
-            top += 1
-    while top > 0:
-        top -= 1
-        v = stack[top]
-        for k in range(t_ptr[v], t_ptr[v + 1]):
-            u = asrc[t_idx[k]]
-            if newid[u] == -2:
-                newid[u] = -1
-                stack[top] = u
+        newid[s] = -1 if (accept1[sq1[s]] and accept2[sq2[s]]) else -2
+    if forward_ids:
+        # arcs were emitted in source order and every arc goes to a later state:
+        # one backward sweep settles co-accessibility (e.g. products with a chain)
+        for k in range(na - 1, -1, -1):
+            if newid[adst[k]] == -1:
+                newid[asrc[k]] = -1
+    else:
+        # reverse adjacency of the explored arcs (counting sort by target), then DFS
+        for s in range(ns + 1):
+            t_ptr[s] = 0
+        for k in range(na):
+            t_ptr[adst[k] + 1] += 1
+        for s in range(ns):
+            t_ptr[s + 1] += t_ptr[s]
+        for s in range(ns):
+            stack[s] = t_ptr[s]
+        for k in range(na):
+            d = adst[k]
+            t_idx[stack[d]] = k
+            stack[d] += 1
+        top = 0
+        for s in range(ns):
+            if newid[s] == -1:
+                stack[top] = s
                 top += 1
+        while top > 0:
+            top -= 1
+            v = stack[top]
+            for k in range(t_ptr[v], t_ptr[v + 1]):
+                u = asrc[t_idx[k]]
+                if newid[u] == -2:
+                    newid[u] = -1
+                    stack[top] = u
+                    top += 1
     n_out = 0
     for s in range(ns):
         if newid[s] == -1:
