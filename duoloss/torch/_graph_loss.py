@@ -36,7 +36,8 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
         \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
 
     With the CTC graph of each target (and ``target_lengths``) it equals
-    :func:`duoloss.torch.ctc_loss`; with GTN's ASG graphs it equals ASG.
+    :func:`duoloss.torch.ctc_loss`; ASG is the target-graph loss minus the
+    full-transition-graph loss, both with the transitions as tied ``weights``.
 
     Args:
       emissions: ``(T, N, C)``-tensor of scores (e.g. log-probabilities), float32/float64.
