@@ -27,7 +27,9 @@ from jax.custom_derivatives import SymbolicZero
 
 from duoloss.core import LossKernel
 
-from ._sharding import mark_varying, varying_axes
+from jax.sharding import PartitionSpec
+
+from ._sharding import explicit_batch_sharding, mark_varying, varying_axes
 
 __all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
 
@@ -165,10 +167,39 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
       arrays: its array inputs, in order.
       **static: the kernel's static keyword arguments (hashable).
     """
+    static = tuple(sorted(static.items()))
+    layout = explicit_batch_sharding(arrays, kernel.batch_axes)
+    if layout is not None:
+        return _explicit(kernel, static, arrays, *layout)
+    return _local(kernel, static, arrays)
+
+
+def _local(kernel, static, arrays):
     axes = varying_axes(*arrays)
     if axes:
         arrays = tuple(mark_varying(a, axes) for a in arrays)
-    return _losses(kernel, tuple(sorted(static.items())), *arrays)
+    return _losses(kernel, static, *arrays)
+
+
+def _explicit(kernel, static, arrays, kind, mesh, entry):
+    """Inputs sharded in their types (explicit mesh axes) under ``jit``.
+
+    Sharded only along the batch: the loss runs under ``shard_map``, one host
+    callback per shard on its own device, and the losses come back sharded like
+    the batch (gradients like their inputs; a replicated input's gradient is
+    summed over the shards).  Any other sharding: the inputs are first gathered
+    (``reshard`` to replicated; its transpose re-shards the gradients).
+    """
+    if kind == "other":
+        replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+        gathered = tuple(jax.sharding.reshard(a, replicated) for a in arrays)
+        return _local(kernel, static, gathered)
+    in_specs = tuple(
+        PartitionSpec() if axis is None else
+        PartitionSpec(*[entry if d == axis else None for d in range(jnp.ndim(a))])
+        for a, axis in zip(arrays, kernel.batch_axes))
+    return jax.shard_map(lambda *xs: _local(kernel, static, xs), mesh=mesh,
+                         in_specs=in_specs, out_specs=PartitionSpec(entry))(*arrays)
 
 
 def reduce_losses(losses, target_lengths, reduction: str):
