@@ -337,6 +337,14 @@ class Graph:
             raise ValueError(f"Graph.item: graph must have exactly one arc, got {self._na}")
         return float(self._weight[0])
 
+    def weights(self) -> int:
+        """The address of the float32 weight storage (GTN's ``Graph.weights()``).
+
+        NB: the address changes when arcs are added; it is valid while the graph
+        lives and no arc is added.
+        """
+        return int(self._weight.ctypes.data)
+
     def weights_to_list(self) -> List[float]:
         """The arc weights as a list of floats (arc order)."""
         return self._weight[: self._na].tolist()

@@ -54,6 +54,9 @@ def test_set_weights_forms():
     g.set_weights(buf.ctypes.data)  # an integer address, like tensor.data_ptr()
     assert g.weights_to_list() == (w * 2).tolist()
     g.set_weights(w.reshape(2, 3))  # any shape with num_arcs values
+    h = gtn.linear_graph(2, 3)
+    h.set_weights(g.weights())  # GTN's idiom: copy weights through their address
+    assert h.weights_to_list() == g.weights_to_list()
     with pytest.raises(ValueError, match=r"set_weights: expected 6 weights.*got 5"):
         g.set_weights(np.zeros(5))
     with pytest.raises(ValueError, match="address"):
