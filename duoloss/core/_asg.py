@@ -132,6 +132,7 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
                 alpha[0, k] = v
                 c += v
         elif has_trans:
+            pt = probs[t, b]
             for i in range(n_cls):
                 tmp[i] = 0.0
             for j in range(n_cls):
@@ -140,7 +141,7 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
                     for i in range(n_cls):
                         tmp[i] += a * mt[j, i]
             for i in range(n_cls):
-                v = tmp[i] * probs[t, b, i]
+                v = tmp[i] * pt[i]
                 alpha[t, i] = v
                 c += v
         else:
@@ -190,8 +191,9 @@ def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge,
             log_b += math.log(cs[t]) + fmax[t, b]
             continue
         scale = inv / cs[t]
+        pt = probs[t, b]
         for i in range(n_cls):
-            w[i] = probs[t, b, i] * beta[i]
+            w[i] = pt[i] * beta[i]
         for i in range(n_cls):
             u_rows[t, i] = w[i] * scale
         for j in range(n_cls):
@@ -306,11 +308,12 @@ def _num_linear(b, tb, lab, probs, fmax, m, tau, sp, sigma, has_trans, want, ge,
             alpha[0, 0] = v
             c = v
         else:
+            pt = probs[t, b]
             for l in range(lo, hi + 1):
                 v = alpha[t - 1, l] * ws[l]
                 if l > 0:
                     v += alpha[t - 1, l - 1] * wa[l]
-                v *= probs[t, b, lab[l]]
+                v *= pt[lab[l]]
                 alpha[t, l] = v
                 c += v
         if c != c or c == np.inf:
@@ -351,8 +354,9 @@ def _num_linear(b, tb, lab, probs, fmax, m, tau, sp, sigma, has_trans, want, ge,
         scale = inv / cs[t]
         lo1 = max(0, n_lab - (tb - t + 1))
         hi1 = min(n_lab - 1, t - 1)
+        pt = probs[t, b]
         for l in range(lo, hi + 1):
-            nb[l] = probs[t, b, lab[l]] * beta[l]
+            nb[l] = pt[lab[l]] * beta[l]
             if has_trans:
                 u = nb[l] * scale
                 gt[lab[l], lab[l]] += u * alpha[t - 1, l] * ws[l]
