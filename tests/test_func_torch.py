@@ -228,6 +228,42 @@ def test_vmap_over_targets_through_the_adapter():
     torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_vmap_with_batched_reduction_weights_through_the_adapter(reduction):
+    """Weights computed from vmapped target lengths (what a traced frontend does)."""
+    from duoloss.core import CTC_KERNEL
+    rng = np.random.default_rng(8)
+    x = torch.tensor(rng.standard_normal((B, T, N, C)), requires_grad=True)
+    tg = torch.tensor(rng.integers(1, C, (B, N, S)))
+    il = torch.full((N,), T)
+    tls = torch.tensor(rng.integers(1, S + 1, (B, N)))
+
+    def f(a, t, tl):
+        return adapter.apply_kernel(CTC_KERNEL, (a.log_softmax(-1), t, il, tl),
+                                    weights=adapter.reduction_weights(reduction, tl),
+                                    blank=0, zero_infinity=False)
+
+    got = vmap(f)(x, tg, tls)
+    (g,) = torch.autograd.grad(got.sum(), x)
+    refs = [torch.nn.functional.ctc_loss(x[i].log_softmax(-1), tg[i], il, tls[i],
+                                         reduction=reduction) for i in range(B)]
+    ref = torch.stack(refs)
+    (rg,) = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(g, rg, rtol=1e-7, atol=1e-9)
+    per_example = vmap(grad(f))(x.detach(), tg, tls)
+    torch.testing.assert_close(per_example, rg, rtol=1e-7, atol=1e-9)
+
+
+def test_vmap_empty_batch():
+    from duoloss.core import CTC_KERNEL
+    x = torch.zeros(B, T, 0, C)
+    ints = (np.zeros((0, S), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    out = vmap(lambda a: adapter.apply_kernel(CTC_KERNEL, (a,) + ints, blank=0,
+                                              zero_infinity=False))(x)
+    assert out.shape == (B, 0)
+
+
 @pytest.mark.xfail(strict=True, raises=TypeError,
                    reason="the torch frontends validate targets on the host; with a batched "
                           "tensor they must take the is_concrete() == False path (proposed "

@@ -31,7 +31,8 @@ from ._ops import kernel_id, kernel_loss_op, static_json
 __all__ = ["apply_kernel", "is_concrete", "reduction_weights", "to_numpy"]
 
 try:  # torch >= 2.0: run plain-tensor code inside functorch transforms
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_interpreter_stack
+    from torch._functorch.pyfunctorch import (
+        temporarily_clear_interpreter_stack as _clear_interpreter_stack)
 except ImportError:  # pragma: no cover
     import contextlib
     _clear_interpreter_stack = contextlib.nullcontext
@@ -200,10 +201,11 @@ class _KernelFunction(torch.autograd.Function):
                 w = weights.select(wdim, j) if wdim is not None else weights
                 outs.append(_KernelFunction.apply(kernel, static, want, w, *args))
             return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
+        n = next(t.shape[axis + (d is not None and d <= axis)]
+                 for t, d, axis in zip(tensors, dims, kernel.batch_axes) if axis is not None)
         folded = tuple(_fold(t, d, axis, m) for t, d, axis in zip(tensors, dims, kernel.batch_axes))
         out = _KernelFunction.apply(kernel, static, want, None, *folded)
-        losses = out[0].reshape(m, -1)
-        n = losses.shape[1]
+        losses = out[0].reshape(m, n)
         grads = []
         j = 1
         for i, wanted in enumerate(want):
