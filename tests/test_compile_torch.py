@@ -98,6 +98,31 @@ def test_every_kernel_compiles_fullgraph_and_matches_eager(case, reduction, back
         assert b.abs().max() > 0
 
 
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_compiled_vmap_folds_into_one_operator_call(case):
+    """torch.compile(torch.func.vmap(loss)): the operator's vmap rule, against eager vmap."""
+    f, params = kernel_fn(*capture(case, "mean"))
+    rng = np.random.default_rng(2)
+    stacked = [p + torch.tensor(rng.standard_normal((3,) + p.shape) * 0.1) for p in params]
+    in_dims = (0,) + (None,) * (len(params) - 1)  # vmap the per-sequence input only
+    args = [stacked[0]] + params[1:]
+    ref = torch.func.vmap(f, in_dims=in_dims)(*args)
+    got = torch.compile(torch.func.vmap(f, in_dims=in_dims), backend="aot_eager",
+                        fullgraph=True)(*args)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    if len(params) > 1:  # a vmapped shared input: one operator call per copy
+        got = torch.compile(torch.func.vmap(f), backend="aot_eager", fullgraph=True)(*stacked)
+        torch.testing.assert_close(got, torch.func.vmap(f)(*stacked), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason="pytorch#168393: a custom op with register_autograd "
+                   "cannot run under torch.func.grad, and compiled code must use the op; "
+                   "eager torch.func.grad/vmap(grad) work (test_func_torch.py)")
+def test_compiled_func_grad():
+    f, params = kernel_fn(*capture(CASES[0], "mean"))
+    torch.compile(torch.func.grad(f), backend="aot_eager", fullgraph=True)(*params)
+
+
 def test_operator_is_in_the_graph():
     """The compiled graph calls duoloss::kernel_loss (not a fallback to eager)."""
     f, params = kernel_fn(*capture(CASES[0], "mean"))
@@ -109,6 +134,23 @@ def test_operator_is_in_the_graph():
 
     torch.compile(f, backend=backend, fullgraph=True)(*params)
     assert "duoloss.kernel_loss" in graphs[0].code
+
+
+def _local_kernel():
+    from duoloss.core import LossKernel
+
+    def run(arrays, want, **static):  # not reachable by import
+        return CTC_KERNEL.run(arrays, want, **static)
+    return LossKernel("local", run, CTC_KERNEL.batch_axes, CTC_KERNEL.differentiable)
+
+
+def test_kernel_must_be_importable_under_compile():
+    kernel = _local_kernel()
+    ints = (np.ones((1, 1), np.int64), np.ones(1, np.int64), np.ones(1, np.int64))
+    f = torch.compile(lambda x: adapter.apply_kernel(kernel, (x,) + ints, blank=0),
+                      backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="module-level function"):
+        f(torch.zeros(2, 1, 3))
 
 
 def test_static_args_must_be_plain_values():

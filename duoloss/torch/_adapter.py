@@ -26,7 +26,10 @@ import torch
 
 from duoloss.core import LossKernel
 
+from ._ops import fold as _fold
 from ._ops import kernel_id, kernel_loss_op, static_json
+from ._ops import unfold as _unfold
+from ._ops import weigh_batched
 
 __all__ = ["apply_kernel", "is_concrete", "reduction_weights", "to_numpy"]
 
@@ -215,20 +218,8 @@ class _KernelFunction(torch.autograd.Function):
         if weights is None:
             return (losses,) + tuple(g for g, _ in grads), (0,) * (1 + len(grads))
         w = torch.as_tensor(weights, device=losses.device)
-        if wdim is None:
-            w = w.unsqueeze(0).expand(m, n)
-        else:
-            w = w.movedim(wdim, 0)
-        losses = (losses * w.to(losses.dtype)).sum(-1)
-        weighted = []
-        for g, axis in grads:  # g has the vmapped dimension first
-            wg = w.to(g.dtype)
-            if axis is None:  # (m, n, *shape) -> (m, *shape)
-                weighted.append(torch.einsum("mn,mn...->m...", wg, g))
-            else:
-                shape = [1] * g.dim()
-                shape[0], shape[axis + 1] = m, n
-                weighted.append(g * wg.reshape(shape))
+        w = w.unsqueeze(0).expand(m, n) if wdim is None else w.movedim(wdim, 0)
+        losses, weighted = weigh_batched(losses, grads, w, m, n)
         return (losses,) + tuple(weighted), (0,) * (1 + len(weighted))
 
     @classmethod
@@ -239,30 +230,6 @@ class _KernelFunction(torch.autograd.Function):
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
         return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
-
-
-def _fold(x, d: Optional[int], axis: Optional[int], m: int):
-    """Fold a vmapped dimension ``d`` of ``x`` into its batch axis (``m`` copies
-    of an input that is not vmapped); shared inputs are passed through."""
-    if axis is None:
-        return x
-    if d is None:
-        if isinstance(x, torch.Tensor):
-            x = x.unsqueeze(axis).expand(*x.shape[:axis], m, *x.shape[axis:])
-        else:
-            x = np.asarray(x)
-            x = np.broadcast_to(np.expand_dims(x, axis), x.shape[:axis] + (m,) + x.shape[axis:])
-        return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
-    x = x.movedim(d, axis)
-    return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:])
-
-
-def _unfold(g: torch.Tensor, axis: Optional[int], m: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`_fold` on a gradient, with the vmapped dimension first."""
-    if axis is None:  # (m * n, *shape) per-sequence gradients of a shared input
-        return g.reshape(m, n, *g.shape[1:])
-    g = g.reshape(*g.shape[:axis], m, n, *g.shape[axis + 1:])
-    return g.movedim(axis, 0)
 
 
 def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:

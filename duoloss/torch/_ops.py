@@ -184,3 +184,74 @@ def _backward(ctx, grads):
 
 
 kernel_loss_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fold(x, d: Optional[int], axis: Optional[int], m: int):
+    """Fold a vmapped dimension ``d`` of ``x`` into its batch axis ``axis`` (``m``
+    copies of an input that is not vmapped); shared inputs pass through."""
+    if axis is None:
+        return x
+    if d is None:
+        if isinstance(x, torch.Tensor):
+            x = x.unsqueeze(axis).expand(*x.shape[:axis], m, *x.shape[axis:])
+        else:
+            x = np.asarray(x)
+            x = np.broadcast_to(np.expand_dims(x, axis), x.shape[:axis] + (m,) + x.shape[axis:])
+        return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+    x = x.movedim(d, axis)
+    return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:])
+
+
+def unfold(g: torch.Tensor, axis: Optional[int], m: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`fold` on a gradient, with the vmapped dimension first."""
+    if axis is None:  # (m * n, *shape) per-sequence gradients of a shared input
+        return g.reshape(m, n, *g.shape[1:])
+    g = g.reshape(*g.shape[:axis], m, n, *g.shape[axis + 1:])
+    return g.movedim(axis, 0)
+
+
+def weigh_batched(losses, grads, weights, m: int, n: int):
+    """Apply per-instance reduction weights ``(m, n)`` to vmapped losses ``(m, n)`` and
+    per-sequence gradients (vmapped dimension first; ``grads`` are (tensor, axis) pairs)."""
+    losses = (losses * weights.to(losses.dtype)).sum(-1)
+    out = []
+    for g, axis in grads:
+        w = weights.to(g.dtype)
+        if axis is None:  # (m, n, *shape) -> (m, *shape)
+            out.append(torch.einsum("mn,mn...->m...", w, g))
+        else:
+            shape = [1] * g.dim()
+            shape[0], shape[axis + 1] = m, n
+            out.append(g * w.reshape(shape))
+    return losses, out
+
+
+def _vmap_rule(info, in_dims, run, static, batch_axes, want, weights, inputs):
+    """``vmap`` of the operator (e.g. ``torch.compile`` of a ``torch.func.vmap``): the
+    vmapped dimension is folded into the batch, one core call (a vmapped shared input
+    is run copy by copy)."""
+    wdim, dims = in_dims[4], in_dims[5]
+    m = info.batch_size
+    axes = [None if a < 0 else a for a in batch_axes]
+    if any(a is None and d is not None for a, d in zip(axes, dims)):
+        outs = []
+        for j in range(m):
+            args = [t.select(d, j) if d is not None else t for t, d in zip(inputs, dims)]
+            w = weights.select(wdim, j) if wdim is not None else weights
+            outs.append(kernel_loss_op(run, static, batch_axes, want, w, args))
+        return [torch.stack(o) for o in zip(*outs)], [0] * len(outs[0])
+    n = next(t.shape[a + (d is not None and d <= a)]
+             for t, d, a in zip(inputs, dims, axes) if a is not None)
+    folded = [fold(t, d, a, m) for t, d, a in zip(inputs, dims, axes)]
+    out = kernel_loss_op(run, static, batch_axes, want, None, folded)
+    losses = out[0].reshape(m, n)
+    grads = [(unfold(g, axes[i], m, n), axes[i])
+             for g, i in zip(out[1:], [i for i, w in enumerate(want) if w])]
+    if weights is None:
+        return [losses] + [g for g, _ in grads], [0] * (1 + len(grads))
+    w = weights.unsqueeze(0).expand(m, n) if wdim is None else weights.movedim(wdim, 0)
+    losses, weighted = weigh_batched(losses, grads, w, m, n)
+    return [losses] + weighted, [0] * (1 + len(weighted))
+
+
+kernel_loss_op.register_vmap(_vmap_rule)
