@@ -358,8 +358,41 @@ def _reset(dense, table, sq1, sq2, sf, ns, n2, nf):
 
 
 @numba.njit(cache=True, nogil=True)
+def _label_table(n, ptr, slab, enabled):
+    """``(K, ok, lo, hi)``: for node ``u`` and label ``0 <= l < K`` its out-arcs
+    labelled ``l`` are CSR positions ``lo[u*K+l] : hi[u*K+l]`` (``lo = -1``:
+    none).  ``slab`` holds the labels in CSR order, sorted within each node.
+    Built only when ``n * K`` is small next to the graph (``ok``); labels below
+    ``-1`` also disable it (the merge then handles them)."""
+    m = slab.shape[0]
+    K = 0
+    if not enabled:
+        return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    for k in range(m):
+        l = slab[k]
+        if l < -1:
+            return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if l + 1 > K:
+            K = l + 1
+    size = n * K
+    if size > 4 * (m + n) + 4096:
+        return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo = np.full(size, -1, np.int64)
+    hi = np.empty(size, np.int64)
+    for u in range(n):
+        for k in range(ptr[u], ptr[u + 1]):
+            l = slab[k]
+            if l >= 0:
+                j = u * K + l
+                if lo[j] < 0:
+                    lo[j] = k
+                hi[j] = k + 1
+    return K, True, lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
 def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
-                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table):
+                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table, tables=True):
     """Composition / intersection of two graphs with an epsilon filter.
 
     Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
@@ -396,6 +429,16 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     """
     p1, i1 = _sorted_csr(n1, src1, lab1)
     p2, i2 = _sorted_csr(n2, src2, lab2)
+    # labels in CSR order (one indirection less in the matching loops)
+    sl1 = np.empty(i1.shape[0], np.int64)
+    for k in range(i1.shape[0]):
+        sl1[k] = lab1[i1[k]]
+    sl2 = np.empty(i2.shape[0], np.int64)
+    for k in range(i2.shape[0]):
+        sl2[k] = lab2[i2[k]]
+    # (node, label) -> range of its label-sorted out-arcs, when the table is small
+    K1, use1, lo1, hi1 = _label_table(n1, p1, sl1, tables)
+    K2, use2, lo2, hi2 = _label_table(n2, p2, sl2, tables)
     eps = False
     for a in range(lab1.shape[0]):
         if lab1[a] == -1:
@@ -469,65 +512,112 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         k2 = p2[q2]
         e2 = p2[q2 + 1]
         b1 = k1
-        while b1 < e1 and lab1[i1[b1]] == -1:
+        while b1 < e1 and sl1[b1] == -1:
             b1 += 1
         b2 = k2
-        while b2 < e2 and lab2[i2[b2]] == -1:
+        while b2 < e2 and sl2[b2] == -1:
             b2 += 1
-        # real matches: merge the label-sorted out-arcs of q1 and q2
+        # real matches: groups of equal labels (x..xe on side 1, y..ye on side 2),
+        # in increasing label order.  The side with fewer arcs is walked and its
+        # labels looked up in the other side's (node, label) table when there is
+        # one; otherwise the two label-sorted lists are merged.
+        if use2 and (e1 - b1 <= e2 - b2 or not use1):
+            mode = 1
+        elif use1:
+            mode = 2
+        else:
+            mode = 0
         x = b1
         y = b2
-        while x < e1 and y < e2:
-            l1 = lab1[i1[x]]
-            l2 = lab2[i2[y]]
-            if l1 < l2:
-                x += 1
-            elif l1 > l2:
-                y += 1
+        while True:
+            found = False
+            xe = x
+            ye = y
+            if mode == 1:
+                while x < e1:
+                    l1 = sl1[x]
+                    xe = x + 1
+                    while xe < e1 and sl1[xe] == l1:
+                        xe += 1
+                    if l1 < K2:
+                        y = lo2[q2 * K2 + l1]
+                        if y >= 0:
+                            ye = hi2[q2 * K2 + l1]
+                            found = True
+                            break
+                    x = xe
+            elif mode == 2:
+                while y < e2:
+                    l2 = sl2[y]
+                    ye = y + 1
+                    while ye < e2 and sl2[ye] == l2:
+                        ye += 1
+                    if l2 < K1:
+                        x = lo1[q1 * K1 + l2]
+                        if x >= 0:
+                            xe = hi1[q1 * K1 + l2]
+                            found = True
+                            break
+                    y = ye
             else:
-                ye = y
-                while ye < e2 and lab2[i2[ye]] == l1:
-                    ye += 1
-                while x < e1 and lab1[i1[x]] == l1:
-                    a1 = i1[x]
-                    t1 = dst1[a1]
-                    for yy in range(y, ye):
-                        a2 = i2[yy]
-                        t2 = dst2[a2]
-                        key = (t1 * n2 + t2) * nf
-                        # state lookup, inlined (a helper call costs ~40% here)
-                        if dense:
-                            h = key
-                            t = table[key]
-                        else:
-                            h = _slot(key, mask)
-                            while hkeys[h] != -1 and hkeys[h] != key:
-                                h = (h + 1) & mask
-                            t = -1 if hkeys[h] == -1 else hvals[h]
-                        if t < 0:
-                            if ns == state_cap:
-                                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
-                                return 1, 0, 0, 0, 0, 0
-                            if dense:
-                                table[key] = ns
-                            else:
-                                hkeys[h] = key
-                                hvals[h] = ns
-                            sq1[ns] = t1
-                            sq2[ns] = t2
-                            sf[ns] = 0
-                            t = ns
-                            ns += 1
-                        if na == arc_cap:
+                while x < e1 and y < e2:
+                    l1 = sl1[x]
+                    l2 = sl2[y]
+                    if l1 < l2:
+                        x += 1
+                    elif l1 > l2:
+                        y += 1
+                    else:
+                        xe = x + 1
+                        while xe < e1 and sl1[xe] == l1:
+                            xe += 1
+                        ye = y + 1
+                        while ye < e2 and sl2[ye] == l1:
+                            ye += 1
+                        found = True
+                        break
+            if not found:
+                break
+            for xx in range(x, xe):
+                a1 = i1[xx]
+                t1 = dst1[a1]
+                for yy in range(y, ye):
+                    a2 = i2[yy]
+                    t2 = dst2[a2]
+                    key = (t1 * n2 + t2) * nf
+                    # state lookup, inlined (a helper call costs ~40% here)
+                    if dense:
+                        h = key
+                        t = table[key]
+                    else:
+                        h = _slot(key, mask)
+                        while hkeys[h] != -1 and hkeys[h] != key:
+                            h = (h + 1) & mask
+                        t = -1 if hkeys[h] == -1 else hvals[h]
+                    if t < 0:
+                        if ns == state_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
                             return 1, 0, 0, 0, 0, 0
-                        asrc[na] = head
-                        adst[na] = t
-                        aa1[na] = a1
-                        aa2[na] = a2
-                        na += 1
-                    x += 1
-                y = ye
+                        if dense:
+                            table[key] = ns
+                        else:
+                            hkeys[h] = key
+                            hvals[h] = ns
+                        sq1[ns] = t1
+                        sq2[ns] = t2
+                        sf[ns] = 0
+                        t = ns
+                        ns += 1
+                    if na == arc_cap:
+                        _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                        return 1, 0, 0, 0, 0, 0
+                    asrc[na] = head
+                    adst[na] = t
+                    aa1[na] = a1
+                    aa2[na] = a2
+                    na += 1
+            x = xe
+            y = ye
         if eps:
             # 1: first side alone on epsilon; 2: second side alone; 3: both together
             for phase in range(1, 4):
@@ -921,4 +1011,154 @@ def log_backward_fast(order, out_ptr, out_idx, dst, weight, accept, alpha, score
                 s += e
             grad[a] = e * scale
         beta[u] = mx + np.log(s)
+    return grad
+
+
+@numba.njit(cache=True, nogil=True)
+def is_sorted_dag(src, dst):
+    """Whether arcs are sorted by source and every arc goes to a higher node id
+    (node ids are then a topological order; e.g. results of intersect/compose
+    with a linear graph, linear graphs, chains)."""
+    m = src.shape[0]
+    prev = 0
+    for a in range(m):
+        s = src[a]
+        if s < prev or dst[a] <= s:
+            return False
+        prev = s
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def log_forward_sorted(n, src, dst, weight, start, accept, ssum):
+    """:func:`log_forward_fast` for a graph that :func:`is_sorted_dag` accepts.
+
+    Arcs are pushed in order (sequential memory access, no CSR): each node keeps
+    a running maximum ``m_v`` and ``s_v = sum exp(x - m_v)`` over its incoming
+    ``x = alpha[u] + w_a`` (rescaled when the maximum grows), so each arc costs
+    one ``exp`` and each node one ``log``; ``alpha[v] = m_v + log(s_v)``.  Arcs
+    leaving a node with ``alpha = -inf`` are skipped, as in :func:`log_forward_fast`.
+    ``ssum`` is a caller-owned float64 scratch buffer of at least ``n`` entries.
+
+    Returns ``(status, score, alpha)``; ``status`` 2 when ``ssum`` is too small.
+    """
+    m = src.shape[0]
+    alpha = np.empty(n, np.float64)
+    if ssum.shape[0] < n:
+        return 2, 0.0, alpha
+    for v in range(n):
+        if start[v]:
+            alpha[v] = 0.0
+            ssum[v] = 1.0
+        else:
+            alpha[v] = _NEG_INF
+            ssum[v] = 0.0
+    a = 0
+    for u in range(n):
+        mx = alpha[u]
+        s = ssum[u]
+        if s != s:
+            au = np.nan
+        elif mx == _NEG_INF or mx == np.inf:
+            au = mx
+        else:
+            au = mx + np.log(s)
+        alpha[u] = au
+        if au == _NEG_INF:
+            while a < m and src[a] == u:
+                a += 1
+            continue
+        while a < m and src[a] == u:
+            v = dst[a]
+            x = au + weight[a]
+            mv = alpha[v]
+            if x != x:
+                ssum[v] = np.nan
+            elif x > mv:
+                ssum[v] = ssum[v] * np.exp(mv - x) + 1.0
+                alpha[v] = x
+            elif x > _NEG_INF and mv < np.inf:
+                ssum[v] += np.exp(x - mv)
+            a += 1
+    mx = _NEG_INF
+    best = -1
+    nan = False
+    for v in range(n):
+        if accept[v]:
+            x = alpha[v]
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+                best = v
+    if nan:
+        return 0, np.nan, alpha
+    if mx == _NEG_INF or mx == np.inf:
+        return 0, mx, alpha
+    s = 1.0
+    for v in range(n):
+        if accept[v] and v != best and alpha[v] > _NEG_INF:
+            s += np.exp(alpha[v] - mx)
+    return 0, mx + np.log(s), alpha
+
+
+@numba.njit(cache=True, nogil=True)
+def log_backward_sorted(src, dst, weight, accept, alpha, score, beta):
+    """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts
+    (node ids in topological order, each node's out-arcs contiguous)."""
+    m = dst.shape[0]
+    n = alpha.shape[0]
+    grad = np.zeros(m, np.float64)
+    if score == _NEG_INF or beta.shape[0] < n or accept.shape[0] < n:
+        return grad
+    if not np.isfinite(score):
+        for a in range(m):
+            grad[a] = np.nan
+        return grad
+    for i in range(n):
+        beta[i] = _NEG_INF
+    hi = m
+    for u in range(n - 1, -1, -1):
+        lo = hi
+        while lo > 0 and src[lo - 1] == u:
+            lo -= 1
+        mx = 0.0 if accept[u] else _NEG_INF
+        best = -1
+        nan = False
+        for a in range(lo, hi):
+            bv = beta[dst[a]]
+            if bv == _NEG_INF:
+                continue
+            x = weight[a] + bv
+            if x != x:
+                nan = True
+            elif x > mx:
+                mx = x
+                best = a
+        if nan:
+            beta[u] = np.nan
+            hi = lo
+            continue
+        if mx == _NEG_INF or mx == np.inf:
+            beta[u] = mx
+            hi = lo
+            continue
+        s = 1.0
+        if accept[u] and best >= 0:
+            s += np.exp(-mx)
+        au = alpha[u]
+        scale = 0.0 if (au == _NEG_INF or au != au) else np.exp(au + mx - score)
+        for a in range(lo, hi):
+            bv = beta[dst[a]]
+            if bv == _NEG_INF:
+                continue
+            if a == best:
+                e = 1.0
+            else:
+                x = weight[a] + bv
+                e = np.exp(x - mx) if x > _NEG_INF else 0.0
+                s += e
+            grad[a] = e * scale
+        beta[u] = mx + np.log(s)
+        hi = lo
     return grad

@@ -306,6 +306,7 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
     return buf
 
 
+_LABEL_TABLES = True  # (node, label) lookup tables in compose (tests turn them off)
 _DENSE_MAX = 1 << 21  # entries of the per-thread dense state table (16 MiB of int64)
 _EMPTY_TABLE = np.zeros(0, np.int64)
 
@@ -399,7 +400,8 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
         table = _dense_table(bound)
         status, ns, na, nstart, n, m = K.compose_kernel(
             n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
-            n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table)
+            n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table,
+            _LABEL_TABLES)
         if status == 0:
             src, dst, il, ol = (_pooled(np.int64, m) for _ in range(4))
             a1, a2 = _pooled(np.int32, m), _pooled(np.int32, m)
@@ -494,6 +496,24 @@ def forward_score(g: Graph) -> Graph:
     """
     _check("forward_score", "g", g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
+    if K.is_sorted_dag(src, dst):
+        # node ids are a topological order and arcs are grouped by source (e.g.
+        # intersect/compose results with a linear graph): no sort, no CSR
+        status, score, alpha = K.log_forward_sorted(n, src, dst, w, st, ac,
+                                                    _scratch("ssum", n, np.float64))
+        if status != 0:  # pragma: no cover - the scratch size is n
+            raise RuntimeError("forward_score: internal error (scratch buffer too small)")
+        if not g._calc_grad:
+            return _scalar(score, (g,), None)
+        w, ac = w.copy(), ac.copy()  # set_weights may change the graph later
+
+        def grad_sorted(gout, inputs):
+            post = K.log_backward_sorted(src, dst, w, ac, alpha, score, _scratch("beta", n, np.float64))
+            if gout[0] != 1.0:
+                post *= gout[0]
+            return (post,)
+
+        return _scalar(score, (g,), grad_sorted)
     scratch = _scratch("fwd", 2 * n + g._na + 1, np.int64)
     status, score, alpha, order, out_ptr, out_idx = K.log_forward_fast(n, src, dst, w, st, ac, scratch)
     if status == 0:
