@@ -8,7 +8,9 @@ added to the core works under ``torch.compile`` without a line of frontend
 code.  Its fake (meta) rule derives every output shape from the input shapes,
 and its autograd rule only scales the per-sequence gradients the forward
 already returned, so ``torch.compile(model + loss + backward, fullgraph=True)``
-traces through it with no graph break.
+traces through it with no graph break.  Its vmap rule folds a vmapped
+dimension into the batch, so ``torch.compile(torch.func.vmap(loss))`` makes one
+core call.
 
 Eager code and ``torch.func`` transforms do *not* go through this operator (a
 ``custom_op`` with ``register_autograd`` fails under ``torch.func.grad``,
@@ -37,7 +39,8 @@ import torch
 
 from duoloss.core import LossKernel
 
-__all__ = ["OP_NAME", "kernel_id", "kernel_loss_op", "static_json"]
+__all__ = ["OP_NAME", "fold", "kernel_id", "kernel_loss_op", "static_json", "unfold",
+           "weigh_batched"]
 
 OP_NAME = "duoloss::kernel_loss"
 
