@@ -426,9 +426,15 @@ CTC_KERNEL = LossKernel(
 )
 
 
+_NO_REDUCTION = object()
+
+
 def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,
-                     tl_shape, tl_dtype, blank, reduction=None):
+                     tl_shape, tl_dtype, blank, reduction=_NO_REDUCTION):
     """Shape/dtype checks of ``ctc_loss``'s arguments (valid on tracers too).
+
+    ``reduction`` is checked unless left out (the aligners have none); ``None``
+    is an invalid reduction, not a missing one.
 
     Returns ``(batched, concatenated)``: whether ``log_probs`` is ``(T, N, C)``
     (else ``(T, C)``), and whether ``targets`` is 1-D concatenated.
@@ -443,7 +449,7 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
         raise ValueError(f"{fn}: argument 'log_probs' must have at least one class (C >= 1), "
                          f"got shape {v.shape_str(lp_shape)}")
     v.check_int_scalar(fn, "blank", blank, 0, n_cls)
-    if reduction is not None:
+    if reduction is not _NO_REDUCTION:
         v.check_reduction(fn, reduction)
     v.check_dtype(fn, "targets", tg_dtype, v.INT_DTYPES, "an integer")
     v.check_dtype(fn, "input_lengths", il_dtype, v.INT_DTYPES, "an integer")

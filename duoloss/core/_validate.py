@@ -29,6 +29,8 @@ __all__ = [
     "check_lengths",
     "check_labels",
     "dtype_name",
+    "int_list",
+    "not_an_array",
 ]
 
 FLOAT_DTYPES = ("float32", "float64")
@@ -155,6 +157,24 @@ def check_labels(
                 f"{fn}: argument '{arg}' must not contain {forbidden_what} ({forbidden}), "
                 f"found at sequence {b}, position {i}"
             )
+
+
+def int_list(fn: str, arg: str, values, array_name: str) -> np.ndarray:
+    """A tuple/list of Python/numpy ints (lengths given as a sequence) as int64.
+
+    ``array_name`` is the frontend's array type ('a torch.Tensor', 'a jax.Array'),
+    so the message reads the same in both frontends but for that name.
+    """
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+               for x in values):
+        raise TypeError(f"{fn}: argument '{arg}' must be {array_name} or a tuple/list of ints, "
+                        f"got a {type(values).__name__} with non-int entries")
+    return np.asarray(values, np.int64).reshape(len(values))
+
+
+def not_an_array(fn: str, arg: str, value, expected: str) -> TypeError:
+    """The error for a non-array where ``expected`` (e.g. 'a torch.Tensor or None') was due."""
+    return TypeError(f"{fn}: argument '{arg}' must be {expected}, got {type(value).__name__}")
 
 
 def shape_str(shape: Tuple[int, ...]) -> str:

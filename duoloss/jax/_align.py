@@ -22,7 +22,7 @@ from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import is_concrete
 from ._asg import _prepare
-from ._ctc import _concat_to_padded_traced
+from ._ctc import _array, _concat_to_padded_traced, _int_array
 from ._graph_loss import device_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
@@ -69,10 +69,10 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int =
     ``jit``, invalid label/length values give a NaN score instead of an error.
     """
     fn = "ctc_align"
-    log_probs = jnp.asarray(log_probs)
-    targets = jnp.asarray(targets)
-    input_lengths = jnp.asarray(input_lengths)
-    target_lengths = jnp.asarray(target_lengths)
+    log_probs = _array(fn, "log_probs", log_probs)
+    targets = _array(fn, "targets", targets)
+    input_lengths = _int_array(fn, "input_lengths", input_lengths)
+    target_lengths = _int_array(fn, "target_lengths", target_lengths)
     batched, concatenated = check_ctc_static(
         fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
         input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
@@ -143,10 +143,10 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
       and ``(N,)`` scores.  Ties: the larger token index wins.
     """
     fn = "asg_viterbi"
-    em = jnp.asarray(emissions)
-    tr = None if transitions is None else jnp.asarray(transitions)
-    sv = None if start_transitions is None else jnp.asarray(start_transitions)
-    il = jnp.asarray(input_lengths)
+    em = _array(fn, "emissions", emissions)
+    tr = _array(fn, "transitions", transitions, optional=True)
+    sv = _array(fn, "start_transitions", start_transitions, optional=True)
+    il = _int_array(fn, "input_lengths", input_lengths)
     n = em.shape[1] if em.ndim == 3 else 0
     check_asg_args(fn, em, tr, sv, np.zeros((n, 0), np.int64), il, np.zeros(n, np.int64),
                    concrete=is_concrete(il))
@@ -177,9 +177,9 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
     NB: no gradient.  Ties: the first arc in arc order wins.
     """
     fn = "graph_align"
-    em = jnp.asarray(emissions)
-    w = None if weights is None else jnp.asarray(weights)
-    il = jnp.asarray(input_lengths)
+    em = _array(fn, "emissions", emissions)
+    w = _array(fn, "weights", weights, optional=True)
+    il = _int_array(fn, "input_lengths", input_lengths)
     graphs, graphs_concrete = device_graphs(graphs)
     packed = check_graph_args(fn, em, graphs, il, w, arc_weight_index,
                               concrete=is_concrete(il), graphs_concrete=graphs_concrete)

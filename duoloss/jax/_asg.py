@@ -11,7 +11,7 @@ from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_a
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
-from ._ctc import _concat_to_padded_traced
+from ._ctc import _array, _concat_to_padded_traced, _int_array
 
 __all__ = ["asg_loss"]
 
@@ -23,12 +23,12 @@ def _check_bool(fn, arg, x):
 
 def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
              target_lengths):
-    emissions = jnp.asarray(emissions)
-    transitions = None if transitions is None else jnp.asarray(transitions)
-    start_transitions = None if start_transitions is None else jnp.asarray(start_transitions)
-    targets = jnp.asarray(targets)
-    input_lengths = jnp.asarray(input_lengths)
-    target_lengths = jnp.asarray(target_lengths)
+    emissions = _array(fn, "emissions", emissions)
+    transitions = _array(fn, "transitions", transitions, optional=True)
+    start_transitions = _array(fn, "start_transitions", start_transitions, optional=True)
+    targets = _array(fn, "targets", targets)
+    input_lengths = _int_array(fn, "input_lengths", input_lengths)
+    target_lengths = _int_array(fn, "target_lengths", target_lengths)
     concrete = is_concrete(targets, input_lengths, target_lengths)
     padded = check_asg_args(fn, emissions, transitions, start_transitions, targets,
                             input_lengths, target_lengths, concrete=concrete)

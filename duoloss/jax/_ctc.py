@@ -5,11 +5,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from duoloss.core import _validate as _v
 from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 
 __all__ = ["ctc_loss", "optax_ctc_loss"]
+
+
+def _array(fn, arg, x, optional=False):
+    """``jnp.asarray(x)`` for arrays and numbers; a ``TypeError`` naming ``fn`` otherwise.
+
+    Same message as the torch frontend's but for the array type's name.
+    """
+    if x is None and optional:
+        return None
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, list, tuple)) or (
+            isinstance(x, (int, float)) and not isinstance(x, bool)):
+        try:
+            return jnp.asarray(x)
+        except (TypeError, ValueError):
+            pass
+    raise _v.not_an_array(fn, arg, x, "a jax.Array or None" if optional else "a jax.Array")
+
+
+def _int_array(fn, arg, x):
+    """Lengths: an array, an int or a tuple/list of ints (as in the torch frontend)."""
+    if isinstance(x, (list, tuple)):
+        return jnp.asarray(_v.int_list(fn, arg, x, "a jax.Array"))
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)) or (
+            isinstance(x, int) and not isinstance(x, bool)):
+        return jnp.asarray(x)
+    raise _v.not_an_array(fn, arg, x, "a jax.Array or a tuple/list of ints")
 
 
 def _concat_to_padded_traced(targets, target_lengths):
@@ -25,10 +52,10 @@ def _concat_to_padded_traced(targets, target_lengths):
 
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
-    log_probs = jnp.asarray(log_probs)
-    targets = jnp.asarray(targets)
-    input_lengths = jnp.asarray(input_lengths)
-    target_lengths = jnp.asarray(target_lengths)
+    log_probs = _array(fn, "log_probs", log_probs)
+    targets = _array(fn, "targets", targets)
+    input_lengths = _int_array(fn, "input_lengths", input_lengths)
+    target_lengths = _int_array(fn, "target_lengths", target_lengths)
     batched, concatenated = check_ctc_static(
         fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
         input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
@@ -96,6 +123,22 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     return reduce_losses(losses, target_lengths, reduction)
 
 
+def _check_right_padding(fn, arg, pad):
+    """0/1 entries, zeros then ones in each row (optax's right padding); int64 rows."""
+    bad = (pad != 0) & (pad != 1)
+    if bad.any():
+        r, i = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(f"{fn}: argument '{arg}' must hold 0.0/1.0 paddings, "
+                         f"got {float(pad[r, i])} at row {r}, position {i}")
+    pad = pad.astype(np.int64)
+    bad = np.diff(pad, axis=1) < 0
+    if bad.any():
+        r, i = (int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(f"{fn}: argument '{arg}' must be right padding (zeros, then ones), "
+                         f"got a 0 after a 1 at row {r}, position {i + 1}")
+    return pad
+
+
 def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: int = 0,
                    log_epsilon: float = -1e5) -> jax.Array:
     """Drop-in for ``optax.ctc_loss``: same signature, per-sequence losses ``(B,)``.
@@ -120,13 +163,13 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     silently trains on impossible targets.
     """
     fn = "optax_ctc_loss"
-    logits = jnp.asarray(logits)
-    if logits.ndim != 3:
-        raise ValueError(f"{fn}: argument 'logits' must be (B, T, K), got shape {logits.shape}")
-    b, t, _ = logits.shape
-    logit_paddings = jnp.asarray(logit_paddings)
-    labels = jnp.asarray(labels)
-    label_paddings = jnp.asarray(label_paddings)
+    logits = _array(fn, "logits", logits)
+    _v.check_ndim(fn, "logits", logits.shape, (3,), "a (B, T, K)-array")
+    _v.check_dtype(fn, "logits", logits.dtype, _v.FLOAT_DTYPES, "a floating")
+    b, t, k = logits.shape
+    logit_paddings = _array(fn, "logit_paddings", logit_paddings)
+    labels = _array(fn, "labels", labels)
+    label_paddings = _array(fn, "label_paddings", label_paddings)
     if logit_paddings.shape != (b, t):
         raise ValueError(f"{fn}: argument 'logit_paddings' must have shape ({b}, {t}), "
                          f"got {logit_paddings.shape}")
@@ -135,6 +178,15 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     if label_paddings.shape != labels.shape:
         raise ValueError(f"{fn}: argument 'label_paddings' must have shape {labels.shape}, "
                          f"got {label_paddings.shape}")
+    _v.check_dtype(fn, "labels", labels.dtype, _v.INT_DTYPES, "an integer")
+    _v.check_int_scalar(fn, "blank_id", blank_id, 0, k)
+    if is_concrete(logit_paddings, labels, label_paddings):
+        # Checked here under optax's names; _ctc_losses re-checks under its own.
+        _check_right_padding(fn, "logit_paddings", np.asarray(logit_paddings))
+        lpad = _check_right_padding(fn, "label_paddings", np.asarray(label_paddings))
+        _v.check_labels(fn, "labels", np.asarray(labels).astype(np.int64),
+                        labels.shape[1] - lpad.sum(axis=1), k, forbidden=blank_id,
+                        forbidden_what="blank_id")
     int_t = jnp.int32
     input_lengths = (t - jnp.round(logit_paddings.sum(axis=1))).astype(int_t)
     target_lengths = (labels.shape[1] - jnp.round(label_paddings.sum(axis=1))).astype(int_t)

@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 
 from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
-from duoloss.core._validate import check_reduction
+from duoloss.core._validate import check_reduction, shape_str
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 from ._asg import _check_bool
+from ._ctc import _array, _int_array
 
 __all__ = ["graph_loss"]
 
@@ -56,9 +57,9 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     check_reduction(fn, reduction)
     _check_bool(fn, "normalize", normalize)
     _check_bool(fn, "zero_infinity", zero_infinity)
-    emissions = jnp.asarray(emissions)
-    weights = None if weights is None else jnp.asarray(weights)
-    input_lengths = jnp.asarray(input_lengths)
+    emissions = _array(fn, "emissions", emissions)
+    weights = _array(fn, "weights", weights, optional=True)
+    input_lengths = _int_array(fn, "input_lengths", input_lengths)
     graphs, graphs_concrete = device_graphs(graphs)
     packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
                               concrete=is_concrete(input_lengths),
@@ -67,10 +68,10 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     if target_lengths is None:
         target_lengths = jnp.ones(n, jnp.int32)
     else:
-        target_lengths = jnp.asarray(target_lengths)
+        target_lengths = _int_array(fn, "target_lengths", target_lengths)
         if target_lengths.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
-                             f"N = {n}, got shape {target_lengths.shape}")
+                             f"N = {n}, got shape {shape_str(target_lengths.shape)}")
     if weights is None:
         weights = jnp.zeros(0, emissions.dtype)
     arrays = (emissions, weights, input_lengths) + tuple(jnp.asarray(p) for p in packed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from duoloss.core import _validate as _v
 from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
 
 from ._adapter import apply_kernel, reduction_weights, to_numpy
@@ -12,19 +13,16 @@ __all__ = ["ctc_loss", "CTCLoss"]
 
 
 def _as_int_array(x, fn, arg):
+    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints."""
     if isinstance(x, torch.Tensor):
         return to_numpy(x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return np.asarray(x, np.int64)
     if isinstance(x, (list, tuple)):
-        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
-            raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
-                            f"got a {type(x).__name__} with non-int entries")
-        return np.asarray(x, np.int64).reshape(len(x))
+        return _v.int_list(fn, arg, x, "a torch.Tensor")
     if isinstance(x, np.ndarray):
         return x
-    raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
-                    f"got {type(x).__name__}")
+    raise _v.not_an_array(fn, arg, x, "a torch.Tensor or a tuple/list of ints")
 
 
 def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, blank: int = 0,

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
-from duoloss.core._validate import check_reduction
+from duoloss.core._validate import check_reduction, shape_str
 
 from ._adapter import apply_kernel, reduction_weights, to_numpy
 from ._asg import _check_bool, _check_tensor
@@ -86,7 +86,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
         tl = _as_int_array(target_lengths, fn, "target_lengths").astype(np.int64).reshape(-1)
         if tl.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
-                             f"N = {n}, got shape {tl.shape}")
+                             f"N = {n}, got shape {shape_str(tl.shape)}")
     if weights is None:
         weights = torch.zeros(0, dtype=emissions.dtype, device=emissions.device)
     elif weights.device != emissions.device:
