@@ -11,7 +11,7 @@ from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_a
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
-from ._ctc import _array, _concat_to_padded_traced, _int_array
+from ._ctc import _array, _empty_mean, _concat_to_padded_traced, _int_array
 
 __all__ = ["asg_loss"]
 
@@ -93,4 +93,4 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
     else:
         losses = apply_kernel(ASG_KERNEL, (em, tr, sv, tg, il, tl),
                               zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, tl, reduction)
+    return reduce_losses(losses, tl, _empty_mean(losses, reduction))

@@ -50,6 +50,11 @@ def _concat_to_padded_traced(targets, target_lengths):
     return jnp.where(valid, gathered, 0)
 
 
+def _empty_mean(losses, reduction):
+    """'mean' of an empty batch is 0 with zero gradient, as in the torch frontend (not NaN)."""
+    return "sum" if reduction == "mean" and losses.shape[0] == 0 else reduction
+
+
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
     log_probs = _array(fn, "log_probs", log_probs)
@@ -120,7 +125,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
         if reduction == "mean":
             return losses / jnp.maximum(target_lengths[0], 1).astype(losses.dtype)
         return losses
-    return reduce_losses(losses, target_lengths, reduction)
+    return reduce_losses(losses, target_lengths, _empty_mean(losses, reduction))
 
 
 def _check_right_padding(fn, arg, pad):

@@ -11,7 +11,7 @@ from duoloss.core._validate import check_reduction, shape_str
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 from ._asg import _check_bool
-from ._ctc import _array, _int_array
+from ._ctc import _array, _empty_mean, _int_array
 
 __all__ = ["graph_loss"]
 
@@ -77,7 +77,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     arrays = (emissions, weights, input_lengths) + tuple(jnp.asarray(p) for p in packed)
     losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
                           zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, target_lengths, reduction)
+    return reduce_losses(losses, target_lengths, _empty_mean(losses, reduction))
 
 
 def device_graphs(graphs):
