@@ -17,6 +17,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._fastmath import exp_core, fast_exp
+
 _NEG_INF = -np.inf
 
 
@@ -1029,136 +1031,221 @@ def is_sorted_dag(src, dst):
     return True
 
 
+_RENORM = 1e30  # scaled sums above this are folded into their offset (keeps them far from overflow)
+
+
 @numba.njit(cache=True, nogil=True)
-def log_forward_sorted(n, src, dst, weight, start, accept, ssum):
+def log_forward_sorted(n, src, dst, weight, start, accept):
     """:func:`log_forward_fast` for a graph that :func:`is_sorted_dag` accepts.
 
-    Arcs are pushed in order (sequential memory access, no CSR): each node keeps
-    a running maximum ``m_v`` and ``s_v = sum exp(x - m_v)`` over its incoming
-    ``x = alpha[u] + w_a`` (rescaled when the maximum grows), so each arc costs
-    one ``exp`` and each node one ``log``; ``alpha[v] = m_v + log(s_v)``.  Arcs
-    leaving a node with ``alpha = -inf`` are skipped, as in :func:`log_forward_fast`.
-    ``ssum`` is a caller-owned float64 scratch buffer of at least ``n`` entries.
+    Arcs are pushed in order (sequential memory access, no CSR).  Each node's
+    forward score is kept as an offset and a scaled sum,
+    ``alpha[v] = mx[v] + log(sm[v])`` with ``sm[v] >= 1``: an arc ``u -> v``
+    with ``y = mx[u] + w`` adds ``sm[u] * exp(y - mx[v])`` to ``sm[v]``, or, when
+    ``y > mx[v]``, rescales ``sm[v]`` by ``exp(mx[v] - y)`` and moves the offset
+    to ``y``.  So each arc costs one exponential of a non-positive number and no
+    node needs a logarithm (``sm`` is folded into ``mx`` only if it exceeds
+    ``1e30``).  The exponential is branch-free (:func:`~._fastmath.exp_core`;
+    its argument is clamped at -708, below which the term is smaller than the
+    rounding error of the sum ``>= 1`` it joins).  Arcs leaving a node with
+    ``alpha = -inf`` are skipped and NaN / infinite weights take a slow path,
+    with the same semantics as :func:`log_forward_fast`.
 
-    Returns ``(status, score, alpha)``; ``status`` 2 when ``ssum`` is too small.
+    Returns ``(score, mx, sm)``; NaN scores are marked by ``sm = NaN``.
     """
     m = src.shape[0]
-    alpha = np.empty(n, np.float64)
-    if ssum.shape[0] < n:
-        return 2, 0.0, alpha
+    mx = np.empty(n, np.float64)
+    sm = np.empty(n, np.float64)
     for v in range(n):
         if start[v]:
-            alpha[v] = 0.0
-            ssum[v] = 1.0
+            mx[v] = 0.0
+            sm[v] = 1.0
         else:
-            alpha[v] = _NEG_INF
-            ssum[v] = 0.0
-    a = 0
-    for u in range(n):
-        mx = alpha[u]
-        s = ssum[u]
-        if s != s:
-            au = np.nan
-        elif mx == _NEG_INF or mx == np.inf:
-            au = mx
-        else:
-            au = mx + np.log(s)
-        alpha[u] = au
-        if au == _NEG_INF:
-            while a < m and src[a] == u:
-                a += 1
+            mx[v] = _NEG_INF
+            sm[v] = 0.0
+    # one flat loop over the arcs (no per-node loop exits to mispredict); the
+    # source's state is final when its first out-arc comes
+    for a in range(m):
+        u = src[a]
+        v = dst[a]
+        mu = mx[u]
+        su = sm[u]
+        if su != su:   # NaN mark (its offset may still be -inf)
+            sm[v] = np.nan
             continue
-        while a < m and src[a] == u:
-            v = dst[a]
-            x = au + weight[a]
-            mv = alpha[v]
-            if x != x:
-                ssum[v] = np.nan
-            elif x > mv:
-                ssum[v] = ssum[v] * np.exp(mv - x) + 1.0
-                alpha[v] = x
-            elif x > _NEG_INF and mv < np.inf:
-                ssum[v] += np.exp(x - mv)
-            a += 1
-    mx = _NEG_INF
+        if mu == _NEG_INF:
+            continue
+        if su > _RENORM:
+            mu += np.log(su)
+            su = 1.0
+            mx[u] = mu
+            sm[u] = su
+        y = mu + weight[a]
+        if y > _NEG_INF and y < np.inf:
+            mv = mx[v]
+            sv = sm[v]
+            d = y - mv
+            e = exp_core(max(-abs(d), -708.0))
+            sm[v] = sv * e + su if d > 0.0 else sv + su * e
+            mx[v] = y if d > 0.0 else mv
+        elif y != y:
+            sm[v] = np.nan
+        elif y == np.inf and mx[v] != np.inf:
+            mx[v] = np.inf
+            sm[v] = sm[v] * 0.0 + 1.0   # keeps a NaN mark
     best = -1
+    top = _NEG_INF
     nan = False
     for v in range(n):
         if accept[v]:
-            x = alpha[v]
-            if x != x:
+            if sm[v] != sm[v]:
                 nan = True
-            elif x > mx:
-                mx = x
-                best = v
+            elif mx[v] > _NEG_INF:
+                x = mx[v] if mx[v] == np.inf else mx[v] + np.log(sm[v])
+                if x > top:
+                    top = x
+                    best = v
     if nan:
-        return 0, np.nan, alpha
-    if mx == _NEG_INF or mx == np.inf:
-        return 0, mx, alpha
+        return np.nan, mx, sm
+    if top == _NEG_INF or top == np.inf:
+        return top, mx, sm
     s = 1.0
     for v in range(n):
-        if accept[v] and v != best and alpha[v] > _NEG_INF:
-            s += np.exp(alpha[v] - mx)
-    return 0, mx + np.log(s), alpha
+        if accept[v] and v != best and mx[v] > _NEG_INF:
+            s += fast_exp(mx[v] + np.log(sm[v]) - top)
+    return top + np.log(s), mx, sm
 
 
 @numba.njit(cache=True, nogil=True)
-def log_backward_sorted(src, dst, weight, accept, alpha, score, beta):
-    """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts
-    (node ids in topological order, each node's out-arcs contiguous)."""
+def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
+    """:func:`log_backward_sorted`, node by node (handles every special value
+    exactly as :func:`log_backward_fast`; used when a NaN or ``+inf`` appears).
+
+    Backward scores are kept like the forward ones, ``beta[u] = mb[u] +
+    log(sb[u])`` (caller-owned float64 scratch buffers ``mb``, ``sb`` of at least
+    ``n`` entries).  For node ``u`` with ``M`` the largest ``w_a + mb[v]`` over
+    its out-arcs (and 0 if it accepts), ``e_a = sb[v] exp(w_a + mb[v] - M)``,
+    ``sb[u] = sum e_a (+ exp(-M))``, ``mb[u] = M``, and the posterior of ``a``
+    is ``e_a * sm[u] * exp(mx[u] + M - score)``: one exponential per arc and
+    one per node, no logarithm.  Arcs on no path, or only on ``-inf`` paths,
+    get 0; a NaN or ``+inf`` score gives NaN everywhere.
+    """
     m = dst.shape[0]
-    n = alpha.shape[0]
+    n = mx.shape[0]
     grad = np.zeros(m, np.float64)
-    if score == _NEG_INF or beta.shape[0] < n or accept.shape[0] < n:
+    if score == _NEG_INF or mb.shape[0] < n or sb.shape[0] < n or accept.shape[0] < n \
+            or sm.shape[0] < n:
         return grad
     if not np.isfinite(score):
         for a in range(m):
             grad[a] = np.nan
         return grad
-    for i in range(n):
-        beta[i] = _NEG_INF
     hi = m
     for u in range(n - 1, -1, -1):
         lo = hi
         while lo > 0 and src[lo - 1] == u:
             lo -= 1
-        mx = 0.0 if accept[u] else _NEG_INF
-        best = -1
+        top = 0.0 if accept[u] else _NEG_INF
         nan = False
         for a in range(lo, hi):
-            bv = beta[dst[a]]
+            v = dst[a]
+            bv = mb[v]
             if bv == _NEG_INF:
                 continue
-            x = weight[a] + bv
-            if x != x:
+            y = weight[a] + bv
+            if y != y or sb[v] != sb[v]:
                 nan = True
-            elif x > mx:
-                mx = x
-                best = a
+            top = y if y > top else top
         if nan:
-            beta[u] = np.nan
+            mb[u] = 0.0
+            sb[u] = np.nan
             hi = lo
             continue
-        if mx == _NEG_INF or mx == np.inf:
-            beta[u] = mx
+        if top == _NEG_INF or top == np.inf:
+            mb[u] = top
+            sb[u] = 1.0
             hi = lo
             continue
-        s = 1.0
-        if accept[u] and best >= 0:
-            s += np.exp(-mx)
-        au = alpha[u]
-        scale = 0.0 if (au == _NEG_INF or au != au) else np.exp(au + mx - score)
+        s = fast_exp(-top) if accept[u] else 0.0
+        au = mx[u]
+        su = sm[u]
+        scale = 0.0 if (au == _NEG_INF or su != su) else su * fast_exp(au + top - score)
         for a in range(lo, hi):
-            bv = beta[dst[a]]
+            v = dst[a]
+            bv = mb[v]
             if bv == _NEG_INF:
                 continue
-            if a == best:
-                e = 1.0
-            else:
-                x = weight[a] + bv
-                e = np.exp(x - mx) if x > _NEG_INF else 0.0
-                s += e
+            y = weight[a] + bv
+            e = sb[v] * fast_exp(y - top) if y > _NEG_INF else 0.0
+            s += e
             grad[a] = e * scale
-        beta[u] = mx + np.log(s)
+        if s > _RENORM:
+            top += np.log(s)
+            s = 1.0
+        mb[u] = top
+        sb[u] = s
         hi = lo
+    return grad
+
+
+@numba.njit(cache=True, nogil=True)
+def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
+    """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts,
+    from :func:`log_forward_sorted`'s ``(score, mx, sm)``.
+
+    Backward scores are kept like the forward ones, ``beta[u] = mb[u] +
+    log(sb[u])`` with ``sb[u] >= 1`` (caller-owned float64 scratch buffers
+    ``mb``, ``sb`` of at least ``n`` entries), accumulated in one flat loop over
+    the arcs in reverse order (a node's out-arcs all come after its in-arcs).
+    The posterior of ``a = u -> v`` is
+    ``sm[u] * sb[v] * exp(mx[u] + w_a + mb[v] - score)``: two exponentials per
+    arc, no logarithm, no per-node loops.  Arcs on no path, or only on ``-inf``
+    paths, get 0; a NaN or ``+inf`` score gives NaN everywhere.  A NaN or
+    ``+inf`` backward term (possible only off every finite path) hands over to
+    :func:`_log_backward_sorted_nodes`, which follows :func:`log_backward_fast`
+    there.
+    """
+    m = dst.shape[0]
+    n = mx.shape[0]
+    grad = np.zeros(m, np.float64)
+    if score == _NEG_INF or mb.shape[0] < n or sb.shape[0] < n or accept.shape[0] < n \
+            or sm.shape[0] < n:
+        return grad
+    if not np.isfinite(score):
+        for a in range(m):
+            grad[a] = np.nan
+        return grad
+    for u in range(n):
+        if accept[u]:
+            mb[u] = 0.0
+            sb[u] = 1.0
+        else:
+            mb[u] = _NEG_INF
+            sb[u] = 0.0
+    for a in range(m - 1, -1, -1):
+        v = dst[a]
+        bv = mb[v]
+        if bv == _NEG_INF:
+            continue
+        sv = sb[v]
+        if sv > _RENORM:
+            bv += np.log(sv)
+            sv = 1.0
+            mb[v] = bv
+            sb[v] = sv
+        y = weight[a] + bv
+        if not (y < np.inf and sv == sv):
+            return _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb)
+        if y == _NEG_INF:
+            continue
+        u = src[a]
+        mu = mb[u]
+        su = sb[u]
+        d = y - mu
+        e = exp_core(max(-abs(d), -708.0))
+        sb[u] = su * e + sv if d > 0.0 else su + sv * e
+        mb[u] = y if d > 0.0 else mu
+        au = mx[u]
+        if au > _NEG_INF and sm[u] == sm[u]:
+            grad[a] = sm[u] * sv * fast_exp(au + y - score)
     return grad

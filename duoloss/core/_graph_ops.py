@@ -499,16 +499,14 @@ def forward_score(g: Graph) -> Graph:
     if K.is_sorted_dag(src, dst):
         # node ids are a topological order and arcs are grouped by source (e.g.
         # intersect/compose results with a linear graph): no sort, no CSR
-        status, score, alpha = K.log_forward_sorted(n, src, dst, w, st, ac,
-                                                    _scratch("ssum", n, np.float64))
-        if status != 0:  # pragma: no cover - the scratch size is n
-            raise RuntimeError("forward_score: internal error (scratch buffer too small)")
+        score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac)
         if not g._calc_grad:
             return _scalar(score, (g,), None)
         w, ac = w.copy(), ac.copy()  # set_weights may change the graph later
 
         def grad_sorted(gout, inputs):
-            post = K.log_backward_sorted(src, dst, w, ac, alpha, score, _scratch("beta", n, np.float64))
+            post = K.log_backward_sorted(src, dst, w, ac, mx, sm, score,
+                                         _scratch("mb", n, np.float64), _scratch("sb", n, np.float64))
             if gout[0] != 1.0:
                 post *= gout[0]
             return (post,)

@@ -55,14 +55,15 @@ def test_sorted_kernels_match_general(special):
         m = int(rng.integers(0, 80))
         src, dst, w, start, accept = _sorted_dag(rng, n, m, special)
         assert K.is_sorted_dag(src, dst)
-        st, sc, alpha = K.log_forward_sorted(n, src, dst, w, start, accept, np.empty(n))
-        assert st == 0
+        sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+        with np.errstate(all="ignore"):
+            alpha = np.where(np.isnan(sm), np.nan, np.where(np.isinf(mx), mx, mx + np.log(sm)))
         scratch = np.empty(2 * n + src.size + 1, np.int64)
         st2, sc2, alpha2, order, op, oi = K.log_forward_fast(n, src, dst, w, start, accept, scratch)
         assert st2 == 0
         assert _close(sc, sc2), (trial, sc, sc2)
         assert _close(alpha, alpha2), trial
-        g = K.log_backward_sorted(src, dst, w, accept, alpha, sc, np.empty(n))
+        g = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
         g2 = K.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
         assert _close(g, g2), trial
         if special:
@@ -107,3 +108,84 @@ def test_label_table_matches_merge(monkeypatch):
             b = ops.compose(g1, g2)
         for x, y in zip(gtn.graph_arrays(a), gtn.graph_arrays(b)):
             np.testing.assert_array_equal(x, y)
+
+
+def test_sorted_kernels_large_sums_and_wide_ranges():
+    # 30 parallel arcs per step: the scaled sums grow like 30**t and are renormalised
+    g = gtn.linear_graph(300, 30, True)
+    w = np.zeros(9000, np.float32)
+    w[::7] = -1000.0   # terms far below exp(-708) of their sum
+    w[5::11] = 3.0
+    g.set_weights(w)
+    s = gtn.forward_score(g)
+    gtn.backward(s)
+    ref = 0.0
+    post = np.zeros((300, 30))
+    for t in range(300):
+        row = w[t * 30:(t + 1) * 30].astype(np.float64)
+        top = row.max()
+        lse = top + np.log(np.exp(row - top).sum())
+        ref += lse
+        post[t] = np.exp(row - lse)
+    assert np.isclose(s.item(), ref, rtol=1e-6)
+    np.testing.assert_allclose(g.grad().weights_to_numpy().reshape(300, 30), post, rtol=1e-6, atol=1e-30)
+    # same graph through the general kernels (arcs reversed: not source-sorted)
+    rng = np.random.default_rng(5)
+    for scale in (1.0, 50.0, 400.0):
+        n, m = 40, 160
+        src = np.sort(rng.integers(0, n - 1, size=m))
+        dst = np.minimum(src + 1 + rng.integers(0, 4, size=m), n - 1)
+        keep = dst > src
+        src, dst = src[keep].astype(np.int64), dst[keep].astype(np.int64)
+        w = (scale * rng.normal(size=src.size)).astype(np.float32)
+        start = np.zeros(n, np.bool_)
+        start[[0, 3]] = True
+        accept = np.zeros(n, np.bool_)
+        accept[[n - 1, n - 5]] = True
+        sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+        scratch = np.empty(2 * n + src.size + 1, np.int64)
+        st2, sc2, alpha2, order, op, oi = K.log_forward_fast(n, src, dst, w, start, accept, scratch)
+        assert np.isclose(sc, sc2, rtol=1e-14, atol=1e-12)
+        g1 = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
+        g2 = K.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
+        # posteriors are exp(alpha + w + beta - score): an exponent of size |score|
+        # carries a rounding error of about |score| * 2**-52 in either kernel
+        tol = 1e-13 + 8 * abs(sc) * 2.0 ** -52
+        np.testing.assert_allclose(g1, g2, rtol=tol, atol=1e-300)
+
+
+def test_fast_exp_accuracy():
+    from duoloss.core._fastmath import fast_exp
+    import numba
+
+    @numba.njit
+    def vexp(x):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = fast_exp(x[i])
+        return out
+
+    rng = np.random.default_rng(0)
+    edges = np.array([0.0, -0.0, -np.inf, np.inf, np.nan, 709.0, 709.78, 709.79, -708.0,
+                      np.nextafter(-708.0, 0), np.nextafter(-708.0, -1e9), -708.4, -745.1,
+                      -745.2, -746.0, 1e-300, -1e-300, 5e-324, 1e-17, -1e-17])
+    x = np.concatenate([rng.uniform(-760, 720, 100000), rng.uniform(-40, 1, 100000),
+                        rng.uniform(-1e-3, 1e-3, 10000), edges])
+    got = vexp(x)
+    with np.errstate(all="ignore"):
+        ref = np.exp(x)
+    inside = (x >= -708.0) & (x <= 709.0)
+    # outside [-708, 709] (and NaN) it is the C library's exp: exact IEEE specials
+    out = ~inside
+    assert np.array_equal(got[out], ref[out], equal_nan=True)
+    # inside: within 1e-15 relative of numpy (itself < 1 ulp)
+    assert np.max(np.abs(got[inside] - ref[inside]) / ref[inside]) <= 1e-15
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workprec(120):
+        sample = np.concatenate([x[inside][rng.choice(inside.sum() - edges.size, 3000)],
+                                 edges[(edges >= -708) & (edges <= 709)]])
+        vals = vexp(sample)
+        worst = max(abs(float((mpmath.mpf(float(v)) - mpmath.exp(mpmath.mpf(float(s)))) /
+                              mpmath.exp(mpmath.mpf(float(s)))))
+                    for s, v in zip(sample, vals))
+    assert worst <= 1.5 * 2.0 ** -53   # correctly rounded would be 2**-53
