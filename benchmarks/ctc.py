@@ -1,7 +1,8 @@
 """CTC forward+backward: duoloss vs torch's F.ctc_loss and optax.ctc_loss.
 
-All four run interleaved in one process on the same data: each repetition
-calls every implementation once, so drifting machine load hits all alike.
+All four run in one process on the same data; each peer is timed interleaved
+with its duoloss counterpart (one call of each per repetition), so drifting
+machine load hits both alike.
 Each call is a full training step's worth of loss work: logits -> log_softmax
 -> CTC -> backward to the logits (optax and duoloss.jax under ``jax.jit``).
 
@@ -74,20 +75,28 @@ def _make_fns(b, t, c, l, seed=0):
     }
 
 
+def _interleaved(fns, reps, warmup):
+    times = {k: [] for k in fns}
+    for f in fns.values():
+        for _ in range(warmup):
+            f()
+    for _ in range(reps):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+
+
 def bench(sizes, reps, warmup):
+    """Each framework's pair runs interleaved (torch pair, then JAX pair): JAX's and
+    torch's worker threads would otherwise compete for the cores inside one rep."""
     rows = []
     for size in sizes:
         fns = _make_fns(*size)
-        times = {k: [] for k in fns}
-        for f in fns.values():
-            for _ in range(warmup):
-                f()
-        for _ in range(reps):
-            for k, f in fns.items():
-                t0 = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t0)
-        med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+        med = {}
+        for pair in (("torch F.ctc_loss", "duoloss.torch"), ("optax.ctc_loss", "duoloss.jax")):
+            med.update(_interleaved({k: fns[k] for k in pair}, reps, warmup))
         rows.append((size, med))
     return rows
 
