@@ -352,11 +352,11 @@ def _put(slot, key, state, dense, table, hkeys, hvals):
 
 
 @numba.njit(cache=True, nogil=True)
-def _reset(dense, table, sq1, sq2, sf, ns, n2, nf):
+def _reset(dense, table, sq1, sq2, sf, ns, n1, nf):
     """Restore the touched entries of a dense state table to -1."""
     if dense:
         for s in range(ns):
-            table[(sq1[s] * n2 + sq2[s]) * nf + sf[s]] = -1
+            table[(sq2[s] * n1 + sq1[s]) * nf + sf[s]] = -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -493,9 +493,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             if not start2[s2]:
                 continue
             if ns == state_cap:
-                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                 return 1, 0, 0, 0, 0, 0
-            key = (s1 * n2 + s2) * nf
+            key = (s2 * n1 + s1) * nf
             h, found = _find(key, dense, table, hkeys, hvals, mask)
             if found < 0:
                 _put(h, key, ns, dense, table, hkeys, hvals)
@@ -531,24 +531,80 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
             mode = 0
         x = b1
         y = b2
-        while True:
+        if mode == 1:
+            # each side-1 arc (label-sorted) with its label's side-2 arcs: the same
+            # (label, x, y) order as the merge, one short loop per state
+            for xx in range(b1, e1):
+                l1 = sl1[xx]
+                if l1 >= K2:
+                    break
+                j = q2 * K2 + l1
+                y = lo2[j]
+                if y < 0:
+                    continue
+                ye = hi2[j]
+                a1 = i1[xx]
+                t1 = dst1[a1]
+                for yy in range(y, ye):
+                    a2 = i2[yy]
+                    t2 = dst2[a2]
+                    key = (t2 * n1 + t1) * nf
+                    if dense:
+                        # branch-free state lookup: whether the state is new is
+                        # unpredictable (about half the arcs here)
+                        t = table[key]
+                        fresh = t < 0
+                        if ns < state_cap:
+                            sq1[ns] = t1
+                            sq2[ns] = t2
+                            sf[ns] = 0
+                        elif fresh:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0
+                        t = ns if fresh else t
+                        table[key] = t
+                        ns += 1 if fresh else 0
+                        if na == arc_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0
+                        asrc[na] = head
+                        adst[na] = t
+                        aa1[na] = a1
+                        aa2[na] = a2
+                        na += 1
+                        continue
+                    else:
+                        h = _slot(key, mask)
+                        while hkeys[h] != -1 and hkeys[h] != key:
+                            h = (h + 1) & mask
+                        t = -1 if hkeys[h] == -1 else hvals[h]
+                    if t < 0:
+                        if ns == state_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0
+                        if dense:
+                            table[key] = ns
+                        else:
+                            hkeys[h] = key
+                            hvals[h] = ns
+                        sq1[ns] = t1
+                        sq2[ns] = t2
+                        sf[ns] = 0
+                        t = ns
+                        ns += 1
+                    if na == arc_cap:
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                        return 1, 0, 0, 0, 0, 0
+                    asrc[na] = head
+                    adst[na] = t
+                    aa1[na] = a1
+                    aa2[na] = a2
+                    na += 1
+        while mode != 1:
             found = False
             xe = x
             ye = y
-            if mode == 1:
-                while x < e1:
-                    l1 = sl1[x]
-                    xe = x + 1
-                    while xe < e1 and sl1[xe] == l1:
-                        xe += 1
-                    if l1 < K2:
-                        y = lo2[q2 * K2 + l1]
-                        if y >= 0:
-                            ye = hi2[q2 * K2 + l1]
-                            found = True
-                            break
-                    x = xe
-            elif mode == 2:
+            if mode == 2:
                 while y < e2:
                     l2 = sl2[y]
                     ye = y + 1
@@ -586,7 +642,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 for yy in range(y, ye):
                     a2 = i2[yy]
                     t2 = dst2[a2]
-                    key = (t1 * n2 + t2) * nf
+                    key = (t2 * n1 + t1) * nf
                     # state lookup, inlined (a helper call costs ~40% here)
                     if dense:
                         h = key
@@ -598,7 +654,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         t = -1 if hkeys[h] == -1 else hvals[h]
                     if t < 0:
                         if ns == state_cap:
-                            _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                             return 1, 0, 0, 0, 0, 0
                         if dense:
                             table[key] = ns
@@ -611,7 +667,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         t = ns
                         ns += 1
                     if na == arc_cap:
-                        _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                         return 1, 0, 0, 0, 0, 0
                     asrc[na] = head
                     adst[na] = t
@@ -655,7 +711,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t1 = q1
                             t2 = dst2[a2]
                             tf = 2
-                        key = (t1 * n2 + t2) * nf + tf
+                        key = (t2 * n1 + t1) * nf + tf
                         # state lookup, inlined (a helper call costs ~40% here)
                         if dense:
                             h = key
@@ -667,7 +723,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t = -1 if hkeys[h] == -1 else hvals[h]
                         if t < 0:
                             if ns == state_cap:
-                                _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                                _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                                 return 1, 0, 0, 0, 0, 0
                             if dense:
                                 table[key] = ns
@@ -680,7 +736,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t = ns
                             ns += 1
                         if na == arc_cap:
-                            _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                             return 1, 0, 0, 0, 0, 0
                         asrc[na] = head
                         adst[na] = t
@@ -688,7 +744,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         aa2[na] = a2
                         na += 1
         head += 1
-    _reset(dense, table, sq1, sq2, sf, ns, n2, nf)
+    _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
     # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
     forward_ids = True
     for k in range(na):
