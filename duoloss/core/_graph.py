@@ -93,7 +93,7 @@ class Graph:
 
     __slots__ = (
         "_n", "_na", "_start", "_accept", "_src", "_dst", "_ilabel", "_olabel",
-        "_weight", "_calc_grad", "_grad", "_inputs", "_grad_fn", "_id",
+        "_weight", "_calc_grad", "_grad", "_grad_lazy", "_inputs", "_grad_fn", "_id",
         "_ilabel_sorted", "_olabel_sorted", "__weakref__",
     )
 
@@ -109,6 +109,7 @@ class Graph:
         self._weight = np.zeros(8, np.float32)
         self._calc_grad = bool(calc_grad)
         self._grad: Optional[np.ndarray] = None
+        self._grad_lazy: Optional[np.ndarray] = None  # see _add_grad
         self._inputs: Tuple["Graph", ...] = ()
         self._grad_fn: Optional[GradFn] = None
         self._id = next(_IDS)
@@ -217,6 +218,7 @@ class Graph:
         g._olabel = olabel
         g._weight = weight
         g._grad = None
+        g._grad_lazy = None
         g._id = next(_IDS)
         g._ilabel_sorted = False
         g._olabel_sorted = False
@@ -282,6 +284,7 @@ class Graph:
         self._na = a + 1
         self._ilabel_sorted = self._olabel_sorted = False
         self._grad = None  # a gradient no longer matches the arcs
+        self._grad_lazy = None
         return a
 
     # ---------------------------------------------------------------- queries
@@ -448,7 +451,7 @@ class Graph:
 
     def is_grad_available(self) -> bool:
         """Whether a gradient has been accumulated into this graph."""
-        return self._grad is not None
+        return self._grad is not None or self._grad_lazy is not None
 
     def grad(self) -> "Graph":
         """The gradient as a graph with this graph's structure (``calc_grad=False``).
@@ -458,6 +461,7 @@ class Graph:
         Raises:
           RuntimeError: no gradient has been computed (as in GTN).
         """
+        self._materialize_grad()
         if self._grad is None:
             raise RuntimeError("Graph.grad: gradient not calculated yet (call backward first)")
         n, A = self._n, self._na
@@ -470,13 +474,37 @@ class Graph:
     def zero_grad(self) -> None:
         """Forget the accumulated gradient."""
         self._grad = None
+        self._grad_lazy = None
 
-    def _add_grad(self, delta: np.ndarray) -> None:
+    def _materialize_grad(self) -> None:
+        """Turn a gradient kept by reference (see :meth:`_add_grad`) into float32."""
+        with _GRAD_LOCK:
+            lazy = self._grad_lazy
+            if lazy is not None:
+                self._grad_lazy = None
+                self._grad = np.array(lazy, dtype=np.float32, copy=True).reshape(self._na)
+
+    def _add_grad(self, delta: np.ndarray, owned: bool = False) -> None:
+        """Accumulate ``delta`` (float32 storage, as GTN).
+
+        ``owned=True`` (from :func:`backward`: an array no one modifies later)
+        lets the first gradient be kept by reference and converted to float32
+        only when it is read or added to: most intermediate graphs' gradients
+        are never read.
+        """
         if not self._calc_grad:
             return
         with _GRAD_LOCK:
+            lazy = self._grad_lazy
+            if lazy is not None:
+                self._grad_lazy = None
+                self._grad = np.array(lazy, dtype=np.float32, copy=True).reshape(self._na)
             if self._grad is None or self._grad.shape[0] != self._na:
-                self._grad = np.array(delta, dtype=np.float32, copy=True).reshape(self._na)
+                if owned and delta.dtype == np.float64 and delta.shape == (self._na,):
+                    self._grad = None
+                    self._grad_lazy = delta
+                else:
+                    self._grad = np.array(delta, dtype=np.float32, copy=True).reshape(self._na)
             else:
                 self._grad += delta
 
@@ -581,7 +609,9 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
                 if gi is None or not inp._calc_grad:
                     continue
                 gi = np.asarray(gi, dtype=np.float64)
-                inp._add_grad(gi)
+                # gradient arrays are never modified in place below (nor by the
+                # gradient functions): the input may keep a reference
+                inp._add_grad(gi, owned=True)
                 prev = flow.get(inp._id)
                 flow[inp._id] = gi if prev is None else prev + gi
         if not retain_graph:

@@ -1305,3 +1305,48 @@ def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
         if au > _NEG_INF and sm[u] == sm[u]:
             grad[a] = sm[u] * sv * fast_exp(au + y - score)
     return grad
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_add(index, values, size):
+    """``out[i] = sum of values[k] over k with index[k] == i`` (float64, in order of
+    ``k``; indices outside ``[0, size)``, e.g. ``-1``, are ignored)."""
+    out = np.zeros(size, np.float64)
+    for k in range(min(index.shape[0], values.shape[0])):
+        i = index[k]
+        if i >= 0 and i < size:
+            out[i] += values[k]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def has_label(lab1, lab2, label):
+    """Whether ``label`` occurs in ``lab1`` or ``lab2``."""
+    for a in range(lab1.shape[0]):
+        if lab1[a] == label:
+            return True
+    for a in range(lab2.shape[0]):
+        if lab2[a] == label:
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def linear_arrays(M, N):
+    """Arc arrays of :func:`~._graph_ops.linear_graph`: arc ``t*N + c`` is ``t -> t+1``
+    labelled ``c`` with weight 0."""
+    A = M * N
+    src = np.empty(A, np.int64)
+    dst = np.empty(A, np.int64)
+    il = np.empty(A, np.int64)
+    ol = np.empty(A, np.int64)
+    w = np.zeros(A, np.float32)
+    a = 0
+    for t in range(M):
+        for c in range(N):
+            src[a] = t
+            dst[a] = t + 1
+            il[a] = c
+            ol[a] = c
+            a += 1
+    return src, dst, il, ol, w

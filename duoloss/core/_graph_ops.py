@@ -66,21 +66,23 @@ def _make(n, src, dst, il, ol, w, start, accept, inputs: Sequence[Graph], grad_f
     )
 
 
+_SCALAR_TEMPLATE = (np.array([0], np.int64), np.array([1], np.int64), np.array([True, False]),
+                    np.array([False, True]))
+
+
 def _scalar(value, inputs: Sequence[Graph], grad_fn, label: int = 0) -> Graph:
     """A 2-node, 1-arc graph ``0 -> 1`` (label ``label``) holding ``value``."""
-    return _make(2, np.array([0]), np.array([1]), np.array([label]), np.array([label]),
-                 np.array([value], np.float32), np.array([True, False]),
-                 np.array([False, True]), inputs, grad_fn)
+    s0, d0, st0, ac0 = _SCALAR_TEMPLATE
+    lab = np.full(1, label, np.int64)
+    calc = any(g._calc_grad for g in inputs)
+    return Graph._from_trusted(2, s0.copy(), d0.copy(), lab, lab.copy(),
+                               np.full(1, value, np.float32), st0.copy(), ac0.copy(),
+                               calc, inputs, grad_fn if calc else None)
 
 
 def _gather_grad(index: np.ndarray, gout: np.ndarray, size: int) -> np.ndarray:
     """``out[a] = sum of gout[k] over k with index[k] == a`` (index ``-1`` ignored)."""
-    keep = index >= 0
-    if keep.all():
-        out = np.bincount(index, weights=gout, minlength=size)[:size]
-    else:
-        out = np.bincount(index[keep], weights=gout[keep], minlength=size)[:size]
-    return out.astype(np.float64, copy=False)  # bincount of nothing is int64
+    return K.scatter_add(index, np.asarray(gout, np.float64), int(size))
 
 
 def _identity_grad(gout, inputs):
@@ -114,14 +116,12 @@ def linear_graph(M: int, N: int, calc_grad: bool = True) -> Graph:
     M, N = int(M), int(N)
     if M < 0 or N < 0:
         raise ValueError(f"linear_graph: M and N must be >= 0, got M={M}, N={N}")
-    src = np.repeat(np.arange(M, dtype=np.int64), N)
-    lab = np.tile(np.arange(N, dtype=np.int64), M)
+    src, dst, lab, olab, w = K.linear_arrays(M, N)
     start = np.zeros(M + 1, np.bool_)
     accept = np.zeros(M + 1, np.bool_)
     start[0] = True
     accept[M] = True
-    return Graph._from_trusted(M + 1, src, src + 1, lab, lab.copy(), np.zeros(M * N, np.float32),
-                               start, accept, calc_grad)
+    return Graph._from_trusted(M + 1, src, dst, lab, olab, w, start, accept, calc_grad)
 
 
 # ------------------------------------------------------------ structural ops
@@ -388,7 +388,7 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
     if max(g1._na, g2._na) >= 2 ** 31:
         raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
-    nf = 3 if ((match1 == EPSILON).any() or (match2 == EPSILON).any()) else 1
+    nf = 3 if K.has_label(match1, match2, EPSILON) else 1
     bound = max(n1 * n2 * nf, 1)
     state_cap, arc_cap = _compose_caps(bound, n1, n2, g1._na, g2._na)
     while True:
