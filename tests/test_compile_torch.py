@@ -235,14 +235,6 @@ def test_dynamic_shapes_one_graph_for_all_sizes():
     assert counter.frame_count == 1
 
 
-NEEDS_FRONTEND = pytest.mark.xfail(
-    strict=True, raises=torch._dynamo.exc.Unsupported,
-    reason="the torch frontends read targets/lengths on the host (to_numpy + value checks); "
-           "under torch.compile they must skip host checks when adapter.is_concrete() is "
-           "False, as the JAX frontends do under jit (see docs/compile_vmap_multidevice.md)")
-
-
-@NEEDS_FRONTEND
 @pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
 def test_frontend_compiles_fullgraph(case):
     """The public loss (validation included) + backward in one graph, as in eager."""
@@ -254,7 +246,6 @@ def test_frontend_compiles_fullgraph(case):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-@NEEDS_FRONTEND
 def test_frontend_ctc_compiled_with_tensor_ints_and_concatenated_targets():
     """Integer inputs as graph inputs (tensors, concatenated targets): one graph serves
     new values; results match eager, where the values are validated on the host."""

@@ -264,10 +264,6 @@ def test_vmap_empty_batch():
     assert out.shape == (B, 0)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="the torch frontends validate targets on the host; with a batched "
-                          "tensor they must take the is_concrete() == False path (proposed "
-                          "frontend change, see docs/compile_vmap_multidevice.md)")
 @pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
 def test_vmap_over_targets_through_the_frontends(case, count_calls):
     """Per-example targets (the usual per-example-gradient setup): vmap over them too."""

@@ -9,8 +9,8 @@ import torch
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import apply_kernel, reduction_weights, to_numpy
-from ._ctc import _as_int_array
+from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
+from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced
 
 __all__ = ["asg_loss", "ASGLoss"]
 
@@ -28,20 +28,38 @@ def _check_bool(fn, arg, x):
         raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(x).__name__}")
 
 
-def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
-             target_lengths):
-    """Validate everything before the kernel; return host int arrays."""
-    _check_tensor(fn, "emissions", emissions)
-    _check_tensor(fn, "transitions", transitions, optional=True)
-    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
-    _check_tensor(fn, "targets", targets)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
-    tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
+def _check_devices(fn, emissions, transitions, start_transitions):
     for arg, x in (("transitions", transitions), ("start_transitions", start_transitions)):
         if x is not None and x.device != emissions.device:
             raise ValueError(f"{fn}: argument '{arg}' must be on the device of 'emissions' "
                              f"({emissions.device}), got {x.device}")
+
+
+def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
+             target_lengths, allow_traced=False):
+    """Validate everything before the kernel; return host int arrays (int64 tensors
+    when ``allow_traced`` and the values cannot be read: torch.compile, vmap)."""
+    _check_tensor(fn, "emissions", emissions)
+    _check_tensor(fn, "transitions", transitions, optional=True)
+    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
+    _check_tensor(fn, "targets", targets)
+    if allow_traced and not is_concrete(targets, input_lengths, target_lengths):
+        # torch.compile tracing or torch.func.vmap over the ints: shapes and dtypes
+        # only; an invalid sequence gets a NaN loss from the kernel.
+        il = _as_int_tensor(input_lengths, fn, "input_lengths", emissions.device)
+        tl = _as_int_tensor(target_lengths, fn, "target_lengths", emissions.device)
+        check_asg_args(fn, emissions, transitions, start_transitions, targets, il, tl,
+                       concrete=False)
+        _check_devices(fn, emissions, transitions, start_transitions)
+        tl = tl.reshape(-1).to(torch.int64)
+        tg = targets.to(torch.int64)
+        if tg.dim() == 1:
+            tg = _concat_to_padded_traced(tg, tl)
+        return tg, il.reshape(-1).to(torch.int64), tl
+    il = _as_int_array(input_lengths, fn, "input_lengths")
+    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
+    _check_devices(fn, emissions, transitions, start_transitions)
     return (tg.astype(np.int64, copy=False), il.astype(np.int64, copy=False).reshape(-1),
             tl.astype(np.int64, copy=False).reshape(-1))
 
@@ -106,11 +124,11 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     check_reduction(fn, reduction)
     _check_bool(fn, "zero_infinity", zero_infinity)
     tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
-                          input_lengths, target_lengths)
+                          input_lengths, target_lengths, allow_traced=True)
     start = start_transitions
     if start is None:
         start = torch.zeros(emissions.shape[2], dtype=emissions.dtype, device=emissions.device)
-    ints = (np.ascontiguousarray(tg), il, tl)
+    ints = (tg if isinstance(tg, torch.Tensor) else np.ascontiguousarray(tg), il, tl)
     weights = reduction_weights(reduction, tl)
     if transitions is None:
         return apply_kernel(ASG_NO_TRANSITIONS_KERNEL, (emissions, start) + ints,

@@ -7,7 +7,7 @@ import torch
 from duoloss.core import _validate as _v
 from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
 
-from ._adapter import apply_kernel, reduction_weights, to_numpy
+from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -23,6 +23,62 @@ def _as_int_array(x, fn, arg):
     if isinstance(x, np.ndarray):
         return x
     raise _v.not_an_array(fn, arg, x, "a torch.Tensor or a tuple/list of ints")
+
+
+def _as_int_tensor(x, fn, arg, device):
+    """An int tensor from a tensor / int / tuple or list of ints, without reading
+    tensor values on the host (the traced path: torch.compile, torch.func.vmap)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return torch.tensor(int(x), dtype=torch.int64, device=device)
+    if isinstance(x, (list, tuple)):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
+            raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
+                            f"got a {type(x).__name__} with non-int entries")
+        return torch.tensor([int(v) for v in x], dtype=torch.int64, device=device)
+    if isinstance(x, np.ndarray):
+        return torch.as_tensor(x, device=device)
+    raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
+                    f"got {type(x).__name__}")
+
+
+def _concat_to_padded_traced(targets, target_lengths):
+    """Torch version for unknown values: pad to the static bound ``targets.numel()``."""
+    s = targets.shape[0]
+    offsets = torch.cumsum(target_lengths, 0) - target_lengths
+    pos = torch.arange(s, device=targets.device)
+    idx = offsets[:, None] + pos[None, :]
+    valid = pos[None, :] < target_lengths[:, None]
+    if s == 0:
+        return idx
+    return torch.where(valid, targets[idx.clamp(0, s - 1)], torch.zeros_like(idx))
+
+
+def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                zero_infinity):
+    """ctc_loss when target/length values cannot be read on the host (torch.compile
+    tracing, or a torch.func.vmap over them): shapes and dtypes are checked here, an
+    invalid sequence gets a NaN loss from the kernel instead of a ValueError."""
+    il = _as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device)
+    tl = _as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device)
+    batched, concatenated = check_ctc_static(
+        fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
+        tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction)
+    if not isinstance(zero_infinity, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
+                        f"got {type(zero_infinity).__name__}")
+    lp = log_probs if batched else log_probs.unsqueeze(1)
+    il = il.reshape(-1).to(torch.int64)
+    tl = tl.reshape(-1).to(torch.int64)
+    tg = targets.to(torch.int64)
+    if concatenated:
+        tg = _concat_to_padded_traced(tg, tl)
+    elif not batched:
+        tg = tg.reshape(1, -1)
+    out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
+                       blank=int(blank), zero_infinity=bool(zero_infinity))
+    return out[0] if (not batched and reduction == "none") else out
 
 
 def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, blank: int = 0,
@@ -71,6 +127,9 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     if not isinstance(targets, torch.Tensor):
         raise TypeError(f"{fn}: argument 'targets' must be a torch.Tensor, "
                         f"got {type(targets).__name__}")
+    if not is_concrete(targets, input_lengths, target_lengths):
+        return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
+                           reduction, zero_infinity)
     il = _as_int_array(input_lengths, fn, "input_lengths")
     tl = _as_int_array(target_lengths, fn, "target_lengths")
     batched, concatenated = check_ctc_static(
