@@ -1249,17 +1249,22 @@ def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
     """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts,
     from :func:`log_forward_sorted`'s ``(score, mx, sm)``.
 
-    Backward scores are kept like the forward ones, ``beta[u] = mb[u] +
-    log(sb[u])`` with ``sb[u] >= 1`` (caller-owned float64 scratch buffers
-    ``mb``, ``sb`` of at least ``n`` entries), accumulated in one flat loop over
-    the arcs in reverse order (a node's out-arcs all come after its in-arcs).
-    The posterior of ``a = u -> v`` is
-    ``sm[u] * sb[v] * exp(mx[u] + w_a + mb[v] - score)``: two exponentials per
-    arc, no logarithm, no per-node loops.  Arcs on no path, or only on ``-inf``
-    paths, get 0; a NaN or ``+inf`` score gives NaN everywhere.  A NaN or
-    ``+inf`` backward term (possible only off every finite path) hands over to
+    Posteriors are propagated backwards instead of backward scores: the node
+    posterior ``gamma[v] = exp(alpha[v] + beta[v] - score)`` (the probability
+    that a path passes through ``v``) is ``[v accepts] exp(alpha[v] - score)``
+    plus the posteriors of ``v``'s out-arcs, and an arc ``a = u -> v`` has
+    posterior ``gamma[v] * exp(alpha[u] + w_a - alpha[v])`` (the share of ``v``'s
+    forward mass that comes through ``a``; the exponent is ``<= 0``).  With
+    ``alpha = mx + log(sm)`` that is
+    ``gamma[v] * sm[u] / sm[v] * exp(mx[u] + w_a - mx[v])``: one exponential per
+    arc, in one flat loop over the arcs in reverse order (all out-arcs of ``v``
+    come before its in-arcs).  ``mb`` is float64 scratch of at least ``n``
+    entries (``gamma``), ``sb`` too (used only by the fallback).
+
+    Arcs on no path, or only on ``-inf`` paths, get 0; a NaN or ``+inf`` score
+    gives NaN everywhere.  A NaN or ``+inf`` weight anywhere hands over to
     :func:`_log_backward_sorted_nodes`, which follows :func:`log_backward_fast`
-    there.
+    exactly there.
     """
     m = dst.shape[0]
     n = mx.shape[0]
@@ -1271,39 +1276,24 @@ def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
         for a in range(m):
             grad[a] = np.nan
         return grad
-    for u in range(n):
-        if accept[u]:
-            mb[u] = 0.0
-            sb[u] = 1.0
-        else:
-            mb[u] = _NEG_INF
-            sb[u] = 0.0
+    gam = mb
+    for v in range(n):
+        gam[v] = sm[v] * fast_exp(mx[v] - score) if (accept[v] and mx[v] > _NEG_INF) else 0.0
     for a in range(m - 1, -1, -1):
-        v = dst[a]
-        bv = mb[v]
-        if bv == _NEG_INF:
-            continue
-        sv = sb[v]
-        if sv > _RENORM:
-            bv += np.log(sv)
-            sv = 1.0
-            mb[v] = bv
-            sb[v] = sv
-        y = weight[a] + bv
-        if not (y < np.inf and sv == sv):
+        w = weight[a]
+        if not (w < np.inf):   # NaN or +inf
             return _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb)
-        if y == _NEG_INF:
+        v = dst[a]
+        gv = gam[v]
+        if gv == 0.0:
             continue
         u = src[a]
-        mu = mb[u]
-        su = sb[u]
-        d = y - mu
-        e = exp_core(max(-abs(d), -708.0))
-        sb[u] = su * e + sv if d > 0.0 else su + sv * e
-        mb[u] = y if d > 0.0 else mu
-        au = mx[u]
-        if au > _NEG_INF and sm[u] == sm[u]:
-            grad[a] = sm[u] * sv * fast_exp(au + y - score)
+        mu = mx[u]
+        if mu == _NEG_INF:
+            continue
+        p = gv * sm[u] * fast_exp(mu + w - mx[v]) / sm[v]
+        grad[a] = p
+        gam[u] += p
     return grad
 
 

@@ -189,3 +189,21 @@ def test_fast_exp_accuracy():
                               mpmath.exp(mpmath.mpf(float(s)))))
                     for s, v in zip(sample, vals))
     assert worst <= 1.5 * 2.0 ** -53   # correctly rounded would be 2**-53
+
+
+def test_sorted_kernels_float64_accuracy_on_a_chain():
+    # a linear graph's posteriors are the row-wise softmax of its weights
+    M, N = 400, 30
+    rng = np.random.default_rng(7)
+    w = (3 * rng.normal(size=M * N)).astype(np.float32)
+    w[::13] = -np.inf
+    g = gtn.linear_graph(M, N, False)
+    n, src, dst, il, ol, _, start, accept = gtn.graph_arrays(g)
+    sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+    rows = w.astype(np.float64).reshape(M, N)
+    top = rows.max(1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(rows - top).sum(1))
+    assert abs(sc - lse.sum()) <= 1e-13 * abs(lse.sum())
+    post = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
+    ref = np.exp(rows - lse[:, None]).reshape(-1)
+    np.testing.assert_allclose(post, ref, rtol=1e-12, atol=0)
