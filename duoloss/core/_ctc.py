@@ -54,6 +54,7 @@ import math
 import numba
 import numpy as np
 
+from ._fastmath import fast_exp
 from ._spec import LossKernel
 from ._threading import parallel_guard
 
@@ -217,7 +218,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
             m = 0.0
         fmax[t] = m
         for j in range(n_used):
-            probs[t, j] = math.exp(np.float64(logp[t, b, used[j]]) - m)
+            probs[t, j] = fast_exp(np.float64(logp[t, b, used[j]]) - m)
 
     # ---- forward in linear space, rescaled per frame -------------------------
     alpha = np.zeros((tb, s_n))
@@ -300,7 +301,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
             for s in range(lo, hi + 1):
                 r += alpha[t, s] * beta[s]
             # Every path crosses frame t exactly once: the posteriors sum to 1.
-            expected = math.exp(logz - log_a[t] - log_b)
+            expected = fast_exp(logz - log_a[t] - log_b)
             if not abs(r - expected) <= _CHECK_TOL * expected:
                 state = 1
                 break

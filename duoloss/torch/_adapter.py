@@ -67,6 +67,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return _host(t)
 
 
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
 def _host(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.device.type != "cpu":
@@ -154,10 +157,12 @@ class _KernelFunction(torch.autograd.Function):
             grads = tuple(g if g is None else _weigh(g, weights, kernel.batch_axes[i])
                           for i, g in enumerate(grads))
         device = _device(tensors)
-        out = [torch.from_numpy(losses).to(device)]
+        out = [torch.from_numpy(losses)]
         for i, g in enumerate(grads):
             if want[i]:
-                out.append(torch.from_numpy(g).to(device))
+                out.append(torch.from_numpy(g))
+        if device.type != "cpu":
+            out = [t.to(device) for t in out]
         return tuple(out)
 
     @staticmethod
@@ -229,7 +234,9 @@ class _KernelFunction(torch.autograd.Function):
         # functorch transforms go straight to the C++ implementation.
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
-        return super(torch.autograd.Function, cls).apply(*_unwrap_dead_wrappers(args))
+        if any(isinstance(a, torch.Tensor) and _is_wrapped(a) for a in args[4:]):
+            args = _unwrap_dead_wrappers(args)
+        return super(torch.autograd.Function, cls).apply(*args)
 
 
 def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:
