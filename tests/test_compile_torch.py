@@ -275,3 +275,30 @@ def test_eager_and_func_do_not_use_the_operator(monkeypatch):
     case.call(*case.args)
     torch.func.grad(lambda x: case.call(x))(case.args[0])
     torch.func.vmap(lambda x: case.call(x, reduction="none"))(case.args[0][None])
+
+
+def test_graph_loss_frontend_compiles_and_matches_ctc_loss():
+    """graph_loss with CTC target graphs: compiled == eager == ctc_loss.
+
+    Its graphs are host objects that are packed and validated with numpy, so
+    dynamo breaks the graph there (no ``fullgraph``); the kernel itself compiles
+    fullgraph (``test_every_kernel_compiles_fullgraph_and_matches_eager``)."""
+    from test_graph_loss import ctc_graph
+
+    rng = np.random.default_rng(3)
+    t_len, n, c = 12, 3, 5
+    targets = [[1, 2, 2], [3], [4, 1]]
+    graphs = [ctc_graph(tg) for tg in targets]
+    x = torch.tensor(rng.normal(size=(t_len, n, c)), requires_grad=True)
+    f = lambda z: dt.graph_loss(z.log_softmax(-1), graphs, [t_len] * n,  # noqa: E731
+                                reduction="sum")
+    eager = f(x)
+    (g_eager,) = torch.autograd.grad(eager, x)
+    compiled = torch.compile(f, backend="aot_eager")(x)
+    (g_comp,) = torch.autograd.grad(compiled, x)
+    padded = torch.tensor([tg + [0] * (3 - len(tg)) for tg in targets])
+    ref = torch.nn.functional.ctc_loss(x.log_softmax(-1), padded, [t_len] * n,
+                                       [len(tg) for tg in targets], reduction="sum")
+    torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_comp, g_eager, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(eager, ref, rtol=1e-10, atol=1e-10)
