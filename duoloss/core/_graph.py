@@ -94,7 +94,7 @@ class Graph:
     __slots__ = (
         "_n", "_na", "_start", "_accept", "_src", "_dst", "_ilabel", "_olabel",
         "_weight", "_calc_grad", "_grad", "_grad_lazy", "_inputs", "_grad_fn", "_id",
-        "_ilabel_sorted", "_olabel_sorted", "__weakref__",
+        "_ilabel_sorted", "_olabel_sorted", "_topo", "__weakref__",
     )
 
     def __init__(self, calc_grad: bool = True):
@@ -110,6 +110,7 @@ class Graph:
         self._calc_grad = bool(calc_grad)
         self._grad: Optional[np.ndarray] = None
         self._grad_lazy: Optional[np.ndarray] = None  # see _add_grad
+        self._topo: Optional[bool] = None  # node ids a topological order, arcs by source
         self._inputs: Tuple["Graph", ...] = ()
         self._grad_fn: Optional[GradFn] = None
         self._id = next(_IDS)
@@ -219,6 +220,7 @@ class Graph:
         g._weight = weight
         g._grad = None
         g._grad_lazy = None
+        g._topo = None
         g._id = next(_IDS)
         g._ilabel_sorted = False
         g._olabel_sorted = False
@@ -285,6 +287,7 @@ class Graph:
         self._ilabel_sorted = self._olabel_sorted = False
         self._grad = None  # a gradient no longer matches the arcs
         self._grad_lazy = None
+        self._topo = None
         return a
 
     # ---------------------------------------------------------------- queries

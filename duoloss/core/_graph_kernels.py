@@ -424,7 +424,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     table; it must hold only ``-1`` on entry and is restored to that on return.
 
     Returns:
-      ``(status, ns, na, nstart, n_out, m_out)``: the explored and trimmed sizes;
+      ``(status, ns, na, nstart, n_out, m_out, topo)``: the explored and trimmed
+      sizes, and whether every arc goes to a later state (then the result's node
+      ids are a topological order and its arcs are grouped by source);
       :func:`compose_emit` then writes the result (so the caller can allocate its
       arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
       it (``-1``: that side did not move).
@@ -456,7 +458,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     cap = hkeys.shape[0]
     if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
             or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
-        return 2, 0, 0, 0, 0, 0
+        return 2, 0, 0, 0, 0, 0, False
     mask = cap - 1
     if not dense:
         hkeys[:] = -1
@@ -494,7 +496,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 continue
             if ns == state_cap:
                 _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                return 1, 0, 0, 0, 0, 0
+                return 1, 0, 0, 0, 0, 0, False
             key = (s2 * n1 + s1) * nf
             h, found = _find(key, dense, table, hkeys, hvals, mask)
             if found < 0:
@@ -560,13 +562,13 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             sf[ns] = 0
                         elif fresh:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0
+                            return 1, 0, 0, 0, 0, 0, False
                         t = ns if fresh else t
                         table[key] = t
                         ns += 1 if fresh else 0
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0
+                            return 1, 0, 0, 0, 0, 0, False
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -581,7 +583,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                     if t < 0:
                         if ns == state_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0
+                            return 1, 0, 0, 0, 0, 0, False
                         if dense:
                             table[key] = ns
                         else:
@@ -594,7 +596,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         ns += 1
                     if na == arc_cap:
                         _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0
+                        return 1, 0, 0, 0, 0, 0, False
                     asrc[na] = head
                     adst[na] = t
                     aa1[na] = a1
@@ -655,7 +657,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                     if t < 0:
                         if ns == state_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0
+                            return 1, 0, 0, 0, 0, 0, False
                         if dense:
                             table[key] = ns
                         else:
@@ -668,7 +670,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         ns += 1
                     if na == arc_cap:
                         _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0
+                        return 1, 0, 0, 0, 0, 0, False
                     asrc[na] = head
                     adst[na] = t
                     aa1[na] = a1
@@ -724,7 +726,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                                return 1, 0, 0, 0, 0, 0
+                                return 1, 0, 0, 0, 0, 0, False
                             if dense:
                                 table[key] = ns
                             else:
@@ -737,7 +739,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0
+                            return 1, 0, 0, 0, 0, 0, False
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -796,7 +798,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     for k in range(na):
         if newid[adst[k]] >= 0:
             m_out += 1
-    return 0, ns, na, nstart, n_out, m_out
+    return 0, ns, na, nstart, n_out, m_out, forward_ids
 
 
 @numba.njit(cache=True, nogil=True)

@@ -398,13 +398,16 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
         hkeys = _scratch("hkeys", hcap, np.int64)[:hcap]
         ws = _scratch("ws", hcap + 6 * state_cap + 5 * arc_cap + 1, np.int64)
         table = _dense_table(bound)
-        status, ns, na, nstart, n, m = K.compose_kernel(
+        status, ns, na, nstart, n, m, topo = K.compose_kernel(
             n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
             n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table,
             _LABEL_TABLES)
         if status == 0:
-            src, dst, il, ol = (_pooled(np.int64, m) for _ in range(4))
-            a1, a2 = _pooled(np.int32, m), _pooled(np.int32, m)
+            # three recycled blocks (views of one buffer per dtype: fewer pool scans)
+            blk = _pooled(np.int64, 4 * m)
+            src, dst, il, ol = blk[:m], blk[m:2 * m], blk[2 * m:3 * m], blk[3 * m:]
+            blk = _pooled(np.int32, 2 * m)
+            a1, a2 = blk[:m], blk[m:]
             w = _pooled(np.float32, m)
             start, accept = np.empty(n, np.bool_), np.empty(n, np.bool_)
             status = K.compose_emit(ns, na, nstart, n, m, ac1, ac2, out_il_from1, w1,
@@ -423,7 +426,11 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
         return (_gather_grad(a1, gout, A1) if inputs[0]._calc_grad else None,
                 _gather_grad(a2, gout, A2) if inputs[1]._calc_grad else None)
 
-    return _make(n, src, dst, il, ol, w, start, accept, (g1, g2), grad_fn)
+    calc = g1._calc_grad or g2._calc_grad
+    out = Graph._from_trusted(n, src, dst, il, ol, w, start, accept, calc, (g1, g2),
+                              grad_fn if calc else None)
+    out._topo = bool(topo)   # node ids topological, arcs grouped by source
+    return out
 
 
 def compose(g1: Graph, g2: Graph) -> Graph:
@@ -496,7 +503,9 @@ def forward_score(g: Graph) -> Graph:
     """
     _check("forward_score", "g", g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
-    if K.is_sorted_dag(src, dst):
+    if g._topo is None:
+        g._topo = bool(K.is_sorted_dag(src, dst))
+    if g._topo:
         # node ids are a topological order and arcs are grouped by source (e.g.
         # intersect/compose results with a linear graph): no sort, no CSR
         score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac)
