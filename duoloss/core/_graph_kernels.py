@@ -1247,7 +1247,7 @@ def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
 
 
 @numba.njit(cache=True, nogil=True)
-def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
+def _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
     """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts,
     from :func:`log_forward_sorted`'s ``(score, mx, sm)``.
 
@@ -1296,6 +1296,17 @@ def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
         p = gv * sm[u] * fast_exp(mu + w - mx[v]) / sm[v]
         grad[a] = p
         gam[u] += p
+    return grad
+
+
+@numba.njit(cache=True, nogil=True)
+def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb, gscale=1.0):
+    """The posteriors of :func:`_posteriors_sorted` times ``gscale`` (the incoming
+    gradient; the same as multiplying afterwards, NaN / inf included)."""
+    grad = _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb)
+    if gscale != 1.0:
+        for a in range(grad.shape[0]):
+            grad[a] *= gscale
     return grad
 
 

@@ -514,11 +514,8 @@ def forward_score(g: Graph) -> Graph:
         w, ac = w.copy(), ac.copy()  # set_weights may change the graph later
 
         def grad_sorted(gout, inputs):
-            post = K.log_backward_sorted(src, dst, w, ac, mx, sm, score,
-                                         _scratch("mb", n, np.float64), _scratch("sb", n, np.float64))
-            if gout[0] != 1.0:
-                post *= gout[0]
-            return (post,)
+            return (K.log_backward_sorted(src, dst, w, ac, mx, sm, score, _scratch("mb", n, np.float64),
+                                          _scratch("sb", n, np.float64), float(gout[0])),)
 
         return _scalar(score, (g,), grad_sorted)
     scratch = _scratch("fwd", 2 * n + g._na + 1, np.int64)
