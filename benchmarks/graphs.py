@@ -137,9 +137,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import os
 
-    print(f"threads: {os.environ.get('DUOLOSS_NUM_THREADS') or os.cpu_count()} (parallel_for pool)")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"threads: {os.environ.get('DUOLOSS_NUM_THREADS') or os.cpu_count()} (parallel_for pool); "
+          f"cores: {os.cpu_count()}; load average before: "
+          + (" ".join(f"{x:.2f}" for x in load) if load else "n/a"))
     head = (f"{'B,T,C,L':>16} | {'gtn-graphs ms':>13} {'(min)':>7} {'cpu ms':>7} | {'intersect':>9} {'forward':>8} "
-            f"{'fwd+bwd':>8} | {'torch ms':>8} {'ratio':>6} | {'rel.err':>8} | goal")
+            f"{'fwd+bwd':>8} | {'torch ms':>8} {'ratio':>6} {'cpu/t':>6} | {'rel.err':>8} | goal")
     print(head)
     print("-" * len(head))
     for B, T, C, L in _parse_sizes(args.sizes):
@@ -148,13 +151,17 @@ def main(argv=None):
         print(f"{f'{B},{T},{C},{L}':>16} | {med:13.2f} {best:7.2f} {cpu_ms:7.2f} | {st['intersect']:9.3f} "
               f"{st['forward']:8.3f} {st['fwd+bwd']:8.3f} | "
               f"{(tms if tms is not None else float('nan')):8.2f} "
-              f"{(med / tms if tms else float('nan')):6.2f} | {(err if err is not None else float('nan')):8.1e} | {goal}")
+              f"{(med / tms if tms else float('nan')):6.2f} {(cpu_ms / tms if tms else float('nan')):6.2f} | "
+              f"{(err if err is not None else float('nan')):8.1e} | {goal}")
     print("gtn-graphs: wall time of the whole batch via parallel_for (median, min);")
     print("cpu ms: CPU time of the same batch run serially on one thread (less load-sensitive;")
     print("  with N free cores the parallel batch needs about cpu ms / N);")
     print("stage columns: one sequence on one thread (ms, median);")
-    print("ratio: gtn-graphs / torch F.ctc_loss fwd+bwd on the same batch (a load-independent yardstick:")
-    print("on a quiet machine torch takes ~6.5 ms here, see NOTES.md)")
+    print("ratio: gtn-graphs / torch F.ctc_loss fwd+bwd (wall, median) on the same batch in this run;")
+    print("cpu/t: cpu ms / torch ms (a yardstick against other load: on a quiet machine torch takes")
+    print("  ~6.5 ms here, see NOTES.md)")
+    if load is not None:
+        print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":
