@@ -511,7 +511,7 @@ def forward_score(g: Graph) -> Graph:
         score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac)
         if not g._calc_grad:
             return _scalar(score, (g,), None)
-        w, ac = w.copy(), ac.copy()  # set_weights may change the graph later
+        w = w.copy()  # set_weights may change the weights later (node flags never change)
 
         def grad_sorted(gout, inputs):
             return (K.log_backward_sorted(src, dst, w, ac, mx, sm, score, _scratch("mb", n, np.float64),
