@@ -468,10 +468,12 @@ class Graph:
         if self._grad is None:
             raise RuntimeError("Graph.grad: gradient not calculated yet (call backward first)")
         n, A = self._n, self._na
+        # The structure arrays are shared (as exact-length views): no graph ever
+        # changes an existing node or arc in place (add_node / add_arc write past
+        # the end or reallocate), only weights, and those are copied.
         return Graph._from_trusted(
-            n, self._src[:A].copy(), self._dst[:A].copy(), self._ilabel[:A].copy(),
-            self._olabel[:A].copy(), self._grad.astype(np.float32, copy=True),
-            self._start[:n].copy(), self._accept[:n].copy(), False,
+            n, self._src[:A], self._dst[:A], self._ilabel[:A], self._olabel[:A],
+            self._grad.astype(np.float32, copy=True), self._start[:n], self._accept[:n], False,
         )
 
     def zero_grad(self) -> None:

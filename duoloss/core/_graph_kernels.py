@@ -1140,7 +1140,7 @@ _RENORM = 1e30  # scaled sums above this are folded into their offset (keeps the
 
 
 @numba.njit(cache=True, nogil=True)
-def log_forward_sorted(n, src, dst, weight, start, accept):
+def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.float32)):
     """:func:`log_forward_fast` for a graph that :func:`is_sorted_dag` accepts.
 
     Arcs are pushed in order (sequential memory access, no CSR).  Each node's
@@ -1156,9 +1156,15 @@ def log_forward_sorted(n, src, dst, weight, start, accept):
     ``alpha = -inf`` are skipped and NaN / infinite weights take a slow path,
     with the same semantics as :func:`log_forward_fast`.
 
+    ``wcopy``: when it has one entry per arc, the weights are copied into it on
+    the way (for the gradient, which must not see later ``set_weights``).
+
     Returns ``(score, mx, sm)``; NaN scores are marked by ``sm = NaN``.
     """
     m = src.shape[0]
+    if wcopy.shape[0] == m:
+        for a in range(m):
+            wcopy[a] = weight[a]
     mx = np.empty(n, np.float64)
     sm = np.empty(n, np.float64)
     for v in range(n):

@@ -508,10 +508,12 @@ def forward_score(g: Graph) -> Graph:
     if g._topo:
         # node ids are a topological order and arcs are grouped by source (e.g.
         # intersect/compose results with a linear graph): no sort, no CSR
-        score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac)
         if not g._calc_grad:
-            return _scalar(score, (g,), None)
-        w = w.copy()  # set_weights may change the weights later (node flags never change)
+            return _scalar(K.log_forward_sorted(n, src, dst, w, st, ac)[0], (g,), None)
+        # the weights are copied (set_weights may change them later; node flags never change)
+        w_saved = np.empty(g._na, np.float32)
+        score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac, w_saved)
+        w = w_saved
 
         def grad_sorted(gout, inputs):
             return (K.log_backward_sorted(src, dst, w, ac, mx, sm, score, _scratch("mb", n, np.float64),

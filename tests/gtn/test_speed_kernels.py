@@ -207,3 +207,25 @@ def test_sorted_kernels_float64_accuracy_on_a_chain():
     post = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
     ref = np.exp(rows - lse[:, None]).reshape(-1)
     np.testing.assert_allclose(post, ref, rtol=1e-12, atol=0)
+
+
+def test_grad_graph_is_independent_of_its_graph():
+    # grad() shares the (never modified in place) structure arrays
+    g = gtn.Graph(True)
+    for _ in range(3):
+        g.add_node(_ == 0, _ == 2)
+    g.add_arc(0, 1, 0, 0, 0.5)
+    g.add_arc(1, 2, 1, 1, 0.25)
+    gtn.backward(gtn.forward_score(g))
+    d = g.grad()
+    g.add_node(False, True)
+    g.add_arc(2, 3, 2, 2, 1.0)
+    d.add_node(True, False)
+    d.add_arc(3, 0, 5, 5, 2.0)
+    g.set_weights([1.0, 2.0, 3.0])
+    assert g.num_arcs() == 3 and d.num_arcs() == 3
+    assert g.labels_to_list() == [0, 1, 2] and d.labels_to_list() == [0, 1, 5]
+    assert d.weights_to_list() == [1.0, 1.0, 2.0]
+    assert g.accept() == [2, 3] and d.accept() == [2] and d.start() == [0, 3]
+    n, src, dst = gtn.graph_arrays(g)[:3]
+    assert src.tolist() == [0, 1, 2] and gtn.graph_arrays(d)[1].tolist() == [0, 1, 3]
