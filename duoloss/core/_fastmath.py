@@ -17,6 +17,10 @@ inlined by LLVM:
 Arguments below -708 or above 709, and NaN, go to the C library, so ``-inf``,
 ``inf``, NaN and subnormal results are exactly the C library's.
 ``tests/gtn/test_speed_kernels.py`` checks the error against ``mpmath``.
+
+NB: numba's on-disk cache of a kernel that inlines these functions is keyed on the
+kernel's own source file: after editing this file, touch ``_graph_kernels.py`` (or
+clear ``__pycache__``) so the kernels are recompiled.
 """
 from __future__ import annotations
 
