@@ -229,3 +229,11 @@ def test_grad_graph_is_independent_of_its_graph():
     assert g.accept() == [2, 3] and d.accept() == [2] and d.start() == [0, 3]
     n, src, dst = gtn.graph_arrays(g)[:3]
     assert src.tolist() == [0, 1, 2] and gtn.graph_arrays(d)[1].tolist() == [0, 1, 3]
+
+
+def test_fast_exp_tables():
+    from duoloss.core import _fastmath as f
+
+    hi, lo, l_hi, l_lo, inv = f._tables()
+    assert np.array_equal(hi, f._T_HI) and np.array_equal(lo, f._T_LO)
+    assert (l_hi, l_lo, inv) == (f._L_HI, f._L_LO, f._INV_L)
