@@ -303,6 +303,20 @@ def _slot(key, mask):
 @numba.njit(cache=True, nogil=True)
 def _sorted_csr(n, src, lab):
     m = src.shape[0]
+    ordered = True   # arcs already sorted by (source, label), e.g. linear graphs
+    for a in range(1, m):
+        if src[a] < src[a - 1] or (src[a] == src[a - 1] and lab[a] < lab[a - 1]):
+            ordered = False
+            break
+    if ordered:
+        ptr = np.zeros(n + 1, np.int64)
+        idx = np.empty(m, np.int64)
+        for a in range(m):
+            ptr[src[a] + 1] += 1
+            idx[a] = a
+        for i in range(n):
+            ptr[i + 1] += ptr[i]
+        return ptr, idx
     ptr, idx = csr(n, src)
     # sort each node's arcs by label (insertion sort: out-degrees are small or
     # already sorted, e.g. linear graphs); stable.
