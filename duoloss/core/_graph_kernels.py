@@ -521,7 +521,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 ns += 1
     nstart = ns
     head = 0
-    if dense and nf == 1 and use2:
+    tight = dense and nf == 1 and use2
+    forward_ids = True   # (tracked by the tight loop; checked afterwards otherwise)
+    if tight:
         # the common case (no epsilons, small state space, a (node, label) table
         # for the second graph, e.g. a CTC graph with an emission graph): the
         # same exploration as below (same states, arcs and order), tighter
@@ -559,6 +561,8 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                     t = ns if fresh else t
                     table[key] = t
                     ns += 1 if fresh else 0
+                    if t <= head:
+                        forward_ids = False
                     if na == arc_cap:
                         _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
                         return 1, 0, 0, 0, 0, 0, False
@@ -809,19 +813,25 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         head += 1
     _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
     # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
-    forward_ids = True
-    for k in range(na):
-        if adst[k] <= asrc[k]:
-            forward_ids = False
-            break
+    if not tight:
+        forward_ids = True
+        for k in range(na):
+            if adst[k] <= asrc[k]:
+                forward_ids = False
+                break
     for s in range(ns):
         newid[s] = -1 if (accept1[sq1[s]] and accept2[sq2[s]]) else -2
+    m_out = -1
     if forward_ids:
         # arcs were emitted in source order and every arc goes to a later state:
-        # one backward sweep settles co-accessibility (e.g. products with a chain)
+        # one backward sweep settles co-accessibility (e.g. products with a chain);
+        # a target's state is final when its in-arcs come, so they are counted here
+        m_out = 0
         for k in range(na - 1, -1, -1):
-            if newid[adst[k]] == -1:
+            keep = newid[adst[k]] == -1
+            if keep:
                 newid[asrc[k]] = -1
+            m_out += 1 if keep else 0
     else:
         # reverse adjacency of the explored arcs (counting sort by target), then DFS
         for s in range(ns + 1):
@@ -855,10 +865,11 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         if newid[s] == -1:
             newid[s] = n_out
             n_out += 1
-    m_out = 0
-    for k in range(na):
-        if newid[adst[k]] >= 0:
-            m_out += 1
+    if m_out < 0:
+        m_out = 0
+        for k in range(na):
+            if newid[adst[k]] >= 0:
+                m_out += 1
     return 0, ns, na, nstart, n_out, m_out, forward_ids
 
 
