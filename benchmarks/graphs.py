@@ -154,12 +154,12 @@ def main(argv=None):
               f"{(med / tms if tms else float('nan')):6.2f} {(cpu_ms / tms if tms else float('nan')):6.2f} | "
               f"{(err if err is not None else float('nan')):8.1e} | {goal}")
     print("gtn-graphs: wall time of the whole batch via parallel_for (median, min);")
-    print("cpu ms: CPU time of the same batch run serially on one thread (less load-sensitive;")
-    print("  with N free cores the parallel batch needs about cpu ms / N);")
+    print("cpu ms: CPU time of the same batch run serially on one thread (with N free cores the")
+    print("  parallel batch needs about cpu ms / N; a busy sibling core still inflates it);")
     print("stage columns: one sequence on one thread (ms, median);")
     print("ratio: gtn-graphs / torch F.ctc_loss fwd+bwd (wall, median) on the same batch in this run;")
-    print("cpu/t: cpu ms / torch ms (a yardstick against other load: on a quiet machine torch takes")
-    print("  ~6.5 ms here, see NOTES.md)")
+    print("cpu/t: cpu ms / torch ms (on a quiet machine torch takes ~6.5-8 ms here; under load its")
+    print("  two intra-op threads suffer more than the graph kernels, so neither ratio is load-free)")
     if load is not None:
         print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
