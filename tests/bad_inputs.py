@@ -325,7 +325,6 @@ def _single(fn, arg, what, run, exc=ValueError, expect=None, prefix=None, gap=No
                 prefix=prefix, gap=gap)
 
 
-_GTN_GAP = "duoloss/gtn/_api.py / duoloss/core/_graph.py (GTN engine owner)"
 
 
 def _single_framework_cases():
@@ -383,16 +382,15 @@ def _single_framework_cases():
         _single("parallel_for", "function", "a non-callable", lambda: gtn.parallel_for(3, [1]), TypeError, expect="got int", prefix="parallel_for: function", framework=gt),
         _single("loadtxt", "file_name", "an unparsable arc line", lambda: gtn.loadtxt(io.StringIO("0\n1\n0 x 1\n")), expect="line 3", prefix="loadtxt:", framework=gt),
         # Known gaps (strict xfail until the GTN engine owner fixes them).
-        _single("Graph.add_arc", "ilabel", "ilabel=0.5 (silently truncated to 0)", lambda: _g2().add_arc(0, 1, 0.5), TypeError, prefix="Graph.add_arc: ilabel", framework=gt, gap=_GTN_GAP),
-        _single("Graph.add_arc", "src_node", "src_node='a' (bare int() error)", lambda: _g2().add_arc("a", 1, 0), TypeError, prefix="Graph.add_arc: src_node", framework=gt, gap=_GTN_GAP),
-        _single("Graph.add_arc", "weight", "weight='x' (bare float() error)", lambda: _g2().add_arc(0, 1, 0, 0, "x"), TypeError, prefix="Graph.add_arc: weight", framework=gt, gap=_GTN_GAP),
-        _single("Graph.from_arrays", "start", "start flags for 1 of 2 nodes (accepted)", lambda: gtn.Graph.from_arrays(2, [0], [1], [0], start=[1]), prefix="Graph.from_arrays: start", framework=gt, gap=_GTN_GAP),
-        _single("remove", "ilabel", "ilabel=-5 (accepted)", lambda: gtn.remove(_g2(), -5), prefix="remove:", framework=gt, gap=_GTN_GAP),
-        _single("linear_graph", "M", "M=2.5 (accepted)", lambda: gtn.linear_graph(2.5, 2), TypeError, prefix="linear_graph: M", framework=gt, gap=_GTN_GAP),
-        _single("scalar_graph", "weight", "weight='x' (bare float() error)", lambda: gtn.scalar_graph("x"), TypeError, prefix="scalar_graph: weight", framework=gt, gap=_GTN_GAP),
-        _single("backward", "grad", "grad='x' (bare float() error)", lambda: gtn.backward(gtn.forward_score(_g2()), "x"), TypeError, prefix="backward: grad", framework=gt, gap=_GTN_GAP),
-        _single("parallel_for", "inputs", "inputs=3 (bare iteration error)", lambda: gtn.parallel_for(lambda x: x, 3), TypeError, prefix="parallel_for: inputs", framework=gt, gap=_GTN_GAP),
-        _single("sample", "max_length", "max_length=-1 (accepted)", lambda: gtn.sample(_g2(), -1), prefix="sample: max_length", framework=gt, gap=_GTN_GAP),
+        _single("Graph.add_arc", "ilabel", "ilabel=0.5", lambda: _g2().add_arc(0, 1, 0.5), TypeError, prefix="Graph.add_arc: ilabel", framework=gt),
+        _single("Graph.add_arc", "src_node", "src_node='a'", lambda: _g2().add_arc("a", 1, 0), TypeError, prefix="Graph.add_arc: src_node", framework=gt),
+        _single("Graph.add_arc", "weight", "weight='x'", lambda: _g2().add_arc(0, 1, 0, 0, "x"), TypeError, prefix="Graph.add_arc: weight", framework=gt),
+        _single("remove", "ilabel", "ilabel=-5", lambda: gtn.remove(_g2(), -5), prefix="remove:", framework=gt),
+        _single("linear_graph", "M", "M=2.5", lambda: gtn.linear_graph(2.5, 2), TypeError, prefix="linear_graph: M", framework=gt),
+        _single("scalar_graph", "weight", "weight='x'", lambda: gtn.scalar_graph("x"), TypeError, prefix="scalar_graph: weight", framework=gt),
+        _single("backward", "grad", "grad='x'", lambda: gtn.backward(gtn.forward_score(_g2()), "x"), TypeError, prefix="backward: grad", framework=gt),
+        _single("parallel_for", "inputs", "inputs=3", lambda: gtn.parallel_for(lambda x: x, 3), TypeError, prefix="parallel_for: inputs", framework=gt),
+        _single("sample", "max_length", "max_length=-1", lambda: gtn.sample(_g2(), -1), prefix="sample: max_length", framework=gt),
     ]
     return cs
 

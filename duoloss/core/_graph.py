@@ -34,6 +34,7 @@ References:
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -71,6 +72,24 @@ def _as_index_array(name: str, value, size: Optional[int] = None) -> np.ndarray:
         )
     return np.ascontiguousarray(arr, dtype=np.int64)
 
+
+def _int_arg(fn: str, arg: str, value) -> int:
+    """``value`` as an int (anything with ``__index__``: int, numpy or 0-d tensor
+    integers, as GTN's bindings accept); ``TypeError`` naming ``fn`` and ``arg``."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: {arg} must be an int, got {type(value).__name__}") from None
+
+
+def _float_arg(fn: str, arg: str, value) -> float:
+    """``value`` as a float; ``TypeError`` naming ``fn`` and ``arg`` otherwise."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{fn}: {arg} must be a float, got {type(value).__name__}")
 
 class Graph:
     """A weighted finite-state acceptor or transducer (GTN's ``gtn.Graph``).
@@ -260,13 +279,15 @@ class Graph:
           ValueError: a node id is out of range or a label is below ``-1``.
         """
         n = self._n
-        s, d = int(src_node), int(dst_node)
+        fn = "Graph.add_arc"
+        s, d = _int_arg(fn, "src_node", src_node), _int_arg(fn, "dst_node", dst_node)
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(
                 f"Graph.add_arc: src_node and dst_node must lie in [0, {n}), got {s} and {d}"
             )
-        il = int(ilabel)
-        ol = il if olabel is None else int(olabel)
+        il = _int_arg(fn, "ilabel", ilabel)
+        ol = il if olabel is None else _int_arg(fn, "olabel", olabel)
+        weight = _float_arg(fn, "weight", weight)
         if il < EPSILON or ol < EPSILON:
             raise ValueError(
                 f"Graph.add_arc: labels must be >= -1 (epsilon), got ilabel={il}, olabel={ol}"
@@ -582,7 +603,11 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
         if isinstance(grad, Graph):
             seed = np.asarray(grad._weight[: grad._na], np.float32)
         else:
-            seed = np.asarray(grad, np.float32).reshape(-1)
+            try:
+                seed = np.asarray(grad, np.float32).reshape(-1)
+            except (TypeError, ValueError):
+                raise TypeError(f"backward: grad must be a Graph or a sequence of {g._na} "
+                                f"floats, got {type(grad).__name__}") from None
         if seed.shape[0] != g._na:
             raise ValueError(
                 f"backward: grad must have {g._na} arc weights (one per arc of g), got {seed.shape[0]}"

@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from . import _graph_kernels as K
-from ._graph import EPSILON, Graph
+from ._graph import EPSILON, Graph, _float_arg, _int_arg
 
 __all__ = [
     "clone", "negate", "add", "subtract", "project_input", "project_output", "concat",
@@ -96,6 +96,7 @@ def scalar_graph(weight: float = 0.0, calc_grad: bool = True) -> Graph:
     NB: the arc is labelled 0, like the scalar outputs of GTN's (facebookresearch)
     ``negate``/``add``/``subtract``.
     """
+    weight = _float_arg("scalar_graph", "weight", weight)
     g = Graph._from_trusted(2, np.array([0], np.int64), np.array([1], np.int64),
                             np.array([0], np.int64), np.array([0], np.int64),
                             np.array([weight], np.float32), np.array([True, False]),
@@ -113,7 +114,7 @@ def linear_graph(M: int, N: int, calc_grad: bool = True) -> Graph:
     Raises:
       ValueError: ``M`` or ``N`` is negative.
     """
-    M, N = int(M), int(N)
+    M, N = _int_arg("linear_graph", "M", M), _int_arg("linear_graph", "N", N)
     if M < 0 or N < 0:
         raise ValueError(f"linear_graph: M and N must be >= 0, got M={M}, N={N}")
     src, dst, lab, olab, w = K.linear_arrays(M, N)
@@ -613,6 +614,9 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
     accepting path or no path is found within ``max_length`` arcs (after 100
     attempts).  Gradient as :func:`viterbi_path`.
     """
+    max_length = _int_arg("sample", "max_length", max_length)
+    if max_length < 0:
+        raise ValueError(f"sample: max_length must be >= 0, got {max_length}")
     _check("sample", "g", g)
     rng = np.random.default_rng() if rng is None else rng
     n, src, dst, il, ol, w, st, ac = _arrays(g)
@@ -666,8 +670,11 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     for moderate graphs.
     """
     _check("remove", "g", g)
-    il_rm = int(ilabel)
-    ol_rm = il_rm if olabel is None else int(olabel)
+    il_rm = _int_arg("remove", "ilabel", ilabel)
+    ol_rm = il_rm if olabel is None else _int_arg("remove", "olabel", olabel)
+    if il_rm < EPSILON or ol_rm < EPSILON:
+        raise ValueError(f"remove: labels must be >= -1 (epsilon), got ilabel={il_rm}, "
+                         f"olabel={ol_rm}")
     n, src, dst, il, ol, w, st, ac = _arrays(g)
     A = g._na
     eps = (il == il_rm) & (ol == ol_rm)

@@ -53,7 +53,11 @@ def parallel_for(function: Callable[[Any], Any], inputs: Iterable[Any]) -> None:
     """
     if not callable(function):
         raise TypeError(f"parallel_for: function must be callable, got {type(function).__name__}")
-    items = list(inputs)
+    try:
+        items = list(inputs)
+    except TypeError:
+        raise TypeError(f"parallel_for: inputs must be iterable, "
+                        f"got {type(inputs).__name__}") from None
     _run(function, items)
 
 
