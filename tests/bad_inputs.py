@@ -4,7 +4,7 @@ Each :class:`Case` names a public function, the argument it breaks and how; the
 same case is run through ``duoloss.torch`` and ``duoloss.jax`` by
 ``tests/test_bad_inputs.py`` (identical exception type and message required, and
 no kernel or callback may run).  ``python tests/bad_inputs.py`` prints the
-table of ``docs/hardening.md`` (function, input, exception, message) from the
+table of the README's "Hardening" section (function, input, exception, message) from the
 very same cases, so the documentation cannot drift from what is tested.
 
 Good inputs use int32/float32 so JAX (``jax_enable_x64`` off) and torch see the

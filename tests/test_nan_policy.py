@@ -1,4 +1,4 @@
-"""The NaN/inf policy of every loss, in both frontends (docs/hardening.md):
+"""The NaN/inf policy of every loss, in both frontends (README, "Hardening"):
 
 * ``-inf`` scores (zero probability) are valid and never produce NaN;
 * a NaN in one sequence's frames makes only that sequence's loss and gradient
