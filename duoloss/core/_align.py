@@ -54,6 +54,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._ctc import ctc_states
 from ._threading import parallel_guard
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
@@ -99,15 +100,7 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
         scores[b] = 0.0 if nl == 0 else _NEG_INF
         return
     s_n = 2 * nl + 1
-    lab = np.empty(s_n, np.int64)
-    skip = np.zeros(s_n, np.bool_)
-    for s in range(s_n):
-        if s % 2 == 0:
-            lab[s] = blank
-        else:
-            lab[s] = targets[b, (s - 1) // 2]
-            if s >= 3 and lab[s] != lab[s - 2]:
-                skip[s] = True
+    lab, skip = ctc_states(targets, b, nl, blank)
     delta = np.full(s_n, _NEG_INF)
     prev = np.full(s_n, _NEG_INF)
     back = np.zeros((tb, s_n), np.int8)  # 0 stay, 1 from s-1, 2 from s-2

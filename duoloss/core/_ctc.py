@@ -157,6 +157,24 @@ def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad):
 
 
 @numba.njit(cache=True, nogil=True)
+def ctc_states(targets, b, n_labels, blank):
+    """The CTC acceptor of ``targets[b, :n_labels]``: per state its class
+    (blanks at even states) and whether it can be entered by skipping the
+    state before (``y_i != y_{i-1}``)."""
+    s_n = 2 * n_labels + 1
+    lab = np.empty(s_n, np.int64)
+    skip = np.zeros(s_n, np.bool_)
+    for s in range(s_n):
+        if s % 2 == 0:
+            lab[s] = blank
+        else:
+            lab[s] = targets[b, (s - 1) // 2]
+            if s >= 3 and lab[s] != lab[s - 2]:
+                skip[s] = True
+    return lab, skip
+
+
+@numba.njit(cache=True, nogil=True)
 def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses, grad):
     """Loss (and gradient) of sequence ``b``; see the module docstring."""
     t_max, _, n_cls = logp.shape
@@ -181,15 +199,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
         losses[b] = 0.0 if lb_ == 0 else (0.0 if zero_inf else np.inf)
         return
     s_n = 2 * lb_ + 1
-    lab = np.empty(s_n, np.int64)
-    skip = np.zeros(s_n, np.bool_)
-    for s in range(s_n):
-        if s % 2 == 0:
-            lab[s] = blank
-        else:
-            lab[s] = targets[b, (s - 1) // 2]
-            if s >= 3 and lab[s] != lab[s - 2]:
-                skip[s] = True
+    lab, skip = ctc_states(targets, b, lb_, blank)
     # The classes this sequence reads (blank first), and each state's column.
     slot = np.full(n_cls, -1, np.int64)
     used = np.empty(lb_ + 1, np.int64)

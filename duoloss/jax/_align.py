@@ -17,12 +17,11 @@ from duoloss.core._align import asg_viterbi as _asg_viterbi
 from duoloss.core._align import ctc_align as _ctc_align
 from duoloss.core._align import graph_align as _graph_align
 from duoloss.core._asg import check_asg_args
-from duoloss.core._ctc import check_ctc_static, check_ctc_values
 from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import is_concrete
 from ._asg import _prepare
-from ._ctc import _array, _concat_to_padded_traced, _int_array
+from ._ctc import _array, _int_array, _prepare_ctc
 from ._graph_loss import device_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
@@ -69,27 +68,8 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int =
     ``jit``, invalid label/length values give a NaN score instead of an error.
     """
     fn = "ctc_align"
-    log_probs = _array(fn, "log_probs", log_probs)
-    targets = _array(fn, "targets", targets)
-    input_lengths = _int_array(fn, "input_lengths", input_lengths)
-    target_lengths = _int_array(fn, "target_lengths", target_lengths)
-    batched, concatenated = check_ctc_static(
-        fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
-        input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
-        blank)
-    if not batched:
-        log_probs = log_probs[:, None, :]
-        targets = targets[None, :]
-    input_lengths = input_lengths.reshape(-1)
-    target_lengths = target_lengths.reshape(-1)
-    if is_concrete(targets, input_lengths, target_lengths):
-        padded = check_ctc_values(
-            fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
-            np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
-            log_probs.shape[2], blank, concatenated)
-        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
-    elif concatenated:
-        targets = _concat_to_padded_traced(targets, target_lengths)
+    log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
+        fn, log_probs, targets, input_lengths, target_lengths, blank)
     t_max, n, _ = log_probs.shape
     host = functools.partial(_ctc_align_host, int(blank))
     labels, scores = _callback(host, t_max, n, log_probs.dtype, log_probs, targets,

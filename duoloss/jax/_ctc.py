@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import _NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 
@@ -55,8 +55,11 @@ def _empty_mean(losses, reduction):
     return "sum" if reduction == "mean" and losses.shape[0] == 0 else reduction
 
 
-def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
-                zero_infinity):
+def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
+                 reduction=_NO_REDUCTION, zero_infinity=False):
+    """Validate ``ctc_loss``/``ctc_align`` arguments and bring them to the batched,
+    padded layout: ``(log_probs (T, N, C), targets (N, S), input_lengths (N,),
+    target_lengths (N,), batched)``.  Values are checked when concrete."""
     log_probs = _array(fn, "log_probs", log_probs)
     targets = _array(fn, "targets", targets)
     input_lengths = _int_array(fn, "input_lengths", input_lengths)
@@ -81,6 +84,13 @@ def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
     elif concatenated:
         targets = _concat_to_padded_traced(targets, target_lengths)
+    return log_probs, targets, input_lengths, target_lengths, batched
+
+
+def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                zero_infinity):
+    log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
+        fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
     losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
                           blank=int(blank), zero_infinity=bool(zero_infinity))
     return losses, target_lengths, batched
