@@ -16,7 +16,7 @@ from torch.func import grad, vjp, vmap
 
 import duoloss.torch as dt
 import duoloss.torch._adapter as adapter
-from duoloss.gtn import Graph
+from test_graph_loss import ctc_graph
 
 T, N, C, S = 9, 3, 5, 3
 B = 3  # vmapped copies
@@ -36,21 +36,6 @@ def _ints(rng):
     il = torch.tensor([T, T - 1, T - 3])
     tl = torch.tensor([S, S - 1, 1])
     return tg, il, tl
-
-
-def ctc_graph(target, blank=0):
-    g = Graph(calc_grad=False)
-    n_states = 2 * len(target) + 1
-    for s in range(n_states):
-        g.add_node(start=s == 0, accept=s >= n_states - 2)
-    lab = [blank if s % 2 == 0 else target[s // 2] for s in range(n_states)]
-    for s in range(n_states):
-        g.add_arc(s, s, lab[s])
-        if s >= 1:
-            g.add_arc(s - 1, s, lab[s])
-        if s >= 3 and s % 2 == 1 and lab[s] != lab[s - 2]:
-            g.add_arc(s - 2, s, lab[s])
-    return g
 
 
 def make_cases(dtype=torch.float64, seed=0):
