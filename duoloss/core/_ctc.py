@@ -49,6 +49,7 @@ References:
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -88,24 +89,24 @@ def _fill_rows(grad, b, t0, t1, value):
 
 
 @numba.njit(cache=True, nogil=True)
-def _flush_row(grad, t, b, lab, lo, hi, row):
-    """grad[t, b, k] = -row[k] for the classes of states lo..hi; reset row.
+def _flush_row(grad, t, b, lab, lo, hi, row, scale):
+    """grad[t, b, k] = -scale * row[k] for the classes of states lo..hi; reset row.
 
-    Posteriors are summed in float64 before the single store, so float32
-    gradients carry one rounding only.
+    Posteriors are summed and scaled in float64 before the single store, so
+    float32 gradients carry one rounding only.
     """
     for s in range(lo, hi + 1):
         k = lab[s]
         if row[k] != 0.0:
-            grad[t, b, k] = -row[k]
+            grad[t, b, k] = -row[k] * scale
             row[k] = 0.0
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad):
+def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale):
     """Exact log-space forward-backward of one sequence; returns log Z.
 
-    Writes ``-posterior`` into ``grad[:tb, b, :]`` (already zeroed) when
+    Writes ``-scale * posterior`` into ``grad[:tb, b, :]`` (already zeroed) when
     ``want_grad``.
     """
     s_n = lab.shape[0]
@@ -152,7 +153,7 @@ def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad):
             a = la[t, s]
             if a != -np.inf and lb[s] != -np.inf:
                 row[lab[s]] += math.exp(a + lb[s] - logz)
-        _flush_row(grad, t, b, lab, 0, s_n - 1, row)
+        _flush_row(grad, t, b, lab, 0, s_n - 1, row, scale)
     return logz
 
 
@@ -175,9 +176,12 @@ def ctc_states(targets, b, n_labels, blank):
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses, grad):
-    """Loss (and gradient) of sequence ``b``; see the module docstring."""
+def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
+             grad):
+    """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
+    module docstring."""
     t_max, _, n_cls = logp.shape
+    scale = gscale[b] if gscale.shape[0] > b else 1.0
     s_cap = targets.shape[1]
     tb = in_len[b]
     lb_ = tg_len[b]
@@ -318,7 +322,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
             inv = 1.0 / r
             for s in range(lo, hi + 1):
                 row[lab[s]] += alpha[t, s] * beta[s] * inv
-            _flush_row(grad, t, b, lab, lo, hi, row)
+            _flush_row(grad, t, b, lab, lo, hi, row, scale)
         if state == 1:
             _fill_rows(grad, b, 0, tb, 0.0)
 
@@ -328,7 +332,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
             _fill_rows(grad, b, 0, tb, np.nan)
         return
     if state == 1:
-        logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad)
+        logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
         if logz != logz:
             losses[b] = np.nan
             if want_grad:
@@ -343,7 +347,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losse
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_inf):
+def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale):
     t_max, n, _ = logp.shape
     losses = np.empty(n)
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
@@ -355,18 +359,19 @@ def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_in
         cost[b] = -tb * (2 * lb + 1)
     order = np.argsort(cost)
     for i in numba.prange(n):
-        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses,
-                 grad)
+        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
+                 losses, grad)
     return losses, grad
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_batch_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf):
+def _ctc_batch_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale):
     n = logp.shape[1]
     losses = np.empty(n)
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
     for b in range(n):
-        _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, losses, grad)
+        _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
+                 grad)
     return losses, grad
 
 
@@ -383,8 +388,11 @@ def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndar
     return out
 
 
+_NO_SCALE = np.zeros(0)
+
+
 def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blank=0,
-                      want_grad=True, zero_infinity=False):
+                      want_grad=True, zero_infinity=False, grad_weights=None):
     """Per-sequence CTC losses and their gradient w.r.t. ``log_probs``.
 
     Args:
@@ -395,6 +403,8 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
       blank: blank class index.
       want_grad: compute the gradient (else only the forward pass runs).
       zero_infinity: infeasible sequences get loss 0 and zero gradient.
+      grad_weights: optional ``(N,)`` float64 weights ``w``: the gradient is then
+        that of ``w[b] * losses[b]`` (a reduction folded into the single store).
 
     Returns:
       ``(losses, grad)``: ``(N,)`` losses in ``log_probs.dtype``, and ``(T, N, C)``
@@ -406,7 +416,9 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
     tg = np.ascontiguousarray(targets, dtype=np.int64)
     il = np.ascontiguousarray(input_lengths, dtype=np.int64)
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
-    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity))
+    gscale = (_NO_SCALE if grad_weights is None
+              else np.ascontiguousarray(grad_weights, dtype=np.float64).reshape(n))
+    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale)
     if n > 1 and logp.shape[0] * (2 * tg.shape[1] + 1) * n >= _PARALLEL_MIN_CELLS:
         with parallel_guard():
             old = numba.set_parallel_chunksize(1)
@@ -419,11 +431,11 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 
-def _ctc_run(arrays, want_grad, *, blank=0, zero_infinity=False):
+def _ctc_run(arrays, want_grad, *, blank=0, zero_infinity=False, grad_weights=None):
     log_probs, targets, input_lengths, target_lengths = arrays
     losses, grad = ctc_loss_and_grad(
         log_probs, targets, input_lengths, target_lengths, blank=blank,
-        want_grad=bool(want_grad[0]), zero_infinity=zero_infinity)
+        want_grad=bool(want_grad[0]), zero_infinity=zero_infinity, grad_weights=grad_weights)
     return losses, (grad, None, None, None)
 
 
@@ -434,6 +446,7 @@ CTC_KERNEL = LossKernel(
     run=_ctc_run,
     batch_axes=(1, 0, 0, 0),
     differentiable=(True, False, False, False),
+    weighted=True,
 )
 
 
@@ -445,11 +458,25 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
     """Shape/dtype checks of ``ctc_loss``'s arguments (valid on tracers too).
 
     ``reduction`` is checked unless left out (the aligners have none); ``None``
-    is an invalid reduction, not a missing one.
+    is an invalid reduction, not a missing one.  Shapes are tuples.
 
     Returns ``(batched, concatenated)``: whether ``log_probs`` is ``(T, N, C)``
     (else ``(T, C)``), and whether ``targets`` is 1-D concatenated.
+
+    NB: a training loop calls this with the same arguments at every step, so
+    passing results are cached (by value and type); failures are not.
     """
+    args = (fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype, tl_shape, tl_dtype,
+            blank, reduction)
+    try:
+        hash(args)
+    except TypeError:  # e.g. an unhashable blank: the checks name it
+        return _check_ctc_static(*args)
+    return _check_ctc_static_cached(*args)
+
+
+def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,
+                      tl_shape, tl_dtype, blank, reduction):
     from . import _validate as v
 
     v.check_dtype(fn, "log_probs", lp_dtype, v.FLOAT_DTYPES, "a floating")
@@ -485,6 +512,9 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
                 raise ValueError(f"{fn}: argument '{arg}' must be a scalar for unbatched (T, C) "
                                  f"log_probs, got shape {v.shape_str(shape)}")
     return batched, concatenated
+
+
+_check_ctc_static_cached = functools.lru_cache(maxsize=256, typed=True)(_check_ctc_static)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -21,6 +21,12 @@ Conventions
     * shared input (``batch_axes[i] is None``, e.g. a transition matrix):
       shape ``(N, *x.shape)``, entry ``b`` holds ``d losses[b] / d x``.
 
+  With ``kernel.weighted``, ``run`` also takes ``grad_weights=w`` (an ``(N,)``
+  float64 array, or ``None``) and returns every gradient for ``w[b] *
+  losses[b]`` instead (the losses themselves stay unweighted): a frontend
+  folds a batch reduction into the kernel's own stores instead of a pass over
+  the gradients.
+
   A frontend's backward rule therefore only scales: the cotangent ``g`` of the
   ``(N,)`` losses is broadcast along the batch axis (per-sequence inputs) or
   contracted with the leading axis (shared inputs).
@@ -49,9 +55,11 @@ class LossKernel:
       batch_axes: per array input, the axis that indexes the batch, or ``None``
         for an input shared by all sequences.
       differentiable: per array input, whether it can receive a gradient.
+      weighted: ``run`` accepts ``grad_weights`` (see the module doc).
     """
 
     name: str
     run: Callable[..., Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]]
     batch_axes: Tuple[Optional[int], ...]
     differentiable: Tuple[bool, ...]
+    weighted: bool = False

@@ -14,6 +14,10 @@
   default) works.
 * Outputs are declared in the inputs' dtypes, so float32 stays float32 whether
   ``jax_enable_x64`` is on or off, and float64 works when it is on.
+* The inputs travel as at most two byte buffers (the per-sequence inputs, the
+  shared ones): JAX moves every callback operand with its own ``device_put``
+  (about 70 µs each on CPU), so CTC's four inputs in four operands cost more
+  than its kernel at small sizes.  The host unpacks them as zero-copy views.
 """
 from __future__ import annotations
 
@@ -44,6 +48,62 @@ def _batch_size(kernel: LossKernel, shapes) -> int:
         if axis is not None:
             return shape[axis]
     raise ValueError(f"{kernel.name}: kernel has no batched input")
+
+
+# Byte offset alignment of the inputs inside a packed operand.
+_ALIGN = 8
+
+
+def _pack_operands(kernel: LossKernel, arrays):
+    """The inputs as at most two uint8 operands: per-sequence inputs, shared inputs.
+
+    Returns ``(operands, layout)``; ``layout[i] = (operand, offset, nbytes,
+    dtype, shape)`` locates input ``i``.  Every piece starts at a multiple of
+    ``_ALIGN`` bytes and each operand's size is one too, so the host's views
+    are aligned, also for the rows of a vmapped operand.  Under ``vmap`` the
+    concatenation broadcasts the unbatched pieces of a batched operand, which
+    the host treats like its own broadcast of ``expand_dims`` operands.
+    """
+    pieces = ([], [])
+    sizes = [0, 0]
+    layout = []
+    for a, axis in zip(arrays, kernel.batch_axes):
+        g = 0 if axis is not None else 1
+        dt = np.dtype(a.dtype)
+        shape = tuple(int(s) for s in a.shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        layout.append((g, sizes[g], nbytes, dt, shape))
+        flat = jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(-1)
+        pad = -nbytes % _ALIGN
+        if pad:
+            flat = jnp.concatenate([flat, jnp.zeros(pad, jnp.uint8)])
+        pieces[g].append(flat)
+        sizes[g] += nbytes + pad
+    operands = []
+    index = {}
+    for g in (0, 1):
+        if pieces[g]:
+            index[g] = len(operands)
+            operands.append(pieces[g][0] if len(pieces[g]) == 1 else jnp.concatenate(pieces[g]))
+    layout = tuple((index[g], off, nb, dt, shape) for g, off, nb, dt, shape in layout)
+    return tuple(operands), layout
+
+
+def _unpack_operands(layout, operands):
+    """Host views of the inputs packed by :func:`_pack_operands`, leading
+    (vmapped) axes of the operands kept."""
+    bufs = [np.asarray(o) for o in operands]
+    out = []
+    for g, off, nbytes, dt, shape in layout:
+        buf = bufs[g]
+        lead = buf.shape[:-1]
+        out.append(buf[..., off:off + nbytes].view(dt).reshape(lead + shape))
+    return out
+
+
+def _host_run_packed(kernel, static, want, base_shapes, out_dtypes, layout, *operands):
+    return _host_run(kernel, static, want, base_shapes, out_dtypes,
+                     *_unpack_operands(layout, operands))
 
 
 def _host_run(kernel, static, want, base_shapes, out_dtypes, *arrays):
@@ -112,9 +172,10 @@ def _call(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], arrays):
         if w:
             shape = shapes[i] if kernel.batch_axes[i] is not None else (n,) + shapes[i]
             specs.append(jax.ShapeDtypeStruct(shape, arrays[i].dtype))
-    host = functools.partial(_host_run, kernel, dict(static), want, shapes,
-                             tuple(s.dtype for s in specs))
-    out = jax.pure_callback(host, tuple(specs), *arrays, vmap_method="expand_dims")
+    operands, layout = _pack_operands(kernel, arrays)
+    host = functools.partial(_host_run_packed, kernel, dict(static), want, shapes,
+                             tuple(s.dtype for s in specs), layout)
+    out = jax.pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
     axes = varying_axes(*arrays)  # inside shard_map: vary like the inputs
     return tuple(mark_varying(o, axes) for o in out)
 

@@ -71,8 +71,9 @@ _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
     return t.numpy()
 
@@ -87,6 +88,8 @@ def is_concrete(*xs) -> bool:
     """
     if torch.compiler.is_compiling():
         return False
+    if not torch._C._are_functorch_transforms_active():
+        return True  # no vmap level is alive
     return not any(isinstance(x, torch.Tensor) and _is_batched(x) for x in xs)
 
 
@@ -148,21 +151,31 @@ class _KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], weights, *tensors):
         arrays = tuple(to_numpy(t) if isinstance(t, torch.Tensor) else t for t in tensors)
-        losses, grads = kernel.run(arrays, want, **dict(static))
         weights = _host_weights(weights)
-        if weights is not None:
+        if weights is None:
+            losses, grads = kernel.run(arrays, want, **dict(static))
+        else:
             # Reduce on the host in float64, and fold the weights into the
-            # gradients now: the backward is then a single multiply.
+            # gradients now (in the kernel's own stores when it can): the
+            # backward is then a single multiply.
+            if kernel.weighted:
+                losses, grads = kernel.run(arrays, want, grad_weights=weights, **dict(static))
+                grads = tuple(g if g is None or axis is not None else g.sum(axis=0)
+                              for g, axis in zip(grads, kernel.batch_axes))
+            else:
+                losses, grads = kernel.run(arrays, want, **dict(static))
+                grads = tuple(g if g is None else _weigh(g, weights, axis)
+                              for g, axis in zip(grads, kernel.batch_axes))
             losses = np.asarray(np.dot(weights, losses.astype(np.float64)), losses.dtype)
-            grads = tuple(g if g is None else _weigh(g, weights, kernel.batch_axes[i])
-                          for i, g in enumerate(grads))
-        device = _device(tensors)
         out = [torch.from_numpy(losses)]
-        for i, g in enumerate(grads):
-            if want[i]:
+        for w, g in zip(want, grads):
+            if w:
                 out.append(torch.from_numpy(g))
-        if device.type != "cpu":
-            out = [t.to(device) for t in out]
+        for t in tensors:  # back to the device of the first tensor input
+            if isinstance(t, torch.Tensor):
+                if not t.is_cpu:
+                    out = [o.to(t.device) for o in out]
+                break
         return tuple(out)
 
     @staticmethod
@@ -174,6 +187,8 @@ class _KernelFunction(torch.autograd.Function):
         grads = output[1:]
         ctx.mark_non_differentiable(*grads)
         ctx.save_for_backward(*grads)
+        # The gradient outputs never get a cotangent: no zeros to build for them.
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -181,7 +196,7 @@ class _KernelFunction(torch.autograd.Function):
         saved = iter(ctx.saved_tensors)
         result = [None, None, None, None]
         for i, wanted in enumerate(ctx.want):
-            if not wanted:
+            if not wanted or grad_loss is None:
                 result.append(None)
             elif ctx.weighted:  # scalar output, weights already applied
                 g = next(saved)
@@ -271,10 +286,10 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
     """
     if torch.compiler.is_compiling():
         return _compiled_apply(kernel, tensors, weights, static)
-    grad_on = torch.is_grad_enabled()
-    want = tuple(
-        bool(d and grad_on and _requires_grad(t)) for d, t in zip(kernel.differentiable, tensors)
-    )  # non-differentiable inputs may be passed as numpy arrays
+    if torch.is_grad_enabled():
+        want = tuple(d and _requires_grad(t) for d, t in zip(kernel.differentiable, tensors))
+    else:  # non-differentiable inputs may be passed as numpy arrays
+        want = (False,) * len(tensors)
     static_items = tuple(sorted(static.items()))
     return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
 
