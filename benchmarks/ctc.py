@@ -75,16 +75,31 @@ def _make_fns(b, t, c, l, seed=0):
     }
 
 
-def _interleaved(fns, reps, warmup):
-    times = {k: [] for k in fns}
-    for f in fns.values():
+def _interleaved(fns, reps, warmup, block_s=0.02):
+    """Median seconds per call of each function, in ms.
+
+    The functions take turns in blocks of about ``block_s`` seconds (one call
+    per block for slow ones), ``reps`` blocks each, so drifting machine load
+    hits all of them alike.  Blocks rather than single alternating calls: a
+    library's worker threads keep spinning for a while after each parallel
+    region (OpenMP's wait policy), and right after a call of the other
+    library they would be timed as part of this one's call, a cost no
+    training loop that uses one library pays.
+    """
+    block = {}
+    for k, f in fns.items():
+        t0 = time.perf_counter()
         for _ in range(warmup):
             f()
+        per_call = (time.perf_counter() - t0) / max(warmup, 1)
+        block[k] = max(1, min(200, int(block_s / max(per_call, 1e-9))))
+    times = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
+            for _ in range(block[k]):
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
     return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
 
 

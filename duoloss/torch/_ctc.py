@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import CTC_KERNEL, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values
 
 from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
 
@@ -130,6 +130,12 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     if not is_concrete(targets, input_lengths, target_lengths):
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
                            reduction, zero_infinity)
+    if (isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
+            and targets.dim() == 2 and log_probs.dim() == 3):
+        out = _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank,
+                          reduction, zero_infinity)
+        if out is not None:
+            return out
     il = _as_int_array(input_lengths, fn, "input_lengths")
     tl = _as_int_array(target_lengths, fn, "target_lengths")
     batched, concatenated = check_ctc_static(
@@ -151,6 +157,34 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         (lp, padded, il, tl),
         weights=weights, blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
+
+
+def _int64(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.int64 else a.astype(np.int64)
+
+
+def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                zero_infinity):
+    """The common case in few steps: ``(T, N, C)`` log_probs, padded ``(N, S)``
+    targets and tensor lengths on the host.  None when it does not apply or
+    the values are invalid (the general path then runs and raises)."""
+    if not (log_probs.is_cpu and targets.is_cpu and input_lengths.is_cpu
+            and target_lengths.is_cpu) or torch._C._are_functorch_transforms_active():
+        return None
+    check_ctc_static(fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
+                     input_lengths.shape, input_lengths.dtype, target_lengths.shape,
+                     target_lengths.dtype, blank, reduction)
+    if not isinstance(zero_infinity, (bool, np.bool_)):
+        return None
+    tg = _int64(targets.numpy())
+    il = _int64(input_lengths.numpy())
+    tl = _int64(target_lengths.numpy())
+    t_max, _, n_cls = log_probs.shape
+    if _first_invalid(tg, il, tl, t_max, n_cls, blank)[0]:
+        return None
+    return apply_kernel(CTC_KERNEL, (log_probs, tg, il, tl),
+                        weights=reduction_weights(reduction, tl), blank=int(blank),
+                        zero_infinity=bool(zero_infinity))
 
 
 class CTCLoss(torch.nn.Module):
