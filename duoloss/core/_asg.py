@@ -45,13 +45,16 @@ is the *all-alignments* loss of GTN's PyTorch example
 (``bindings/python/examples/pytorch_loss.py``); the emission gradient is then
 ``softmax(emissions) - posterior``.
 
-Implementation: as in :mod:`duoloss.core._ctc`, emissions, transitions and
-start scores are exponentiated once with numpy (each relative to its maximum);
-the numba kernels run both forward-backward passes in *linear* space in float64
-with per-frame rescaling, check on every frame that the posteriors sum to one,
-and fall back to an exact log-space recursion for a sequence where that check
-fails or a frame's mass underflows (e.g. a transition needed by the target that
-is ~700 nats below the best one).
+Implementation: as in :mod:`duoloss.core._ctc`, the kernels exponentiate the
+emissions once per frame (relative to the frame's maximum; values below
+``exp(-708)`` relative to it flush to 0), the transitions and start scores once
+per call (relative to their maxima; zero-padded to a multiple of 8 tokens), run
+both forward-backward passes in *linear* space in float64 with per-frame
+rescaling, check on every frame that the posteriors sum to one, and fall back to
+an exact log-space recursion for a sequence where that check fails or a frame's
+mass underflows (e.g. a transition needed by the target that is ~700 nats below
+the best one).  The expected transition counts are accumulated during the
+backward pass; emission posteriors overwrite the forward variables.
 
 NB: Infeasible targets (``T_b < L_b``), empty targets with ``T_b > 0``, and
 targets whose every alignment has weight ``-inf`` give loss ``+inf``; their
@@ -75,6 +78,9 @@ import math
 import numba
 import numpy as np
 
+# NB: the kernels inline these; numba's on-disk cache is keyed on this file's
+# mtime only, so touch it after editing _fastmath.py.
+from ._fastmath import exp_core, fast_exp
 from ._spec import LossKernel
 from ._threading import parallel_guard
 
@@ -87,6 +93,7 @@ __all__ = [
 
 _TINY = 1e-200
 _CHECK_TOL = 1e-7
+_MAX_SCALE = 1e250  # 1 / (c_t r_t) beyond this: transition counts in log space
 _PARALLEL_MIN_CELLS = 40_000
 _NEG_INF = -np.inf
 
@@ -111,123 +118,153 @@ def _lae(a, b):
 # --------------------------------------------------------------------------- #
 # Normaliser: all C tokens at every frame                                      #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
-def _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want, ge, gt, gs):
-    """Linear-space normaliser of sequence ``b``; returns ``(logZ, status)``.
+# The linear-space kernels fuse multiply-adds; only their sums (small helpers)
+# may be reassociated, to be vectorised.  No NaN/inf assumptions anywhere, so the
+# NaN and underflow checks stand.  (Reassociation in the kernels themselves makes
+# LLVM vectorise the matrix loops along the wrong axis, with gathers.)
+_FM = {"contract"}
+_FM_SUM = {"reassoc", "contract"}
 
-    Adds posteriors to ``ge (tb, C)``, expected transition counts to ``gt (C, C)``
-    and first-frame posteriors to ``gs (C,)`` when ``want``.
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM_SUM)
+def _sum_row(a, r, lo, hi):
+    """``sum(a[r, lo:hi])`` (``lo``, ``hi`` unsigned: no negative-index code)."""
+    s = 0.0
+    for k in range(lo, hi):
+        s += a[r, k]
+    return s
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM_SUM)
+def _dot_rows(a, ra, b, rb, lo, hi):
+    """``a[ra, lo:hi] @ b[rb, lo:hi]`` (``lo``, ``hi`` unsigned)."""
+    s = 0.0
+    for k in range(lo, hi):
+        s += a[ra, k] * b[rb, k]
+    return s
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _matvec(a, x, rx, y, ry):
+    """``y[ry, j] = sum_i x[rx, i] a[i, j]`` for ``(n, n)`` ``a``, ``n`` a multiple of 8.
+
+    Eight rows per sweep over ``y``: eight times fewer loads and stores of ``y``
+    than a row-by-row axpy, and a loop LLVM vectorises without reassociating.
     """
-    n_cls = probs.shape[2]
-    alpha = np.empty((tb, n_cls))
+    n = a.shape[0]
+    for j in range(n):
+        y[ry, j] = 0.0
+    for i in range(0, n, 8):
+        x0 = x[rx, i]
+        x1 = x[rx, i + 1]
+        x2 = x[rx, i + 2]
+        x3 = x[rx, i + 3]
+        x4 = x[rx, i + 4]
+        x5 = x[rx, i + 5]
+        x6 = x[rx, i + 6]
+        x7 = x[rx, i + 7]
+        for j in range(n):
+            y[ry, j] += (((x0 * a[i, j] + x1 * a[i + 1, j])
+                          + (x2 * a[i + 2, j] + x3 * a[i + 3, j]))
+                         + ((x4 * a[i + 4, j] + x5 * a[i + 5, j])
+                            + (x6 * a[i + 6, j] + x7 * a[i + 7, j])))
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _rank1(cnt, m, u, ru, scale, x, rx):
+    """``cnt[i, j] += scale * u[ru, i] * m[i, j] * x[rx, j]``.
+
+    Multiplying by ``m`` here (not once at the end) keeps every term a
+    probability: ``scale * u`` alone can be huge where ``m`` is tiny.
+    """
+    n = cnt.shape[0]
+    for i in range(n):
+        ui = u[ru, i] * scale
+        for j in range(n):
+            cnt[i, j] += (ui * m[i, j]) * x[rx, j]
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt):
+    """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status)``.
+
+    ``probs (tb, cp)``: the frame-normalised emission probabilities (columns
+    ``>= C`` zero); ``m``/``mt`` ``(cp, cp)``: the shifted transition
+    probabilities and their transpose (zero-padded); ``sp (1, cp)``: the
+    shifted start probabilities.  ``alpha (tb, cp)`` is scratch; with ``want``
+    it ends up holding the posteriors.  With ``want_cnt``, ``cnt[i, j]``
+    accumulates the expected number of ``j -> i`` transitions.
+
+    The per-frame check compares ``r_t = sum_k alpha_t(k) beta_t(k)`` (hatted,
+    rescaled quantities) with its exact value ``prod_{s > t} c_s / d_s``.
+    (Rows of 2-D arrays are indexed, never sliced: a view costs two reference
+    count calls per frame.)
+    """
+    cp = probs.shape[1]
+    z = np.uint64(0)
+    ucp = np.uint64(cp)
     cs = np.empty(tb)
-    log_a = np.empty(tb)
-    acc = sigma
-    tmp = np.empty(n_cls)
+    lsum = 0.0
+    prod = 1.0
     for t in range(tb):
-        c = 0.0
         if t == 0:
-            for k in range(n_cls):
-                v = sp[k] * probs[0, b, k]
-                alpha[0, k] = v
-                c += v
+            for k in range(cp):
+                alpha[0, k] = sp[0, k] * probs[0, k]
         elif has_trans:
-            pt = probs[t, b]
-            for i in range(n_cls):
-                tmp[i] = 0.0
-            for j in range(n_cls):
-                a = alpha[t - 1, j]
-                if a != 0.0:
-                    for i in range(n_cls):
-                        tmp[i] += a * mt[j, i]
-            for i in range(n_cls):
-                v = tmp[i] * pt[i]
-                alpha[t, i] = v
-                c += v
+            _matvec(mt, alpha, t - 1, alpha, t)
+            for k in range(cp):
+                alpha[t, k] *= probs[t, k]
         else:
-            for i in range(n_cls):
-                v = probs[t, b, i]
-                alpha[t, i] = v
-                c += v
+            for k in range(cp):
+                alpha[t, k] = probs[t, k]
+        c = _sum_row(alpha, t, z, ucp)
         if c != c or c == np.inf:
             return np.nan, _NAN
         if c < _TINY:
             return 0.0, _FALLBACK
         inv = 1.0 / c
-        for k in range(n_cls):
+        for k in range(cp):
             alpha[t, k] *= inv
         cs[t] = c
-        acc += math.log(c) + fmax[t, b]
-        if t > 0:
-            acc += tau
-        log_a[t] = acc
-    logz = log_a[tb - 1]
+        prod *= c
+        if not 1e-100 < prod < 1e100:  # prod * c stays normal
+            lsum += math.log(prod)
+            prod = 1.0
+    lsum += math.log(prod)
     if not want:
-        return logz, _OK
+        return lsum, _OK
 
-    beta = np.ones(n_cls)
-    nb = np.empty(n_cls)
-    w = np.empty(n_cls)
-    # u[t, i] = P_t(i) beta_t(i) / (c_t r_t): the transition counts are then one
-    # matrix product, sum_t u[t] alpha[t-1]^T, after the backward pass.
-    u_rows = np.zeros((tb, n_cls)) if has_trans else np.zeros((0, 0))
-    log_b = 0.0
+    # rows: beta_t, w = P_t beta_t, next beta (unnormalised)
+    vec = np.ones((3, cp))
+    q = 1.0
     for t in range(tb - 1, -1, -1):
-        r = 0.0
-        for k in range(n_cls):
-            r += alpha[t, k] * beta[k]
-        expected = math.exp(logz - log_a[t] - log_b)
-        if not abs(r - expected) <= _CHECK_TOL * expected:
-            return logz, _FALLBACK
+        r = _dot_rows(alpha, t, vec, 0, z, ucp)
+        if not (abs(r - q) <= _CHECK_TOL * q and r >= _TINY):
+            return lsum, _FALLBACK
         inv = 1.0 / r
-        for k in range(n_cls):
-            ge[t, k] += alpha[t, k] * beta[k] * inv
-        if t == 0:
-            for k in range(n_cls):
-                gs[k] += alpha[0, k] * beta[k] * inv
-            break
-        if not has_trans:
-            # beta stays all ones (unnormalised): sum_i P_t(i) * 1 = c_t.
-            log_b += math.log(cs[t]) + fmax[t, b]
+        for k in range(cp):
+            alpha[t, k] *= vec[0, k] * inv
+        if t == 0 or not has_trans:
+            # Without transitions beta stays all ones (d_t = c_t).
             continue
-        scale = inv / cs[t]
-        pt = probs[t, b]
-        for i in range(n_cls):
-            w[i] = pt[i] * beta[i]
-        for i in range(n_cls):
-            u_rows[t, i] = w[i] * scale
-        for j in range(n_cls):
-            nb[j] = 0.0
-        for i in range(n_cls):
-            wi = w[i]
-            if wi != 0.0:
-                for j in range(n_cls):
-                    nb[j] += wi * m[i, j]
-        d = 0.0
-        for j in range(n_cls):
-            d += nb[j]
+        for k in range(cp):
+            vec[1, k] = probs[t, k] * vec[0, k]
+        _matvec(m, vec, 1, vec, 2)
+        if want_cnt:
+            # Expected j -> i transitions into frame t:
+            # alpha_{t-1}(j) m[i, j] P_t(i) beta_t(i) / (c_t r_t).
+            scale = inv / cs[t]
+            if not scale <= _MAX_SCALE:
+                return lsum, _FALLBACK
+            _rank1(cnt, m, vec, 1, scale, alpha, t - 1)
+        d = _sum_row(vec, 2, z, ucp)
         if not d >= _TINY:
-            return logz, _FALLBACK
+            return lsum, _FALLBACK
         inv_d = 1.0 / d
-        for j in range(n_cls):
-            beta[j] = nb[j] * inv_d
-        log_b += math.log(d) + fmax[t, b] + tau
-    if has_trans and tb > 1:
-        # cnt = u_rows[1:].T @ alpha[:-1], as loops: a BLAS call from inside the
-        # kernel runs on scipy's OpenBLAS threads, which fight numba's for the
-        # cores (measured 24 ms instead of 0.1 ms at T=500, C=50 on 2 cores).
-        cnt = np.zeros(n_cls)
-        for i in range(n_cls):
-            for j in range(n_cls):
-                cnt[j] = 0.0
-            for t in range(1, tb):
-                u = u_rows[t, i]
-                if u != 0.0:
-                    for j in range(n_cls):
-                        cnt[j] += u * alpha[t - 1, j]
-            for j in range(n_cls):
-                gt[i, j] += cnt[j] * m[i, j]
-    return logz, _OK
+        for k in range(cp):
+            vec[0, k] = vec[2, k] * inv_d
+        q *= cs[t] * inv_d
+    return lsum, _OK
 
 
 @numba.njit(cache=True, nogil=True)
@@ -279,108 +316,97 @@ def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
     return logz
 
 
+
 # --------------------------------------------------------------------------- #
 # Target paths: L positions, stay or advance                                   #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
-def _num_linear(b, tb, lab, probs, fmax, m, tau, sp, sigma, has_trans, want, ge, gt, gs):
-    """Linear-space forward-backward over the target's positions."""
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
+    """Linear-space forward-backward over the target's positions.
+
+    Returns ``(sum_t log c_t, status)``.  ``lab``: the target as unsigned
+    integers; ``ws[l]``/``wa[l]``: weight of staying at / advancing to position
+    ``l`` (``wa[0] = 0``; both have a zero entry at ``L``).  ``alpha (tb, L + 1)``
+    is scratch; with ``want`` it ends up holding the posteriors inside each
+    frame's band ``[lo, hi)`` of positions that are reachable and can still
+    finish.  With ``want_cnt``, ``cnt[0, l]``/``cnt[1, l]`` accumulate the
+    expected numbers of stays at / advances to position ``l``.
+    """
     n_lab = lab.shape[0]
-    ws = np.empty(n_lab)
-    wa = np.empty(n_lab)
-    for l in range(n_lab):
-        if has_trans:
-            ws[l] = m[lab[l], lab[l]]
-            wa[l] = m[lab[l], lab[l - 1]] if l > 0 else 0.0
-        else:
-            ws[l] = 1.0
-            wa[l] = 1.0 if l > 0 else 0.0
-    alpha = np.zeros((tb, n_lab))
+    one = np.uint64(1)
     cs = np.empty(tb)
-    log_a = np.empty(tb)
-    acc = sigma
+    lsum = 0.0
+    prod = 1.0
     for t in range(tb):
-        lo = max(0, n_lab - (tb - t))
-        hi = min(n_lab - 1, t)
-        c = 0.0
+        lo = np.uint64(max(0, n_lab - (tb - t)))
+        hi = np.uint64(min(n_lab - 1, t)) + one
         if t == 0:
-            v = sp[lab[0]] * probs[0, b, lab[0]]
-            alpha[0, 0] = v
-            c = v
+            alpha[0, 0] = sp[0, lab[0]] * probs[0, lab[0]]
         else:
-            pt = probs[t, b]
-            for l in range(lo, hi + 1):
-                v = alpha[t - 1, l] * ws[l]
-                if l > 0:
-                    v += alpha[t - 1, l - 1] * wa[l]
-                v *= pt[lab[l]]
-                alpha[t, l] = v
-                c += v
+            l0 = lo
+            if lo == 0:
+                alpha[t, 0] = alpha[t - 1, 0] * ws[0] * probs[t, lab[0]]
+                l0 = one
+            for l in range(l0, hi):
+                alpha[t, l] = ((alpha[t - 1, l] * ws[l] + alpha[t - 1, l - one] * wa[l])
+                               * probs[t, lab[l]])
+        # Position hi is unreachable at frame t: keep it 0 for frame t + 1.
+        alpha[t, hi] = 0.0
+        c = _sum_row(alpha, t, lo, hi)
         if c != c or c == np.inf:
             return np.nan, _NAN
         if c < _TINY:
             return 0.0, _FALLBACK
         inv = 1.0 / c
-        for l in range(lo, hi + 1):
+        for l in range(lo, hi):
             alpha[t, l] *= inv
         cs[t] = c
-        acc += math.log(c) + fmax[t, b]
-        if t > 0:
-            acc += tau
-        log_a[t] = acc
+        prod *= c
+        if not 1e-100 < prod < 1e100:  # prod * c stays normal
+            lsum += math.log(prod)
+            prod = 1.0
+    lsum += math.log(prod)
     # Only position L-1 is allowed at the last frame, and alpha-hat sums to 1 there.
-    logz = log_a[tb - 1]
     if not want:
-        return logz, _OK
-    beta = np.zeros(n_lab)
-    nb = np.zeros(n_lab)
-    beta[n_lab - 1] = 1.0
-    log_b = 0.0
+        return lsum, _OK
+    # rows: beta_t; P_t(y_l) beta_t(l) (zero outside frame t's band)
+    vec = np.zeros((2, n_lab + 1))
+    vec[0, n_lab - 1] = 1.0
+    q = 1.0
     for t in range(tb - 1, -1, -1):
-        lo = max(0, n_lab - (tb - t))
-        hi = min(n_lab - 1, t)
-        r = 0.0
-        for l in range(lo, hi + 1):
-            r += alpha[t, l] * beta[l]
-        expected = math.exp(logz - log_a[t] - log_b)
-        if not abs(r - expected) <= _CHECK_TOL * expected:
-            return logz, _FALLBACK
+        lo = np.uint64(max(0, n_lab - (tb - t)))
+        hi = np.uint64(min(n_lab - 1, t)) + one
+        r = _dot_rows(alpha, t, vec, 0, lo, hi)
+        if not (abs(r - q) <= _CHECK_TOL * q and r >= _TINY):
+            return lsum, _FALLBACK
         inv = 1.0 / r
-        for l in range(lo, hi + 1):
-            ge[t, lab[l]] += alpha[t, l] * beta[l] * inv
+        for l in range(lo, hi):
+            alpha[t, l] *= vec[0, l] * inv
         if t == 0:
-            gs[lab[0]] += 1.0
             break
-        scale = inv / cs[t]
-        lo1 = max(0, n_lab - (tb - t + 1))
-        hi1 = min(n_lab - 1, t - 1)
-        pt = probs[t, b]
-        for l in range(lo, hi + 1):
-            nb[l] = pt[lab[l]] * beta[l]
-            if has_trans:
-                u = nb[l] * scale
-                gt[lab[l], lab[l]] += u * alpha[t - 1, l] * ws[l]
-                if l > 0:
-                    gt[lab[l], lab[l - 1]] += u * alpha[t - 1, l - 1] * wa[l]
-        d = 0.0
-        for l in range(lo1, hi1 + 1):
-            v = 0.0
-            if lo <= l <= hi:
-                v = nb[l] * ws[l]
-            if lo <= l + 1 <= hi:
-                v += nb[l + 1] * wa[l + 1]
-            beta[l] = v
-            d += v
-        for l in range(lo, hi + 1):
-            if l < lo1 or l > hi1:
-                beta[l] = 0.0
+        for l in range(lo, hi):
+            vec[1, l] = probs[t, lab[l]] * vec[0, l]
+        vec[1, hi] = 0.0
+        if want_cnt:
+            scale = inv / cs[t]
+            if not scale <= _MAX_SCALE:
+                return lsum, _FALLBACK
+            for l in range(lo, hi):
+                cnt[0, l] += (vec[1, l] * scale * ws[l]) * alpha[t - 1, l]
+            for l in range(max(lo, one), hi):
+                cnt[1, l] += (vec[1, l] * scale * wa[l]) * alpha[t - 1, l - one]
+        lo1 = np.uint64(max(0, n_lab - (tb - t + 1)))
+        hi1 = np.uint64(min(n_lab - 1, t - 1)) + one
+        for l in range(lo1, hi1):
+            vec[0, l] = vec[1, l] * ws[l] + vec[1, l + one] * wa[l + one]
+        d = _sum_row(vec, 0, lo1, hi1)
         if not d >= _TINY:
-            return logz, _FALLBACK
+            return lsum, _FALLBACK
         inv_d = 1.0 / d
-        for l in range(lo1, hi1 + 1):
-            beta[l] *= inv_d
-        log_b += math.log(d) + fmax[t, b] + tau
-    return logz, _OK
+        for l in range(lo1, hi1):
+            vec[0, l] *= inv_d
+        q *= cs[t] * inv_d
+    return lsum, _OK
 
 
 @numba.njit(cache=True, nogil=True)
@@ -439,17 +465,56 @@ def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
     return logz
 
 
+
 # --------------------------------------------------------------------------- #
 # One sequence, batch drivers                                                  #
 # --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True, fastmath=_FM)
+def _exp_row(em, t, b, mx, probs):
+    """``probs[t, k] = exp(em[t, b, k] - mx)`` for ``em[t, b, k] - mx <= 0`` or
+    NaN (NaN stays NaN, results below ``exp(-708)`` flush to 0); a loop LLVM
+    vectorises, unlike one calling :func:`fast_exp` (a branch to ``math.exp``)."""
+    for k in range(em.shape[2]):
+        y = np.float64(em[t, b, k]) - mx
+        r = exp_core(-708.0 if y < -708.0 else y)
+        probs[t, k] = 0.0 if y < -708.0 else r
+
+
 @numba.njit(cache=True, nogil=True)
-def _asg_one(b, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets, in_len,
-             tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
+def _frame_probs(b, tb, em, probs):
+    """``probs[t, k] = exp(em[t, b, k] - fmax_t)``, ``fmax_t = max_k em[t, b, k]``
+    (0 if all the frame's scores are ``-inf``; NaN scores are skipped, their
+    ``probs`` are NaN); columns ``k >= C`` of ``probs`` are 0.  Returns
+    ``sum_t fmax_t``.
+    """
+    n_cls = em.shape[2]
+    cp = probs.shape[1]
+    fsum = 0.0
+    for t in range(tb):
+        mx = _NEG_INF
+        for k in range(n_cls):
+            v = np.float64(em[t, b, k])
+            if v > mx:
+                mx = v
+        if mx == _NEG_INF:
+            mx = 0.0
+        fsum += mx
+        _exp_row(em, t, b, mx, probs)
+        for k in range(n_cls, cp):
+            probs[t, k] = 0.0
+    return fsum
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
+             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
     t_max, _, n_cls = em.shape
+    cp = sp.shape[1]
     s_cap = targets.shape[1]
     tb = in_len[b]
     nl = tg_len[b]
     want = want_e or want_t or want_s
+    want_cnt = has_trans and want_t
     if want_e:
         for t in range(t_max):
             for k in range(n_cls):
@@ -473,16 +538,27 @@ def _asg_one(b, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets, i
     if tb == 0:
         losses[b] = 0.0 if (nl == 0 or zero_inf) else np.inf
         return
-    ge = np.zeros((tb, n_cls))
-    gt = np.zeros((n_cls, n_cls))
-    gs = np.zeros(n_cls)
-    logz, st = _norm_linear(b, tb, probs, fmax, mt, m, tau, sp, sigma, has_trans, want,
-                            ge, gt, gs)
-    if st == _FALLBACK:
-        ge[:, :] = 0.0
-        gt[:, :] = 0.0
-        gs[:] = 0.0
-        logz = _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs)
+    probs = np.empty((tb, cp))
+    # log of everything the rescaled recursions divide out besides their c_t
+    shift = _frame_probs(b, tb, em, probs) + sigma
+    if tb > 1:
+        shift += (tb - 1) * tau
+    # pn: normaliser posteriors minus target posteriors; cnt: the same for the
+    # transition counts; gs: for the first frame (start scores).
+    pn = np.empty((tb, cp))
+    cnt = np.zeros((cp, cp) if has_trans and want else (0, 0))
+    gs = np.zeros(cp)
+    lz, st = _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, pn, cnt)
+    norm_lin = st == _OK
+    logz = shift + lz
+    if norm_lin:
+        if want:
+            for k in range(cp):
+                gs[k] = pn[0, k]
+    elif st == _FALLBACK:
+        pn[:, :] = 0.0
+        cnt[:, :] = 0.0
+        logz = _norm_log(b, tb, em, trans, start, has_trans, want, pn, cnt, gs)
         st = _NAN if (logz != logz or logz == np.inf) else _OK
     if st == _NAN:
         _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
@@ -494,33 +570,59 @@ def _asg_one(b, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets, i
     feasible = 0 < nl <= tb
     if feasible:
         lab = np.empty(nl, np.int64)
+        ws = np.zeros(nl + 1)
+        wa = np.zeros(nl + 1)
         for i in range(nl):
             lab[i] = targets[b, i]
-        ne = np.zeros((tb, n_cls))
-        nt = np.zeros((n_cls, n_cls))
-        ns = np.zeros(n_cls)
-        lognum, st = _num_linear(b, tb, lab, probs, fmax, m, tau, sp, sigma, has_trans,
-                                 want, ne, nt, ns)
-        if st == _FALLBACK:
-            ne[:, :] = 0.0
-            nt[:, :] = 0.0
-            ns[:] = 0.0
+        for l in range(nl):
+            if has_trans:
+                ws[l] = m[lab[l], lab[l]]
+                if l > 0:
+                    wa[l] = m[lab[l], lab[l - 1]]
+            else:
+                ws[l] = 1.0
+                if l > 0:
+                    wa[l] = 1.0
+        na = np.empty((tb, nl + 1))
+        ncnt = np.zeros((2, nl))
+        ln, st = _num_linear(tb, lab.astype(np.uint64), probs, ws, wa, sp, want, want_cnt,
+                             na, ncnt)
+        if st == _OK:
+            losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
+            if want:
+                for t in range(tb):
+                    for l in range(max(0, nl - (tb - t)), min(nl - 1, t) + 1):
+                        pn[t, lab[l]] -= na[t, l]
+                gs[lab[0]] -= 1.0
+            if want_cnt and tb > 1:
+                for l in range(nl):
+                    cnt[lab[l], lab[l]] -= ncnt[0, l]
+                    if l > 0:
+                        cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
+        elif st == _FALLBACK:
+            ne = np.zeros((tb, n_cls))
+            nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
+            ns = np.zeros(n_cls)
             lognum = _num_log(b, tb, lab, em, trans, start, has_trans, want, ne, nt, ns)
-            st = _NAN if (lognum != lognum or lognum == np.inf) else _OK
+            if lognum != lognum or lognum == np.inf:
+                st = _NAN
+            elif lognum == _NEG_INF:
+                feasible = False
+            else:
+                losses[b] = logz - lognum
+                if want:
+                    for t in range(tb):
+                        for k in range(n_cls):
+                            pn[t, k] -= ne[t, k]
+                    for k in range(n_cls):
+                        gs[k] -= ns[k]
+                    if has_trans:
+                        for i in range(n_cls):
+                            for j in range(n_cls):
+                                cnt[i, j] -= nt[i, j]
         if st == _NAN:
             _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
             return
-        if lognum == _NEG_INF:
-            feasible = False
-        else:
-            losses[b] = logz - lognum
-            for t in range(tb):
-                for k in range(n_cls):
-                    ge[t, k] -= ne[t, k]
-            for i in range(n_cls):
-                gs[i] -= ns[i]
-                for j in range(n_cls):
-                    gt[i, j] -= nt[i, j]
     if not feasible:
         if zero_inf:
             losses[b] = 0.0
@@ -530,11 +632,11 @@ def _asg_one(b, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets, i
     if want_e:
         for t in range(tb):
             for k in range(n_cls):
-                g_em[t, b, k] = ge[t, k]
+                g_em[t, b, k] = pn[t, k]
     if want_t:
         for i in range(n_cls):
             for j in range(n_cls):
-                g_tr[b, i, j] = gt[i, j]
+                g_tr[b, i, j] = cnt[i, j]
     if want_s:
         for k in range(n_cls):
             g_st[b, k] = gs[k]
@@ -556,35 +658,64 @@ def _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st):
             g_st[b, k] = np.nan
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_batch_parallel(order, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets,
-                        in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
-                        g_em, g_tr, g_st):
-    for i in numba.prange(order.shape[0]):
-        _asg_one(order[i], probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets,
-                 in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em,
-                 g_tr, g_st)
+@numba.njit(cache=True, nogil=True)
+def _shifted_exp(x, out):
+    """``out[:x.size] = exp(x - max(x))`` (flattened) and the shift: 0 when
+    ``max(x)`` is ``-inf``, NaN when ``x`` has a NaN (then all of it is NaN)."""
+    mx = _NEG_INF
+    for v in x:
+        if v > mx or v != v:
+            mx = v
+            if v != v:
+                break
+    if mx == _NEG_INF:
+        mx = 0.0
+    for i in range(x.shape[0]):
+        out[i] = fast_exp(x[i] - mx)
+    return mx
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_batch_serial(order, probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets,
-                      in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
-                      g_em, g_tr, g_st):
+def _prepare(em, trans, start, has_trans, in_len):
+    """Zero-padded exponentiated transitions (and transpose), start scores, their
+    shifts, and the sequences ordered longest (most cells) first."""
+    t_max, n, n_cls = em.shape
+    cp = max(8, (n_cls + 7) // 8 * 8)   # multiple of the vector width
+    sp = np.zeros((1, cp))
+    sigma = _shifted_exp(start, sp[0])
+    m = np.zeros((cp, cp) if has_trans else (0, 0))
+    mt = np.zeros((cp, cp) if has_trans else (0, 0))
+    tau = 0.0
+    if has_trans:
+        flat = np.empty(n_cls * n_cls)
+        tau = _shifted_exp(trans.ravel(), flat)
+        for i in range(n_cls):
+            for j in range(n_cls):
+                m[i, j] = flat[i * n_cls + j]
+                mt[j, i] = flat[i * n_cls + j]
+    cost = np.empty(n, np.int64)
+    for b in range(n):
+        cost[b] = -min(max(in_len[b], 0), t_max)
+    order = np.argsort(cost, kind="mergesort")
+    return order, m, mt, tau, sp, sigma
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _asg_batch_parallel(em, trans, start, targets, in_len, tg_len, has_trans, want_e, want_t,
+                        want_s, zero_inf, losses, g_em, g_tr, g_st):
+    order, m, mt, tau, sp, sigma = _prepare(em, trans, start, has_trans, in_len)
+    for i in numba.prange(order.shape[0]):
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len,
+                 has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st)
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_batch_serial(em, trans, start, targets, in_len, tg_len, has_trans, want_e, want_t,
+                      want_s, zero_inf, losses, g_em, g_tr, g_st):
+    order, m, mt, tau, sp, sigma = _prepare(em, trans, start, has_trans, in_len)
     for i in range(order.shape[0]):
-        _asg_one(order[i], probs, fmax, em, m, mt, tau, trans, sp, sigma, start, targets,
-                 in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em,
-                 g_tr, g_st)
-
-
-def _shifted_exp(x: np.ndarray):
-    """exp(x - max(x)) in float64 and the shift (0 when max is -inf or NaN)."""
-    x = x.astype(np.float64, copy=False)
-    if x.size == 0:
-        return np.ones_like(x), 0.0
-    mx = float(np.max(x))
-    if mx == -np.inf or mx != mx:
-        mx = 0.0 if mx == -np.inf else mx
-    return np.exp(x - mx), mx
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len,
+                 has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st)
 
 
 def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_lengths, *,
@@ -612,46 +743,36 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
     """
     em = np.ascontiguousarray(emissions)
     dtype = em.dtype
+    if dtype != np.float32 and dtype != np.float64:
+        em = em.astype(np.float64)
     t_max, n, n_cls = em.shape
     has_trans = transitions is not None
     has_start = start_transitions is not None
     want_e, want_t, want_s = (bool(w) for w in want_grad)
     want_t = want_t and has_trans
     want_s = want_s and has_start
-    # Every kernel buffer is float64 whatever the input dtype: one compiled
-    # signature per kernel (numba compiles per dtype), results cast back at the end.
-    trans = (np.ascontiguousarray(transitions, dtype=np.float64) if has_trans
-             else np.zeros((0, 0), np.float64))
-    start = (np.ascontiguousarray(start_transitions, dtype=np.float64) if has_start
-             else np.zeros(n_cls, np.float64))
+    # The kernels read emissions in their own dtype (float32 or float64: one
+    # compiled signature each) and write the emission gradient in it; everything
+    # else is float64.
+    f64 = np.float64
+    trans = (np.ascontiguousarray(transitions, dtype=f64) if has_trans
+             else np.zeros((0, 0), f64))
+    start = (np.ascontiguousarray(start_transitions, dtype=f64) if has_start
+             else np.zeros(n_cls, f64))
     tg = np.ascontiguousarray(targets, dtype=np.int64)
     if tg.ndim != 2:
         tg = tg.reshape(n, -1)
     il = np.ascontiguousarray(input_lengths, dtype=np.int64).reshape(n)
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64).reshape(n)
-    losses = np.empty(n, np.float64)
-    f64 = np.float64
-    g_em = np.empty((t_max, n, n_cls), f64) if want_e else np.empty((0, 0, 0), f64)
+    losses = np.empty(n, f64)
+    g_em = np.empty((t_max, n, n_cls), em.dtype) if want_e else np.empty((0, 0, 0), em.dtype)
     g_tr = np.empty((n, n_cls, n_cls), f64) if want_t else np.empty((0, 0, 0), f64)
     g_st = np.empty((n, n_cls), f64) if want_s else np.empty((0, 0), f64)
     if n > 0:
-        lp = em.astype(np.float64, copy=False)
-        fmax = lp.max(axis=2) if n_cls else np.zeros((t_max, n))
-        fmax[fmax == -np.inf] = 0.0
-        probs = np.exp(lp - fmax[:, :, None])
-        if has_trans:
-            m, tau = _shifted_exp(trans)
-            mt = np.ascontiguousarray(m.T)
-        else:
-            m = mt = np.ones((0, 0))
-            tau = 0.0
-        sp, sigma = _shifted_exp(start)
-        cells = np.clip(il, 0, t_max) * ((n_cls * n_cls) if has_trans else n_cls)
-        order = np.argsort(-cells, kind="stable").astype(np.int64)
-        args = (order, probs, fmax, lp, m, mt, float(tau), trans, sp, float(sigma), start,
-                tg, il, tl, has_trans, want_e, want_t, want_s, bool(zero_infinity), losses,
-                g_em, g_tr, g_st)
-        if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
+        args = (em, trans, start, tg, il, tl, has_trans, want_e, want_t, want_s,
+                bool(zero_infinity), losses, g_em, g_tr, g_st)
+        cells = int(np.clip(il, 0, t_max).sum()) * ((n_cls * n_cls) if has_trans else n_cls)
+        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
             with parallel_guard():
                 old = numba.set_parallel_chunksize(1)
                 try:
