@@ -316,8 +316,8 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 r += alpha[t, s] * beta[s]
             # Every path crosses frame t exactly once: the posteriors sum to 1.
             expected = fast_exp(logz - log_a[t] - log_b)
-            if not abs(r - expected) <= _CHECK_TOL * expected:
-                state = 1
+            if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY):
+                state = 1  # (an underflowed r would also divide by zero below)
                 break
             inv = 1.0 / r
             for s in range(lo, hi + 1):

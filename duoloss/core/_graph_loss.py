@@ -163,8 +163,8 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
             if want_cnt:
                 u[a] = q
         expected = math.exp(logz - log_a[t] - log_b - fmax[t, b] - omega)
-        if not abs(r - expected) <= _CHECK_TOL * expected:
-            return logz, _FALLBACK
+        if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY):
+            return logz, _FALLBACK  # (an underflowed r would divide by zero below)
         inv = 1.0 / r
         for k in range(n_cls):
             get[k] *= inv
