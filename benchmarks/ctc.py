@@ -1,8 +1,8 @@
 """CTC forward+backward: duoloss vs torch's F.ctc_loss and optax.ctc_loss.
 
 All four run in one process on the same data; each peer is timed interleaved
-with its duoloss counterpart (one call of each per repetition), so drifting
-machine load hits both alike.
+with its duoloss counterpart (alternating blocks of calls), and the ratio is
+the median of the per-round paired ratios, so drifting machine load cancels.
 Each call is a full training step's worth of loss work: logits -> log_softmax
 -> CTC -> backward to the logits (optax and duoloss.jax under ``jax.jit``).
 
@@ -76,31 +76,40 @@ def _make_fns(b, t, c, l, seed=0):
 
 
 def _interleaved(fns, reps, warmup, block_s=0.02):
-    """Median seconds per call of each function, in ms.
+    """Per-call medians (ms) of each function and the median paired ratio of
+    the second function to the first.
 
     The functions take turns in blocks of about ``block_s`` seconds (one call
-    per block for slow ones), ``reps`` blocks each, so drifting machine load
-    hits all of them alike.  Blocks rather than single alternating calls: a
-    library's worker threads keep spinning for a while after each parallel
-    region (OpenMP's wait policy), and right after a call of the other
-    library they would be timed as part of this one's call, a cost no
-    training loop that uses one library pays.
+    per block for slow ones), ``reps`` rounds.  Blocks rather than single
+    alternating calls: a library's worker threads keep spinning for a while
+    after each parallel region (OpenMP's wait policy), and right after a call
+    of the other library they would be timed as part of this one's call, a
+    cost no training loop that uses one library pays.  The ratio is the median
+    over rounds of (second's block median / first's block median): both blocks
+    of a round see the same machine, so drifting load cancels.
     """
     block = {}
     for k, f in fns.items():
-        t0 = time.perf_counter()
         for _ in range(warmup):
             f()
-        per_call = (time.perf_counter() - t0) / max(warmup, 1)
+        t0 = time.perf_counter()
+        f()  # warm now: the block length comes from a warm call
+        per_call = time.perf_counter() - t0
         block[k] = max(1, min(200, int(block_s / max(per_call, 1e-9))))
     times = {k: [] for k in fns}
+    rounds = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
+            ts = []
             for _ in range(block[k]):
                 t0 = time.perf_counter()
                 f()
-                times[k].append(time.perf_counter() - t0)
-    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+                ts.append(time.perf_counter() - t0)
+            times[k].extend(ts)
+            rounds[k].append(np.median(ts))
+    first, second = list(fns)[:2]
+    ratio = float(np.median(np.asarray(rounds[second]) / np.asarray(rounds[first])))
+    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}, ratio
 
 
 def bench(sizes, reps, warmup):
@@ -110,9 +119,12 @@ def bench(sizes, reps, warmup):
     for size in sizes:
         fns = _make_fns(*size)
         med = {}
+        ratios = []
         for pair in (("torch F.ctc_loss", "duoloss.torch"), ("optax.ctc_loss", "duoloss.jax")):
-            med.update(_interleaved({k: fns[k] for k in pair}, reps, warmup))
-        rows.append((size, med))
+            m, r = _interleaved({k: fns[k] for k in pair}, reps, warmup)
+            med.update(m)
+            ratios.append(r)
+        rows.append((size, med, ratios))
     return rows
 
 
@@ -147,14 +159,15 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     rows = bench(_parse_sizes(args.sizes), args.reps, args.warmup)
-    print(f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms of "
-          f"{args.reps}, {args.threads} threads")
+    print(f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms per call "
+          f"over {args.reps} alternating rounds, {args.threads} threads; ratio = median of the "
+          f"rounds' paired ratios (duoloss / peer)")
     print("| B,T,C,L | torch F.ctc_loss | duoloss.torch | ratio | optax (jit) | duoloss.jax (jit) | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for size, m in rows:
+    for size, m, (r_torch, r_jax) in rows:
         print(f"| {','.join(map(str, size))} | {m['torch F.ctc_loss']:.2f} | {m['duoloss.torch']:.2f} "
-              f"| {m['duoloss.torch'] / m['torch F.ctc_loss']:.2f}x | {m['optax.ctc_loss']:.2f} "
-              f"| {m['duoloss.jax']:.2f} | {m['duoloss.jax'] / m['optax.ctc_loss']:.2f}x |")
+              f"| {r_torch:.2f}x | {m['optax.ctc_loss']:.2f} | {m['duoloss.jax']:.2f} "
+              f"| {r_jax:.2f}x |")
     if args.cold_start:
         core, torch_call = cold_start()
         print(f"\nnew process, numba cache warm: import + first core call {core:.2f} s; "

@@ -35,6 +35,7 @@ def capture(case, reduction):
     """The (kernel, inputs, weights, static) the frontend hands to ``apply_kernel``."""
     seen = []
     real = adapter.apply_kernel
+    real_eager = adapter.apply_kernel_eager
     mp = pytest.MonkeyPatch()
     try:
         for name in FRONTENDS:
@@ -43,7 +44,13 @@ def capture(case, reduction):
             def spy(kernel, tensors, *, weights=None, **static):
                 seen.append((kernel, tuple(tensors), weights, static))
                 return real(kernel, tensors, weights=weights, **static)
+
+            def spy_eager(kernel, tensors, want, weights, static):
+                seen.append((kernel, tuple(tensors), weights, dict(static)))
+                return real_eager(kernel, tensors, want, weights, static)
             mp.setattr(mod, "apply_kernel", spy)
+            if hasattr(mod, "apply_kernel_eager"):  # a frontend's short path
+                mp.setattr(mod, "apply_kernel_eager", spy_eager)
         case.call(*case.args, reduction=reduction)
     finally:
         mp.undo()

@@ -285,18 +285,24 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
         if s_n > 1:
             beta[s_n - 2] = 1.0
         log_b = 0.0
+        bscale = 1.0  # beta holds beta-hat / bscale: its normalisation is deferred
         for t in range(tb - 1, -1, -1):
             lo = max(0, s_n - 2 * (tb - t))
             hi = min(s_n - 1, 2 * t + 1)
-            if t < tb - 1:
+            # One pass: beta at frame t, the frame's posterior sum r and the
+            # unnormalised posteriors (alpha * beta) per class.
+            r = 0.0  # sum of alpha * beta as stored (beta-hat / bscale)
+            if t == tb - 1:
+                for s in range(lo, hi + 1):
+                    ab = alpha[t, s] * beta[s]
+                    r += ab
+                    row[lab[s]] += ab
+            else:
                 hi1 = min(s_n - 1, 2 * t + 3)
                 for s in range(lo, hi1 + 1):
-                    nb[s] = beta[s] * probs[t + 1, col[s]]
+                    nb[s] = beta[s] * bscale * probs[t + 1, col[s]]
                 d = 0.0
-                for s in range(s_n):
-                    if s < lo or s > hi:
-                        beta[s] = 0.0
-                        continue
+                for s in range(lo, hi + 1):
                     v = nb[s]
                     if s + 1 <= hi1:
                         v += nb[s + 1]
@@ -304,25 +310,23 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                         v += nb[s + 2]
                     beta[s] = v
                     d += v
+                    ab = alpha[t, s] * v
+                    r += ab
+                    row[lab[s]] += ab
+                # States above hi are never read again (the window shrinks
+                # going back), those below lo were never written.
                 if not d >= _TINY:
                     state = 1
                     break
-                inv = 1.0 / d
-                for s in range(lo, hi + 1):
-                    beta[s] *= inv
+                bscale = 1.0 / d
                 log_b += math.log(d) + fmax[t + 1]
-            r = 0.0
-            for s in range(lo, hi + 1):
-                r += alpha[t, s] * beta[s]
             # Every path crosses frame t exactly once: the posteriors sum to 1.
             expected = fast_exp(logz - log_a[t] - log_b)
-            if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY):
+            if not (abs(r * bscale - expected) <= _CHECK_TOL * expected and r >= _TINY):
                 state = 1  # (an underflowed r would also divide by zero below)
                 break
-            inv = 1.0 / r
-            for s in range(lo, hi + 1):
-                row[lab[s]] += alpha[t, s] * beta[s] * inv
-            _flush_row(grad, t, b, lab, lo, hi, row, scale)
+            # row holds alpha * beta as stored: posterior = row / r.
+            _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
         if state == 1:
             _fill_rows(grad, b, 0, tb, 0.0)
 
@@ -454,7 +458,7 @@ _NO_REDUCTION = object()
 
 
 def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,
-                     tl_shape, tl_dtype, blank, reduction=_NO_REDUCTION):
+                     tl_shape, tl_dtype, blank, reduction=_NO_REDUCTION, *, cache=True):
     """Shape/dtype checks of ``ctc_loss``'s arguments (valid on tracers too).
 
     ``reduction`` is checked unless left out (the aligners have none); ``None``
@@ -464,10 +468,14 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
     (else ``(T, C)``), and whether ``targets`` is 1-D concatenated.
 
     NB: a training loop calls this with the same arguments at every step, so
-    passing results are cached (by value and type); failures are not.
+    passing results are cached (by value and type) unless ``cache=False`` (for
+    callers traced by torch.compile, which warns about cached functions);
+    failures are not cached.
     """
     args = (fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype, tl_shape, tl_dtype,
             blank, reduction)
+    if not cache:
+        return _check_ctc_static(*args)
     try:
         hash(args)
     except TypeError:  # e.g. an unhashable blank: the checks name it

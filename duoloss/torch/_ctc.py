@@ -7,7 +7,7 @@ import torch
 from duoloss.core import _validate as _v
 from duoloss.core._ctc import CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values
 
-from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
+from ._adapter import apply_kernel, apply_kernel_eager, is_concrete, reduction_weights, to_numpy
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -64,7 +64,8 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     tl = _as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
-        tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction)
+        tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction,
+        cache=not torch.compiler.is_compiling())
     if not isinstance(zero_infinity, (bool, np.bool_)):
         raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
                         f"got {type(zero_infinity).__name__}")
@@ -182,9 +183,10 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     t_max, _, n_cls = log_probs.shape
     if _first_invalid(tg, il, tl, t_max, n_cls, blank)[0]:
         return None
-    return apply_kernel(CTC_KERNEL, (log_probs, tg, il, tl),
-                        weights=reduction_weights(reduction, tl), blank=int(blank),
-                        zero_infinity=bool(zero_infinity))
+    want = (torch.is_grad_enabled() and log_probs.requires_grad, False, False, False)
+    return apply_kernel_eager(CTC_KERNEL, (log_probs, tg, il, tl), want,
+                              reduction_weights(reduction, tl),
+                              {"blank": int(blank), "zero_infinity": bool(zero_infinity)})
 
 
 class CTCLoss(torch.nn.Module):
