@@ -474,13 +474,12 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
     """
     args = (fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype, tl_shape, tl_dtype,
             blank, reduction)
-    if not cache:
-        return _check_ctc_static(*args)
-    try:
-        hash(args)
-    except TypeError:  # e.g. an unhashable blank: the checks name it
-        return _check_ctc_static(*args)
-    return _check_ctc_static_cached(*args)
+    if cache:
+        try:
+            return _check_ctc_static_cached(*args)
+        except TypeError:  # an unhashable argument, or a failed dtype check: no caching
+            pass
+    return _check_ctc_static(*args)
 
 
 def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,

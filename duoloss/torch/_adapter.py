@@ -214,18 +214,14 @@ class _EagerKernelFunction(torch.autograd.Function):
     def forward(ctx, kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights,
                 *tensors):
         out = _host_forward(kernel, static, want, weights, tensors, _host)
-        ctx.kernel = kernel
-        ctx.want = want
-        ctx.weighted = weights is not None
-        ctx.grads = out[1:]
+        ctx.state = (kernel, want, weights is not None, out[1:])
         return out[0]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
-        # ctx.grads stay until the graph is freed: a retain_graph backward may come again.
-        grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, ctx.grads, grad_loss)
-        return (None, None, None, None, *grads)
+        # ctx.state stays until the graph is freed: a retain_graph backward may come again.
+        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
 
     @classmethod
     def apply(cls, *args):
@@ -365,9 +361,13 @@ def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, 
     if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
         return None
     for t in tensors:
-        if isinstance(t, torch.Tensor) and _is_wrapped(t):
+        if type(t) is not np.ndarray and isinstance(t, torch.Tensor) and _is_wrapped(t):
             return None
     return _EagerKernelFunction.apply(kernel, static, want, weights, *tensors)
+
+
+# 'sum' weights per batch size, shared by every call (never written to).
+_ONES = {}
 
 
 def reduction_weights(reduction: str, target_lengths):
@@ -386,7 +386,10 @@ def reduction_weights(reduction: str, target_lengths):
         return 1.0 / (tl.shape[0] * torch.clamp(tl, min=1.0))
     n = target_lengths.shape[0]
     if reduction == "sum":
-        return np.ones(n)
+        ones = _ONES.get(n)
+        if ones is None:
+            ones = _ONES[n] = np.ones(n)
+        return ones
     if n == 0:
         return np.zeros(0)
     return 1.0 / (n * np.maximum(target_lengths.astype(np.float64), 1.0))
