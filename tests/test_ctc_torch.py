@@ -151,3 +151,27 @@ def test_bad_input_raises_clear_errors(bad, exc, match):
     args.update(bad)
     with pytest.raises(exc, match=match):
         dt.ctc_loss(**args)
+
+
+@pytest.mark.parametrize("func", [False, True])
+def test_second_derivative_is_refused_not_silently_wrong(func):
+    # The gradient is computed once in the forward (once_differentiable): a
+    # first-order create_graph=True backward works and equals the plain one; a
+    # second differentiation raises instead of returning a wrong Hessian.
+    logits, targets, il, tl = _batch(3, t_max=8, n=2, n_cls=4, s_max=3)
+    lp = logits.detach().log_softmax(-1).double().requires_grad_()
+    if func:  # the torch.func path (setup_context Function)
+        g_plain = torch.func.grad(lambda x: dt.ctc_loss(x, targets, il, tl))(lp)
+    else:
+        (g_plain,) = torch.autograd.grad(dt.ctc_loss(lp, targets, il, tl), lp)
+    (g,) = torch.autograd.grad(dt.ctc_loss(lp, targets, il, tl), lp, create_graph=True)
+    torch.testing.assert_close(g, g_plain, rtol=0, atol=0)
+    # (torch's message for once_differentiable depends on the cotangent)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), lp)
+    lp2 = lp.detach().requires_grad_()
+    (g2,) = torch.autograd.grad(dt.ctc_loss(lp2, targets, il, tl), lp2,
+                                grad_outputs=torch.ones((), dtype=lp2.dtype, requires_grad=True),
+                                create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g2.sum(), lp2)

@@ -218,9 +218,17 @@ class _EagerKernelFunction(torch.autograd.Function):
         return out[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         # ctx.state stays until the graph is freed: a retain_graph backward may come again.
+        if torch.is_grad_enabled():  # create_graph=True: once_differentiable's delayed error
+            return _EagerKernelFunction._backward_once(ctx, grad_loss)
+        # Otherwise once_differentiable would only add a no_grad block (grad mode
+        # is already off in a plain backward) around the same computation.
+        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward_once(ctx, grad_loss):
         return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
 
     @classmethod
