@@ -126,3 +126,35 @@ def random_batch(rng, t_max, n, n_cls, s_max, *, blank=0, scale=1.0, repeats=Tru
         targets[b, : tl[b]] = rng.choice(pool, size=tl[b])
     il = rng.integers(max(1, t_max // 2), t_max + 1, size=n)
     return logp, targets, il, tl
+
+
+def check_extreme_scores(loss_and_grad, seed, cases, t_max=30, max_labels=7):
+    """Random unnormalised scores x300 (some -inf) against :func:`log_space_ctc`.
+
+    A frame's rescaled posterior sum can underflow there; a kernel must then
+    recompute in log space (not divide by zero).  ``loss_and_grad(logp (T, 1,
+    C), target list) -> (loss, grad (T, C))``.  Returns how many feasible
+    cases were compared.
+    """
+    import pytest
+
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(cases):
+        t = int(rng.integers(2, t_max))
+        c = int(rng.integers(2, 5))
+        n_lab = int(rng.integers(1, min(t, max_labels) + 1))
+        logp = rng.normal(size=(t, 1, c)) * 300.0
+        if rng.random() < 0.3:
+            logp[rng.random(logp.shape) < 0.2] = -np.inf
+        target = [int(v) for v in rng.integers(1, c, size=n_lab)]
+        loss, grad = loss_and_grad(logp, target)
+        want, want_g = log_space_ctc(logp[:, 0], target)
+        if want == np.inf:
+            assert loss == np.inf
+            continue
+        checked += 1
+        assert loss == pytest.approx(want, rel=1e-9, abs=1e-9)
+        np.testing.assert_allclose(grad, want_g, atol=1e-9)
+    return checked
+
