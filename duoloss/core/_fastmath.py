@@ -19,8 +19,8 @@ Arguments below -708 or above 709, and NaN, go to the C library, so ``-inf``,
 ``tests/gtn/test_speed_kernels.py`` checks the error against ``mpmath``.
 
 NB: numba's on-disk cache of a kernel that inlines these functions is keyed on the
-kernel's own source file: after editing this file, touch ``_graph_kernels.py`` (or
-clear ``__pycache__``) so the kernels are recompiled.
+kernel's own source file: after editing this file, touch ``_graph_kernels.py``,
+``_asg.py`` and ``_ctc.py`` (or clear ``__pycache__``) so the kernels are recompiled.
 """
 from __future__ import annotations
 
