@@ -349,10 +349,10 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
         want = tuple(d and _requires_grad(t) for d, t in zip(kernel.differentiable, tensors))
     else:  # non-differentiable inputs may be passed as numpy arrays
         want = (False,) * len(tensors)
-    static_items = tuple(sorted(static.items()))
-    out = apply_kernel_eager(kernel, tensors, want, weights, static)
+    out = _apply_eager(kernel, tensors, want, weights, static)
     if out is not None:
         return out
+    static_items = tuple(sorted(static.items()))
     return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
 
 
@@ -366,7 +366,15 @@ def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, 
     active); returns None for anything else, and the caller then uses
     :func:`apply_kernel`.
     """
-    if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        return None
+    return _apply_eager(kernel, tensors, want, weights, static)
+
+
+def _apply_eager(kernel, tensors, want, weights, static) -> Optional[torch.Tensor]:
+    """The eager Function, unless a ``torch.func`` transform is active or an
+    input is a (dead) functorch wrapper; the caller has ruled out compiling."""
+    if torch._C._are_functorch_transforms_active():
         return None
     for t in tensors:
         if type(t) is not np.ndarray and isinstance(t, torch.Tensor) and _is_wrapped(t):
