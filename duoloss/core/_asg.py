@@ -92,6 +92,10 @@ __all__ = [
 ]
 
 _TINY = 1e-200
+# A positive value below this has left (or is about to leave) float64's normal
+# range: the forward records it as "flushed" and the loss then needs the
+# backward sweep's per-frame check as its verdict.
+_FLUSH = 1e-290
 _CHECK_TOL = 1e-7
 _MAX_SCALE = 1e250  # 1 / (c_t r_t) beyond this: transition counts in log space
 _PARALLEL_MIN_CELLS = 40_000
@@ -185,8 +189,13 @@ def _rank1(cnt, m, u, ru, scale, x, rx):
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt):
-    """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status)``.
+def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, flushed):
+    """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status, exact)``.
+
+    ``flushed``: whether a probability was already flushed below ``_FLUSH``;
+    ``exact``: whether ``sum_t log c_t`` is the exact value (nothing flushed, or
+    the backward sweep's per-frame check passed).  Without ``want`` the sweep
+    runs only when something was flushed, as the verdict on the value.
 
     ``probs (tb, cp)``: the frame-normalised emission probabilities (columns
     ``>= C`` zero); ``m``/``mt`` ``(cp, cp)``: the shifted transition
@@ -213,34 +222,43 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt):
         elif has_trans:
             _matvec(mt, alpha, t - 1, alpha, t)
             for k in range(cp):
-                alpha[t, k] *= probs[t, k]
+                p = probs[t, k]
+                w = alpha[t, k] * p
+                if w < _FLUSH and p > 0.0:
+                    flushed = True
+                alpha[t, k] = w
         else:
             for k in range(cp):
                 alpha[t, k] = probs[t, k]
         c = _sum_row(alpha, t, z, ucp)
         if c != c or c == np.inf:
-            return np.nan, _NAN
+            return np.nan, _NAN, False
         if c < _TINY:
-            return 0.0, _FALLBACK
+            return 0.0, _FALLBACK, False
         inv = 1.0 / c
         for k in range(cp):
-            alpha[t, k] *= inv
+            w = alpha[t, k] * inv
+            if w < _FLUSH and probs[t, k] > 0.0:
+                flushed = True
+            alpha[t, k] = w
         cs[t] = c
         prod *= c
         if not 1e-100 < prod < 1e100:  # prod * c stays normal
             lsum += math.log(prod)
             prod = 1.0
     lsum += math.log(prod)
-    if not want:
-        return lsum, _OK
-
+    if not (want or flushed):
+        return lsum, _OK, True
+    # The sweep's r/d checks are the verdict on lsum when something was
+    # flushed; a failed _MAX_SCALE check only sends the counts to log space.
+    status = _OK
     # rows: beta_t, w = P_t beta_t, next beta (unnormalised)
     vec = np.ones((3, cp))
     q = 1.0
     for t in range(tb - 1, -1, -1):
         r = _dot_rows(alpha, t, vec, 0, z, ucp)
         if not (abs(r - q) <= _CHECK_TOL * q and r >= _TINY):
-            return lsum, _FALLBACK
+            return lsum, _FALLBACK, not flushed
         inv = 1.0 / r
         for k in range(cp):
             alpha[t, k] *= vec[0, k] * inv
@@ -250,21 +268,22 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt):
         for k in range(cp):
             vec[1, k] = probs[t, k] * vec[0, k]
         _matvec(m, vec, 1, vec, 2)
-        if want_cnt:
+        if want_cnt and status == _OK:
             # Expected j -> i transitions into frame t:
             # alpha_{t-1}(j) m[i, j] P_t(i) beta_t(i) / (c_t r_t).
             scale = inv / cs[t]
             if not scale <= _MAX_SCALE:
-                return lsum, _FALLBACK
-            _rank1(cnt, m, vec, 1, scale, alpha, t - 1)
+                status = _FALLBACK
+            else:
+                _rank1(cnt, m, vec, 1, scale, alpha, t - 1)
         d = _sum_row(vec, 2, z, ucp)
         if not d >= _TINY:
-            return lsum, _FALLBACK
+            return lsum, _FALLBACK, not flushed
         inv_d = 1.0 / d
         for k in range(cp):
             vec[0, k] = vec[2, k] * inv_d
         q *= cs[t] * inv_d
-    return lsum, _OK
+    return lsum, status, True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -321,10 +340,11 @@ def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
 # Target paths: L positions, stay or advance                                   #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True, fastmath=_FM)
-def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
+def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed):
     """Linear-space forward-backward over the target's positions.
 
-    Returns ``(sum_t log c_t, status)``.  ``lab``: the target as unsigned
+    Returns ``(sum_t log c_t, status, exact)`` (``flushed``/``exact`` as in
+    :func:`_norm_linear`).  ``lab``: the target as unsigned
     integers; ``ws[l]``/``wa[l]``: weight of staying at / advancing to position
     ``l`` (``wa[0] = 0``; both have a zero entry at ``L``).  ``alpha (tb, L + 1)``
     is scratch; with ``want`` it ends up holding the posteriors inside each
@@ -345,21 +365,31 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
         else:
             l0 = lo
             if lo == 0:
-                alpha[t, 0] = alpha[t - 1, 0] * ws[0] * probs[t, lab[0]]
+                p = probs[t, lab[0]]
+                w = alpha[t - 1, 0] * ws[0] * p
+                if w < _FLUSH and p > 0.0:
+                    flushed = True
+                alpha[t, 0] = w
                 l0 = one
             for l in range(l0, hi):
-                alpha[t, l] = ((alpha[t - 1, l] * ws[l] + alpha[t - 1, l - one] * wa[l])
-                               * probs[t, lab[l]])
+                p = probs[t, lab[l]]
+                w = (alpha[t - 1, l] * ws[l] + alpha[t - 1, l - one] * wa[l]) * p
+                if w < _FLUSH and p > 0.0:
+                    flushed = True
+                alpha[t, l] = w
         # Position hi is unreachable at frame t: keep it 0 for frame t + 1.
         alpha[t, hi] = 0.0
         c = _sum_row(alpha, t, lo, hi)
         if c != c or c == np.inf:
-            return np.nan, _NAN
+            return np.nan, _NAN, False
         if c < _TINY:
-            return 0.0, _FALLBACK
+            return 0.0, _FALLBACK, False
         inv = 1.0 / c
         for l in range(lo, hi):
-            alpha[t, l] *= inv
+            w = alpha[t, l] * inv
+            if w < _FLUSH and probs[t, lab[l]] > 0.0:
+                flushed = True
+            alpha[t, l] = w
         cs[t] = c
         prod *= c
         if not 1e-100 < prod < 1e100:  # prod * c stays normal
@@ -367,8 +397,9 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
             prod = 1.0
     lsum += math.log(prod)
     # Only position L-1 is allowed at the last frame, and alpha-hat sums to 1 there.
-    if not want:
-        return lsum, _OK
+    if not (want or flushed):
+        return lsum, _OK, True
+    status = _OK
     # rows: beta_t; P_t(y_l) beta_t(l) (zero outside frame t's band)
     vec = np.zeros((2, n_lab + 1))
     vec[0, n_lab - 1] = 1.0
@@ -378,7 +409,7 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
         hi = np.uint64(min(n_lab - 1, t)) + one
         r = _dot_rows(alpha, t, vec, 0, lo, hi)
         if not (abs(r - q) <= _CHECK_TOL * q and r >= _TINY):
-            return lsum, _FALLBACK
+            return lsum, _FALLBACK, not flushed
         inv = 1.0 / r
         for l in range(lo, hi):
             alpha[t, l] *= vec[0, l] * inv
@@ -387,10 +418,11 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
         for l in range(lo, hi):
             vec[1, l] = probs[t, lab[l]] * vec[0, l]
         vec[1, hi] = 0.0
-        if want_cnt:
+        if want_cnt and status == _OK:
             scale = inv / cs[t]
             if not scale <= _MAX_SCALE:
-                return lsum, _FALLBACK
+                status = _FALLBACK
+                scale = 0.0
             for l in range(lo, hi):
                 cnt[0, l] += (vec[1, l] * scale * ws[l]) * alpha[t - 1, l]
             for l in range(max(lo, one), hi):
@@ -401,12 +433,12 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt):
             vec[0, l] = vec[1, l] * ws[l] + vec[1, l + one] * wa[l + one]
         d = _sum_row(vec, 0, lo1, hi1)
         if not d >= _TINY:
-            return lsum, _FALLBACK
+            return lsum, _FALLBACK, not flushed
         inv_d = 1.0 / d
         for l in range(lo1, hi1):
             vec[0, l] *= inv_d
         q *= cs[t] * inv_d
-    return lsum, _OK
+    return lsum, status, True
 
 
 @numba.njit(cache=True, nogil=True)
@@ -485,11 +517,13 @@ def _frame_probs(b, tb, em, probs):
     """``probs[t, k] = exp(em[t, b, k] - fmax_t)``, ``fmax_t = max_k em[t, b, k]``
     (0 if all the frame's scores are ``-inf``; NaN scores are skipped, their
     ``probs`` are NaN); columns ``k >= C`` of ``probs`` are 0.  Returns
-    ``sum_t fmax_t``.
+    ``(sum_t fmax_t, flushed)``: whether a finite score's probability came
+    out below ``_FLUSH``.
     """
     n_cls = em.shape[2]
     cp = probs.shape[1]
     fsum = 0.0
+    flushed = False
     for t in range(tb):
         mx = _NEG_INF
         for k in range(n_cls):
@@ -500,9 +534,12 @@ def _frame_probs(b, tb, em, probs):
             mx = 0.0
         fsum += mx
         _exp_row(em, t, b, mx, probs)
+        for k in range(n_cls):
+            if probs[t, k] < _FLUSH and np.float64(em[t, b, k]) != _NEG_INF:
+                flushed = True
         for k in range(n_cls, cp):
             probs[t, k] = 0.0
-    return fsum
+    return fsum, flushed
 
 
 @numba.njit(cache=True, nogil=True)
@@ -540,7 +577,17 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
         return
     probs = np.empty((tb, cp))
     # log of everything the rescaled recursions divide out besides their c_t
-    shift = _frame_probs(b, tb, em, probs) + sigma
+    shift, flushed = _frame_probs(b, tb, em, probs)
+    shift += sigma
+    # Flushed start / transition probabilities count too.
+    for k in range(n_cls):
+        if sp[0, k] < _FLUSH and np.float64(start[k]) != _NEG_INF:
+            flushed = True
+    if has_trans:
+        for i in range(n_cls):
+            for j in range(n_cls):
+                if m[i, j] < _FLUSH and np.float64(trans[i, j]) != _NEG_INF:
+                    flushed = True
     if tb > 1:
         shift += (tb - 1) * tau
     # pn: normaliser posteriors minus target posteriors; cnt: the same for the
@@ -548,17 +595,23 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     pn = np.empty((tb, cp))
     cnt = np.zeros((cp, cp) if has_trans and want else (0, 0))
     gs = np.zeros(cp)
-    lz, st = _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, pn, cnt)
-    norm_lin = st == _OK
+    # Loss rule (the same with or without a gradient): a linear value that is
+    # exact (nothing flushed, or the sweep's check passed) is the value; log
+    # space gives the value only otherwise, and the gradient whenever the
+    # linear sweep failed.
+    lz, st, norm_lin = _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, pn, cnt,
+                                    flushed)
     logz = shift + lz
-    if norm_lin:
+    if st == _OK:
         if want:
             for k in range(cp):
                 gs[k] = pn[0, k]
     elif st == _FALLBACK:
         pn[:, :] = 0.0
         cnt[:, :] = 0.0
-        logz = _norm_log(b, tb, em, trans, start, has_trans, want, pn, cnt, gs)
+        lg = _norm_log(b, tb, em, trans, start, has_trans, want, pn, cnt, gs)
+        if not norm_lin:
+            logz = lg
         st = _NAN if (logz != logz or logz == np.inf) else _OK
     if st == _NAN:
         _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
@@ -585,10 +638,11 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
                     wa[l] = 1.0
         na = np.empty((tb, nl + 1))
         ncnt = np.zeros((2, nl))
-        ln, st = _num_linear(tb, lab.astype(np.uint64), probs, ws, wa, sp, want, want_cnt,
-                             na, ncnt)
-        if st == _OK:
+        ln, st, num_lin = _num_linear(tb, lab.astype(np.uint64), probs, ws, wa, sp, want,
+                                      want_cnt, na, ncnt, flushed)
+        if num_lin:
             losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
+        if st == _OK:
             if want:
                 for t in range(tb):
                     for l in range(max(0, nl - (tb - t)), min(nl - 1, t) + 1):
@@ -604,12 +658,15 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
             nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
             ns = np.zeros(n_cls)
             lognum = _num_log(b, tb, lab, em, trans, start, has_trans, want, ne, nt, ns)
-            if lognum != lognum or lognum == np.inf:
+            if num_lin:
+                pass  # the linear value stands; log space gives the gradient
+            elif lognum != lognum or lognum == np.inf:
                 st = _NAN
             elif lognum == _NEG_INF:
                 feasible = False
             else:
                 losses[b] = logz - lognum
+            if st != _NAN and feasible:
                 if want:
                     for t in range(tb):
                         for k in range(n_cls):
