@@ -40,10 +40,19 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EPSILON", "Graph", "graph_arrays", "backward"]
+__all__ = ["EPSILON", "MAX_LABEL", "Graph", "graph_arrays", "backward"]
 
 #: The epsilon (empty) label.
 EPSILON = -1
+
+#: The largest label a graph can hold (labels are stored as int64).  Every
+#: label in ``[EPSILON, MAX_LABEL]`` is supported by every operation: the
+#: (node, label) lookup tables of ``compose``/``intersect`` are only built when
+#: ``num_nodes * (max label + 1)`` is small, and that bound is checked without
+#: forming the product (no int64 overflow); otherwise a label-sorted merge is
+#: used.  Larger values raise ``ValueError``.
+MAX_LABEL = 2 ** 63 - 1
+_LABEL_RANGE = "[-1, 2**63 - 1] (-1 = epsilon)"
 
 _GRAD_LOCK = threading.Lock()
 _IDS = itertools.count()
@@ -64,6 +73,12 @@ def _as_index_array(name: str, value, size: Optional[int] = None) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise ValueError(f"Graph.from_arrays: {name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype == object and arr.size and all(isinstance(x, int) for x in arr.tolist()):
+        # Python ints beyond int64 (numpy keeps them as objects)
+        raise ValueError(f"Graph.from_arrays: {name} must fit int64, got values in "
+                         f"[{min(arr.tolist())}, {max(arr.tolist())}]")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > MAX_LABEL:
+        raise ValueError(f"Graph.from_arrays: {name} must fit int64, got {int(arr.max())}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"Graph.from_arrays: {name} must hold integers, got dtype {arr.dtype}")
     if size is not None and arr.shape[0] != size:
@@ -198,7 +213,8 @@ class Graph:
             for name, arr in (("ilabel", il), ("olabel", ol)):
                 if int(arr.min()) < EPSILON:
                     raise ValueError(
-                        f"Graph.from_arrays: {name} must be >= -1 (epsilon), got {int(arr.min())}"
+                        f"Graph.from_arrays: {name} must lie in {_LABEL_RANGE}, "
+                        f"got {int(arr.min())}"
                     )
         flags = []
         for name, f in (("start", start), ("accept", accept)):
@@ -268,18 +284,31 @@ class Graph:
         self._n = n + 1
         return n
 
-    def add_arc(self, src_node: int, dst_node: int, ilabel: int, olabel: Optional[int] = None,
-                weight: float = 0.0) -> int:
+    def add_arc(self, src_node: int, dst_node: int, ilabel: Optional[int] = None,
+                olabel: Optional[int] = None, weight: float = 0.0, *,
+                label: Optional[int] = None) -> int:
         """Add an arc and return its index.
 
-        ``add_arc(src, dst, label)`` adds an acceptor arc (``olabel = ilabel``)
-        with weight 0, as in GTN.  Any accumulated gradient is dropped.
+        ``add_arc(src, dst, label)`` (or ``label=...``) adds an acceptor arc
+        (``olabel = ilabel``) with weight 0, as in GTN;
+        ``add_arc(src, dst, ilabel, olabel, weight=0.0)`` a transducer arc.
+        Any accumulated gradient is dropped.
 
         Raises:
-          ValueError: a node id is out of range or a label is below ``-1``.
+          ValueError: a node id is out of range or a label lies outside
+            ``[-1, MAX_LABEL]`` (``MAX_LABEL = 2**63 - 1``).
+          TypeError: both or neither of ``ilabel`` and ``label`` are given, or
+            ``label`` is combined with ``olabel``/``weight``.
         """
         n = self._n
         fn = "Graph.add_arc"
+        if label is not None:
+            if ilabel is not None or olabel is not None or weight != 0.0:
+                raise TypeError("Graph.add_arc: label= makes an acceptor arc of weight 0; "
+                                "use ilabel=, olabel=, weight= instead of combining them")
+            ilabel = label
+        elif ilabel is None:
+            raise TypeError("Graph.add_arc: missing the label (ilabel or label)")
         s, d = _int_arg(fn, "src_node", src_node), _int_arg(fn, "dst_node", dst_node)
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(
@@ -288,9 +317,9 @@ class Graph:
         il = _int_arg(fn, "ilabel", ilabel)
         ol = il if olabel is None else _int_arg(fn, "olabel", olabel)
         weight = _float_arg(fn, "weight", weight)
-        if il < EPSILON or ol < EPSILON:
+        if not (EPSILON <= il <= MAX_LABEL and EPSILON <= ol <= MAX_LABEL):
             raise ValueError(
-                f"Graph.add_arc: labels must be >= -1 (epsilon), got ilabel={il}, olabel={ol}"
+                f"Graph.add_arc: labels must lie in {_LABEL_RANGE}, got ilabel={il}, olabel={ol}"
             )
         a = self._na
         if a == self._src.shape[0]:

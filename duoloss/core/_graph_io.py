@@ -18,7 +18,7 @@ from typing import Dict, Optional, Union
 
 import numpy as np
 
-from ._graph import EPSILON, Graph
+from ._graph import EPSILON, MAX_LABEL, Graph
 
 __all__ = ["to_text", "from_text", "savetxt", "loadtxt", "to_dot", "draw"]
 
@@ -83,6 +83,9 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
             wt = float(parts[4]) if len(parts) > 4 else 0.0
         except ValueError:
             raise ValueError(f"loadtxt: cannot parse line {k}: {line!r}") from None
+        if not (EPSILON <= i <= MAX_LABEL and EPSILON <= o <= MAX_LABEL):
+            raise ValueError(f"loadtxt: line {k}: labels must lie in [-1, 2**63 - 1] "
+                             f"(-1 = epsilon), got {line!r}")
         src.append(s)
         dst.append(d)
         il.append(i)

@@ -378,21 +378,25 @@ def _label_table(n, ptr, slab, enabled):
     """``(K, ok, lo, hi)``: for node ``u`` and label ``0 <= l < K`` its out-arcs
     labelled ``l`` are CSR positions ``lo[u*K+l] : hi[u*K+l]`` (``lo = -1``:
     none).  ``slab`` holds the labels in CSR order, sorted within each node.
-    Built only when ``n * K`` is small next to the graph (``ok``); labels below
-    ``-1`` also disable it (the merge then handles them)."""
+    Built only when ``n * K`` is small next to the graph (``ok``); otherwise,
+    and for labels below ``-1``, the caller merges the label-sorted lists (any
+    int64 label works there)."""
     m = slab.shape[0]
     K = 0
     if not enabled:
         return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # the table may hold ``budget`` entries; ``K <= budget // n`` is checked
+    # label by label *before* ``l + 1`` or ``n * K`` is formed, so neither can
+    # overflow int64 for any stored label (up to 2**63 - 1)
+    budget = 4 * (m + n) + 4096
+    kmax = budget // max(n, 1)
     for k in range(m):
         l = slab[k]
-        if l < -1:
+        if l < -1 or l >= kmax:
             return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
         if l + 1 > K:
             K = l + 1
     size = n * K
-    if size > 4 * (m + n) + 4096:
-        return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
     lo = np.full(size, -1, np.int64)
     hi = np.empty(size, np.int64)
     for u in range(n):

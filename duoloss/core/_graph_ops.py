@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from . import _graph_kernels as K
-from ._graph import EPSILON, Graph, _float_arg, _int_arg
+from ._graph import EPSILON, MAX_LABEL, Graph, _float_arg, _int_arg
 
 __all__ = [
     "clone", "negate", "add", "subtract", "project_input", "project_output", "concat",
@@ -390,7 +390,11 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
     if max(g1._na, g2._na) >= 2 ** 31:
         raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
     nf = 3 if K.has_label(match1, match2, EPSILON) else 1
-    bound = max(n1 * n2 * nf, 1)
+    bound = max(n1 * n2 * nf, 1)   # Python ints: exact
+    if bound >= 2 ** 62:
+        # state keys ``(q2 * n1 + q1) * nf`` must fit int64 inside the kernel
+        raise ValueError(f"{fn}: the product of the node counts is too large "
+                         f"({n1} x {n2} nodes; at most 2**62 / {nf} pairs are supported)")
     state_cap, arc_cap = _compose_caps(bound, n1, n2, g1._na, g2._na)
     while True:
         hcap = 64
@@ -672,8 +676,8 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     _check("remove", "g", g)
     il_rm = _int_arg("remove", "ilabel", ilabel)
     ol_rm = il_rm if olabel is None else _int_arg("remove", "olabel", olabel)
-    if il_rm < EPSILON or ol_rm < EPSILON:
-        raise ValueError(f"remove: labels must be >= -1 (epsilon), got ilabel={il_rm}, "
+    if not (EPSILON <= il_rm <= MAX_LABEL and EPSILON <= ol_rm <= MAX_LABEL):
+        raise ValueError(f"remove: labels must lie in [-1, 2**63 - 1], got ilabel={il_rm}, "
                          f"olabel={ol_rm}")
     n, src, dst, il, ol, w, st, ac = _arrays(g)
     A = g._na
