@@ -575,6 +575,10 @@ class Graph:
     def __len__(self) -> int:  # pragma: no cover - convenience
         return self._na
 
+    def __bool__(self) -> bool:
+        """Always true, as GTN's graphs (``if graph:`` must not test ``len``)."""
+        return True
+
 
 def graph_arrays(g: Graph):
     """The arrays of a graph, as read-only views (no copy).
@@ -605,6 +609,11 @@ def graph_arrays(g: Graph):
     return (n, *out)
 
 
+def _released(gout, inputs):  # pragma: no cover - a marker, never called
+    """Marks an operation whose record a ``backward`` without ``retain_graph`` freed."""
+    raise ValueError("backward: cannot backward twice without retaining the graph")
+
+
 def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False) -> None:
     """Accumulate ``d g / d w`` into every graph ``g`` was computed from.
 
@@ -620,7 +629,9 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
         again; by default it is released as it is consumed (GTN semantics).
 
     Raises:
-      TypeError / ValueError: bad arguments; ``g`` has ``calc_grad=False``.
+      TypeError / ValueError: bad arguments; ``g`` has ``calc_grad=False``;
+        the record behind ``g`` was released by an earlier ``backward``
+        without ``retain_graph=True`` (GTN's rule).
     """
     if not isinstance(g, Graph):
         raise TypeError(f"backward: g must be a Graph, got {type(g).__name__}")
@@ -642,6 +653,9 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
                 f"backward: grad must have {g._na} arc weights (one per arc of g), got {seed.shape[0]}"
             )
     # Topological order of the computation record (iterative DFS post-order).
+    if g._grad_fn is _released:
+        raise ValueError("backward: cannot backward twice without retaining the graph "
+                         "(pass retain_graph=True to the first backward)")
     order: List[Graph] = []
     seen = {g._id}
     stack = [(g, 0)]
@@ -650,6 +664,10 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
         if i < len(node._inputs):
             stack.append((node, i + 1))
             child = node._inputs[i]
+            if child._grad_fn is _released:
+                raise ValueError("backward: cannot backward twice without retaining the graph "
+                                 "(an intermediate result's record was released by an earlier "
+                                 "backward; pass retain_graph=True to it)")
             if child._calc_grad and child._id not in seen:
                 seen.add(child._id)
                 stack.append((child, 0))
@@ -673,6 +691,7 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
                 inp._add_grad(gi, owned=True)
                 prev = flow.get(inp._id)
                 flow[inp._id] = gi if prev is None else prev + gi
-        if not retain_graph:
+        if not retain_graph and fn is not None:
+            # released: a later backward through ``node`` raises (as GTN)
             node._inputs = ()
-            node._grad_fn = None
+            node._grad_fn = _released

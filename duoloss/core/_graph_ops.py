@@ -93,12 +93,13 @@ def _identity_grad(gout, inputs):
 def scalar_graph(weight: float = 0.0, calc_grad: bool = True) -> Graph:
     """A graph with one arc ``0 -> 1`` of weight ``weight`` (node 0 start, 1 accept).
 
-    NB: the arc is labelled 0, like the scalar outputs of GTN's (facebookresearch)
-    ``negate``/``add``/``subtract``.
+    NB: the arc is labelled epsilon (``-1:-1``), as GTN's ``scalarGraph``; the
+    scalar *results* of ``negate``/``add``/``subtract``/``forward_score`` are
+    labelled ``0:0``, as in GTN (facebookresearch).
     """
     weight = _float_arg("scalar_graph", "weight", weight)
     g = Graph._from_trusted(2, np.array([0], np.int64), np.array([1], np.int64),
-                            np.array([0], np.int64), np.array([0], np.int64),
+                            np.array([EPSILON], np.int64), np.array([EPSILON], np.int64),
                             np.array([weight], np.float32), np.array([True, False]),
                             np.array([False, True]), calc_grad)
     return g
@@ -310,6 +311,7 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
 _LABEL_TABLES = True  # (node, label) lookup tables in compose (tests turn them off)
 _DENSE_MAX = 1 << 21  # entries of the per-thread dense state table (16 MiB of int64)
 _EMPTY_TABLE = np.zeros(0, np.int64)
+_EMPTY_LABELS = np.zeros(0, np.int64)
 
 
 def _dense_table(size: int) -> np.ndarray:
@@ -389,7 +391,9 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
     if max(g1._na, g2._na) >= 2 ** 31:
         raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
-    nf = 3 if K.has_label(match1, match2, EPSILON) else 1
+    # three filter states only when both sides have epsilons (see compose_kernel)
+    nf = 3 if (K.has_label(match1, _EMPTY_LABELS, EPSILON)
+               and K.has_label(_EMPTY_LABELS, match2, EPSILON)) else 1
     bound = max(n1 * n2 * nf, 1)   # Python ints: exact
     if bound >= 2 ** 62:
         # state keys ``(q2 * n1 + q1) * nf`` must fit int64 inside the kernel
@@ -444,7 +448,8 @@ def compose(g1: Graph, g2: Graph) -> Graph:
     Output arcs carry ``(g1.ilabel, g2.olabel)`` and weight ``w1 + w2``.  The
     weight of a label pair ``(x, z)`` in the result is
     ``logsumexp over y of w1(x, y) + w2(y, z)`` (epsilons removed from the
-    sequences).  Epsilon moves are handled with a three-state epsilon filter, so
+    sequences).  Epsilon moves are handled with a three-state epsilon filter
+    (only when both sides have epsilons; otherwise none is needed), so
     every pair of input paths yields exactly one output path (GTN's
     facebookresearch build can drop paths here).  Only states that are both
     accessible and co-accessible are kept.
