@@ -738,7 +738,14 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
             other[u] = False
             simple = ac[u] and not other.any()
             final_rho[u] = None if simple else alpha[n]
-    need_f = [u for u, r in final_rho.items() if r is not None]
+    # a sink (no kept out-arcs, not a start node) whose removable paths reach
+    # acceptance with weight exactly 0 simply becomes an accept node (GTN's
+    # result): every path into it ends there, so the in-arcs' gradients are the
+    # flow through rho and the epsilon weights keep their gradient
+    has_out = {u for (u, x, a, wt, uu, v) in out}
+    sinks = {u for u, r in final_rho.items()
+             if r is not None and r == 0.0 and not st[u] and u not in has_out}
+    need_f = [u for u, r in final_rho.items() if r is not None and u not in sinks]
     # start nodes whose empty string has a non-trivial weight get a new start node
     # with one removable arc into F (using the start node itself would let paths
     # that merely pass through it end there as well)
@@ -747,13 +754,14 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     N = kept_ids.size + (1 if need_f else 0) + len(empty_starts)
     accept_new = np.zeros(N, np.bool_)
     for u, r in final_rho.items():
-        if r is None:
+        if r is None or u in sinks:
             accept_new[newid[u]] = True
     if need_f:
         accept_new[F] = True
     rows = []   # (src_new, dst_new, ilabel, olabel, weight, a, deps[(u, v)])
     for (u, x, a, wt, uu, v) in out:
-        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, ((uu, v),)))
+        deps = ((uu, v), (x, n)) if x in sinks else ((uu, v),)
+        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, deps))
     need_set = set(need_f)
     for (u, x, a, wt, uu, v) in out:
         if x in need_set:

@@ -336,6 +336,45 @@ def test_difference_remove_keeps_epsilon_weights_and_their_gradient():
     np.testing.assert_allclose(g.grad().weights_to_list(), [p[0], p[1], p[0], p[1]], rtol=1e-6)
 
 
+def test_remove_turns_zero_weight_epsilon_sinks_into_accept_nodes():
+    """With epsilon weights 0 the result is GTN's (nodes 1 and 2 accept), and the
+    epsilon arcs still get their posterior (1/2 each) as gradient."""
+    g = gtn.Graph()
+    g.add_node(True)
+    g.add_node()
+    g.add_node()
+    g.add_node(False, True)
+    g.add_arc(0, 1, 0)
+    g.add_arc(0, 2, 1)
+    g.add_arc(1, 3, gtn.epsilon)
+    g.add_arc(2, 3, gtn.epsilon)
+    want = gtn.Graph()
+    want.add_node(True)
+    want.add_node(False, True)
+    want.add_node(False, True)
+    want.add_arc(0, 1, 0)
+    want.add_arc(0, 2, 1)
+    r = gtn.remove(g)
+    assert gtn.equal(r, want)
+    s = gtn.forward_score(r)
+    assert s.item() == pytest.approx(math.log(2))
+    gtn.backward(s)
+    np.testing.assert_allclose(g.grad().weights_to_list(), [0.5, 0.5, 0.5, 0.5], rtol=1e-6)
+
+
+@SETTINGS
+@given(dags(max_nodes=5, max_arcs=9, labels=(-1, -1, 0, 1)))
+def test_remove_with_zero_weight_epsilons_matches_enumeration(g):
+    n, src, dst, il, ol, w, st, ac = gtn.graph_arrays(g)
+    g = gtn.Graph.from_arrays(n, src, dst, il, ol, np.where(il == -1, 0.0, w), st, ac)
+    out = gtn.remove(g)
+    lang_equal(language(out), language(g))
+    s = gtn.forward_score(out)
+    (grad,) = grad_of(s, g)
+    num = central_diff(lambda x: brute_forward(g, x), weights64(g))
+    np.testing.assert_allclose(grad, num, atol=2e-4, rtol=1e-3)
+
+
 def test_difference_both_sided_epsilons_keep_exactly_one_path_per_pair():
     """a:eps b:eps composed with eps:c eps:d has one pair of paths, so exactly one
     output path (score log 1 = 0 with zero weights): without the filter there
