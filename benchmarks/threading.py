@@ -91,9 +91,15 @@ def _concurrent(fn, callers, calls):
     return [1e3 * (time.perf_counter() - t0) / (callers * calls)]
 
 
+def _quiet(fn):
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the child's error (or numba's "Terminating: ...") is expected
+    fn()
+
+
 def _child_runs_kernel(fn, timeout):
     """Fork; the child runs ``fn``.  True if it exits cleanly within ``timeout`` s."""
-    proc = multiprocessing.get_context("fork").Process(target=fn)
+    proc = multiprocessing.get_context("fork").Process(target=_quiet, args=(fn,))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
