@@ -30,7 +30,7 @@ import torch
 from duoloss.core import LossKernel
 
 from ._ops import fold as _fold
-from ._ops import kernel_id, kernel_loss_op, static_json
+from ._ops import kernel_id, kernel_loss_op, second_order_message, static_json
 from ._ops import unfold as _unfold
 from ._ops import weigh_batched
 
@@ -199,6 +199,60 @@ def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss):
     return result
 
 
+def forward_mode_message(name: str) -> str:
+    """The error of forward-mode differentiation (jvp) of a duoloss loss."""
+    return (f"{name}: forward-mode derivatives (torch.func.jvp, jacfwd, hessian, "
+            f"torch.autograd.forward_ad) are not implemented; duoloss losses support reverse "
+            f"mode only (backward, torch.autograd.grad, torch.func.grad/vjp/jacrev), and their "
+            f"gradients are not themselves differentiable")
+
+
+class _GradientNode(torch.autograd.Function):
+    """``grad = scale(per-sequence gradient, cotangent)`` as a node of a
+    ``create_graph=True`` backward (or of a ``torch.func`` transform, whose
+    backward always builds a graph).
+
+    Its inputs are the cotangent *and the loss's input*, so a second
+    differentiation reaches this node (as it reaches ``_ctc_loss_backward`` for
+    torch's own CTC) and raises instead of silently treating the gradient as a
+    constant.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(name, axis, weighted, grad, grad_loss, x):
+        if weighted:
+            return grad * grad_loss.to(grad.dtype)
+        return _scale(grad, grad_loss, axis)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.name = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise NotImplementedError(second_order_message(ctx.name))
+
+    @staticmethod
+    def jvp(ctx, *unused):
+        raise NotImplementedError(second_order_message(ctx.name))
+
+
+def _graph_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, inputs):
+    """:func:`_scaled_grads` while grad mode is on: each gradient is a
+    :class:`_GradientNode` linked to its input, so differentiating it raises."""
+    result = []
+    grads = iter(grads)
+    for i, wanted in enumerate(want):
+        if not wanted or grad_loss is None:
+            result.append(None)
+        else:
+            result.append(_GradientNode.apply(kernel.name, kernel.batch_axes[i], weighted,
+                                              next(grads), grad_loss, inputs[i]))
+    return result
+
+
 class _EagerKernelFunction(torch.autograd.Function):
     """Plain eager autograd (no ``torch.func`` transform active, not compiling).
 
@@ -214,22 +268,26 @@ class _EagerKernelFunction(torch.autograd.Function):
     def forward(ctx, kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights,
                 *tensors):
         out = _host_forward(kernel, static, want, weights, tensors, _host)
-        ctx.state = (kernel, want, weights is not None, out[1:])
+        ctx.state = (kernel, want, weights is not None)
+        # Saved (not kept on ctx) so that a second backward without retain_graph
+        # raises torch's "Trying to backward through the graph a second time".
+        ctx.save_for_backward(*out[1:])
+        # Only a create_graph=True backward uses them (to link the gradient to them).
+        ctx.inputs = tensors
         return out[0]
 
     @staticmethod
     def backward(ctx, grad_loss):
-        # ctx.state stays until the graph is freed: a retain_graph backward may come again.
-        if torch.is_grad_enabled():  # create_graph=True: once_differentiable's delayed error
-            return _EagerKernelFunction._backward_once(ctx, grad_loss)
-        # Otherwise once_differentiable would only add a no_grad block (grad mode
-        # is already off in a plain backward) around the same computation.
-        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
+        grads = ctx.saved_tensors
+        kernel, want, weighted = ctx.state
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that refuses a 2nd one
+            return (None, None, None, None,
+                    *_graph_grads(kernel, want, weighted, grads, grad_loss, ctx.inputs))
+        return (None, None, None, None, *_scaled_grads(kernel, want, weighted, grads, grad_loss))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward_once(ctx, grad_loss):
-        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
+    def jvp(ctx, *unused):
+        raise NotImplementedError(forward_mode_message(ctx.state[0].name))
 
     @classmethod
     def apply(cls, *args):
@@ -254,15 +312,29 @@ class _KernelFunction(torch.autograd.Function):
         ctx.weighted = weights is not None
         grads = output[1:]
         ctx.mark_non_differentiable(*grads)
-        ctx.save_for_backward(*grads)
+        # The wanted inputs too: a backward that builds a graph (torch.func, or
+        # create_graph=True) links each gradient to its input (_GradientNode).
+        tensors = inputs[4:]
+        ctx.save_for_backward(*grads, *[t for t, w in zip(tensors, want) if w])
         # The gradient outputs never get a cotangent: no zeros to build for them.
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, *unused):
-        grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, ctx.saved_tensors, grad_loss)
+        saved = ctx.saved_tensors
+        k = len(saved) // 2
+        if torch.is_grad_enabled():
+            inputs = iter(saved[k:])
+            inputs = [next(inputs) if w else None for w in ctx.want]
+            grads = _graph_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss,
+                                 inputs)
+        else:
+            grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss)
         return (None, None, None, None, *grads)
+
+    @staticmethod
+    def jvp(ctx, *unused):
+        raise NotImplementedError(forward_mode_message(ctx.kernel.name))
 
     @staticmethod
     def vmap(info, in_dims, kernel, static, want, weights, *tensors):
