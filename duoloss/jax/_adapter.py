@@ -260,11 +260,32 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
       arrays: its array inputs, in order.
       **static: the kernel's static keyword arguments (hashable).
     """
+    half = _half_dtype(arrays)
+    if half is not None:  # float16/bfloat16: float32 in (differentiable casts), loss cast back
+        arrays = tuple(a.astype(jnp.float32) if _is_floating(a) and a.dtype != jnp.float64
+                       else a for a in arrays)
+        return apply_kernel(kernel, arrays, **static).astype(half)
     static = tuple(sorted(static.items()))
     layout = explicit_batch_sharding(arrays, kernel.batch_axes)
     if layout is not None:
         return _explicit(kernel, static, arrays, *layout)
     return _local(kernel, static, arrays)
+
+
+_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _is_floating(a) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def _half_dtype(arrays):
+    """float16/bfloat16 when the first floating input (which sets the loss dtype,
+    as in the core) has it, else None."""
+    for a in arrays:
+        if _is_floating(a):
+            return a.dtype if a.dtype in _HALF else None
+    return None
 
 
 def _local(kernel, static, arrays):

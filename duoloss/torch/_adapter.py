@@ -415,6 +415,11 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
       **static: the kernel's static keyword arguments (under ``torch.compile``:
         bool, int, float, str or None).
     """
+    half = _half_dtype(tensors)
+    if half is not None:  # float16/bfloat16: float32 in, the loss cast back
+        tensors, dtype = _upcast(tensors, half)
+        out = apply_kernel(kernel, tensors, weights=weights, **static)
+        return out.to(dtype)
     if torch.compiler.is_compiling():
         return _compiled_apply(kernel, tensors, weights, static)
     if torch.is_grad_enabled():
@@ -428,6 +433,35 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
     return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_dtype(tensors) -> Optional[torch.dtype]:
+    """float16/bfloat16 when the first floating input (which sets the loss dtype,
+    as in the core) has it, else None."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.dtype if t.dtype in _HALF else None
+    return None
+
+
+def _upcast(tensors, half: torch.dtype):
+    """Mixed precision: the floating inputs cast to float32, and the loss dtype.
+
+    The loss comes back in ``half``, or in float32 under ``torch.autocast``:
+    like ``F.ctc_loss``, which is on autocast's float32 list, float16, bfloat16
+    and float32 inputs are cast to float32 (float64 stays) and the loss is
+    float32.  The casts are differentiable, so each gradient comes back in its
+    input's dtype.  The kernels compute in float64 either way.
+    """
+    device = next(t.device for t in tensors if isinstance(t, torch.Tensor))
+    if torch.is_autocast_enabled(device.type):
+        half = torch.float32
+    out = tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.dtype != torch.float64 else t for t in tensors)
+    return out, half
+
+
 def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, ...], weights,
                        static: dict) -> Optional[torch.Tensor]:
     """:func:`apply_kernel` for a frontend's common case, with the bookkeeping
@@ -438,7 +472,7 @@ def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, 
     active); returns None for anything else, and the caller then uses
     :func:`apply_kernel`.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _half_dtype(tensors) is not None:
         return None
     return _apply_eager(kernel, tensors, want, weights, static)
 
