@@ -39,6 +39,14 @@ def _int_array(fn, arg, x):
     raise _v.not_an_array(fn, arg, x, "a jax.Array or a tuple/list of ints")
 
 
+def _per_sequence(x, data):
+    """Scalar lengths for a batch of ``N = 1`` (as ``torch.nn.functional.ctc_loss``
+    accepts): as a ``(1,)`` array; else unchanged."""
+    if data.ndim == 3 and data.shape[1] == 1 and x.ndim == 0:
+        return x.reshape(1)
+    return x
+
+
 def _concat_to_padded_traced(targets, target_lengths):
     """jnp version for traced lengths: pad to the static bound ``targets.size``."""
     s = targets.shape[0]
@@ -62,8 +70,8 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     target_lengths (N,), batched)``.  Values are checked when concrete."""
     log_probs = _array(fn, "log_probs", log_probs)
     targets = _array(fn, "targets", targets)
-    input_lengths = _int_array(fn, "input_lengths", input_lengths)
-    target_lengths = _int_array(fn, "target_lengths", target_lengths)
+    input_lengths = _per_sequence(_int_array(fn, "input_lengths", input_lengths), log_probs)
+    target_lengths = _per_sequence(_int_array(fn, "target_lengths", target_lengths), log_probs)
     batched, concatenated = check_ctc_static(
         fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
         input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,

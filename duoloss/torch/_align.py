@@ -16,7 +16,7 @@ from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import to_numpy
 from ._asg import _check_tensor, _prepare
-from ._ctc import _as_int_array
+from ._ctc import _as_int_array, _per_sequence
 from ._graph_loss import host_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
@@ -73,8 +73,8 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     fn = "ctc_align"
     _check_tensor(fn, "log_probs", log_probs)
     _check_tensor(fn, "targets", targets)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank)
@@ -148,7 +148,7 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "transitions", transitions, optional=True)
     _check_tensor(fn, "start_transitions", start_transitions, optional=True)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
     n = emissions.shape[1] if emissions.dim() == 3 else 0
     check_asg_args(fn, emissions, transitions, start_transitions, np.zeros((n, 0), np.int64),
                    il, np.zeros(n, np.int64))

@@ -10,7 +10,7 @@ from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_a
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
-from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced
+from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced, _per_sequence
 
 __all__ = ["asg_loss", "ASGLoss"]
 
@@ -46,8 +46,10 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     if allow_traced and not is_concrete(targets, input_lengths, target_lengths):
         # torch.compile tracing or torch.func.vmap over the ints: shapes and dtypes
         # only; an invalid sequence gets a NaN loss from the kernel.
-        il = _as_int_tensor(input_lengths, fn, "input_lengths", emissions.device)
-        tl = _as_int_tensor(target_lengths, fn, "target_lengths", emissions.device)
+        il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths",
+                                          emissions.device), emissions)
+        tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths",
+                                          emissions.device), emissions)
         check_asg_args(fn, emissions, transitions, start_transitions, targets, il, tl,
                        concrete=False)
         _check_devices(fn, emissions, transitions, start_transitions)
@@ -56,8 +58,8 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
         if tg.dim() == 1:
             tg = _concat_to_padded_traced(tg, tl)
         return tg, il.reshape(-1).to(torch.int64), tl
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
     tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
     _check_devices(fn, emissions, transitions, start_transitions)
     return (tg.astype(np.int64, copy=False), il.astype(np.int64, copy=False).reshape(-1),

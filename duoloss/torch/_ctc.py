@@ -12,14 +12,34 @@ from ._adapter import apply_kernel, apply_kernel_eager, is_concrete, reduction_w
 __all__ = ["ctc_loss", "CTCLoss"]
 
 
+def _ints_of(x):
+    """A tuple/list of lengths with 0-d integer tensors (``F.ctc_loss`` accepts them,
+    e.g. ``(torch.tensor(5),)``) turned into ints; anything else unchanged."""
+    if any(isinstance(v, torch.Tensor) for v in x):
+        out = [int(v) if isinstance(v, torch.Tensor) and v.dim() == 0
+               and not v.is_floating_point() and not v.is_complex()
+               and v.dtype != torch.bool else v for v in x]
+        return tuple(out) if isinstance(x, tuple) else out
+    return x
+
+
+def _per_sequence(x, data, batch_dim=1):
+    """Lengths given as a scalar (a 0-d tensor or array, an int) for a batch of
+    ``N = 1`` (``F.ctc_loss`` accepts them): as a ``(1,)`` array; else unchanged."""
+    if data.dim() == 3 and data.shape[batch_dim] == 1 and x.ndim == 0:
+        return x.reshape(1)
+    return x
+
+
 def _as_int_array(x, fn, arg):
-    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints."""
+    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints
+    (or of 0-d integer tensors)."""
     if isinstance(x, torch.Tensor):
         return to_numpy(x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return np.asarray(x, np.int64)
     if isinstance(x, (list, tuple)):
-        return _v.int_list(fn, arg, x, "a torch.Tensor")
+        return _v.int_list(fn, arg, _ints_of(x), "a torch.Tensor")
     if isinstance(x, np.ndarray):
         return x
     raise _v.not_an_array(fn, arg, x, "a torch.Tensor or a tuple/list of ints")
@@ -33,6 +53,9 @@ def _as_int_tensor(x, fn, arg, device):
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return torch.tensor(int(x), dtype=torch.int64, device=device)
     if isinstance(x, (list, tuple)):
+        if any(isinstance(v, torch.Tensor) for v in x) and all(
+                isinstance(v, torch.Tensor) and v.dim() == 0 for v in x):
+            return torch.stack(list(x)).to(device)
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
             raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
                             f"got a {type(x).__name__} with non-int entries")
@@ -60,8 +83,10 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     """ctc_loss when target/length values cannot be read on the host (torch.compile
     tracing, or a torch.func.vmap over them): shapes and dtypes are checked here, an
     invalid sequence gets a NaN loss from the kernel instead of a ValueError."""
-    il = _as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device)
-    tl = _as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device)
+    il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device),
+                       log_probs)
+    tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device),
+                       log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction,
@@ -132,13 +157,14 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
                            reduction, zero_infinity)
     if (isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
-            and targets.dim() == 2 and log_probs.dim() == 3):
+            and targets.dim() == 2 and log_probs.dim() == 3 and input_lengths.dim() == 1
+            and target_lengths.dim() == 1):
         out = _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank,
                           reduction, zero_infinity)
         if out is not None:
             return out
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank, reduction)
