@@ -34,7 +34,8 @@ from ._ops import kernel_id, kernel_loss_op, second_order_message, static_json
 from ._ops import unfold as _unfold
 from ._ops import weigh_batched
 
-__all__ = ["apply_kernel", "apply_kernel_eager", "is_concrete", "reduction_weights", "to_numpy"]
+__all__ = ["apply_kernel", "apply_kernel_eager", "check_not_torchscript", "is_concrete",
+           "reduction_weights", "to_numpy", "torchscript_error"]
 
 try:  # torch >= 2.0: run plain-tensor code inside functorch transforms
     from torch._functorch.pyfunctorch import (
@@ -48,6 +49,21 @@ try:  # torch >= 2.0: what Function.apply does before running a single-level fun
 except ImportError:  # pragma: no cover
     def _unwrap_dead_wrappers(args):
         return args
+
+
+def torchscript_error(fn: str) -> RuntimeError:
+    """The error of a duoloss function under ``torch.jit.trace`` / ``torch.jit.script``."""
+    return RuntimeError(
+        f"{fn}: TorchScript (torch.jit.trace / torch.jit.script) is not supported: duoloss runs "
+        f"numba kernels on host buffers, which TorchScript can neither trace nor compile. Use "
+        f"torch.compile (fullgraph=True works) or torch.export.export instead, or keep the "
+        f"loss outside the traced/scripted module")
+
+
+def check_not_torchscript(fn: str) -> None:
+    """Raise :func:`torchscript_error` while ``torch.jit.trace`` runs."""
+    if torch._C._is_tracing():
+        raise torchscript_error(fn)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -415,6 +431,7 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
       **static: the kernel's static keyword arguments (under ``torch.compile``:
         bool, int, float, str or None).
     """
+    check_not_torchscript(kernel.name)
     half = _half_dtype(tensors)
     if half is not None:  # float16/bfloat16: float32 in, the loss cast back
         tensors, dtype = _upcast(tensors, half)

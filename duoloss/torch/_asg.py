@@ -9,7 +9,8 @@ import torch
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
+from ._adapter import (apply_kernel, check_not_torchscript, is_concrete, reduction_weights,
+                       to_numpy, torchscript_error)
 from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced, _per_sequence
 
 __all__ = ["asg_loss", "ASGLoss"]
@@ -39,6 +40,7 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
              target_lengths, allow_traced=False):
     """Validate everything before the kernel; return host int arrays (int64 tensors
     when ``allow_traced`` and the values cannot be read: torch.compile, vmap)."""
+    check_not_torchscript(fn)
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "transitions", transitions, optional=True)
     _check_tensor(fn, "start_transitions", start_transitions, optional=True)
@@ -174,6 +176,9 @@ class ASGLoss(torch.nn.Module):
         return asg_loss(emissions, self.transitions, targets, input_lengths, target_lengths,
                         start_transitions=self.start_transitions, reduction=self.reduction,
                         zero_infinity=self.zero_infinity)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("ASGLoss")
 
     def extra_repr(self) -> str:
         learn_start = self.start_transitions is not None

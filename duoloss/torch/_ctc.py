@@ -7,7 +7,8 @@ import torch
 from duoloss.core import _validate as _v
 from duoloss.core._ctc import CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values
 
-from ._adapter import apply_kernel, apply_kernel_eager, is_concrete, reduction_weights, to_numpy
+from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
+                       reduction_weights, to_numpy, torchscript_error)
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -34,6 +35,7 @@ def _per_sequence(x, data, batch_dim=1):
 def _as_int_array(x, fn, arg):
     """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints
     (or of 0-d integer tensors)."""
+    check_not_torchscript(fn)
     if isinstance(x, torch.Tensor):
         return to_numpy(x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
@@ -147,6 +149,7 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
       Graves et al., "Connectionist Temporal Classification", ICML 2006.
     """
     fn = "ctc_loss"
+    check_not_torchscript(fn)
     if not isinstance(log_probs, torch.Tensor):
         raise TypeError(f"{fn}: argument 'log_probs' must be a torch.Tensor, "
                         f"got {type(log_probs).__name__}")
@@ -227,6 +230,9 @@ class CTCLoss(torch.nn.Module):
     def forward(self, log_probs, targets, input_lengths, target_lengths):
         return ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
                         self.reduction, self.zero_infinity)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("CTCLoss")
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"
