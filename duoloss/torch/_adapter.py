@@ -62,7 +62,8 @@ def torchscript_error(fn: str) -> RuntimeError:
 
 def check_not_torchscript(fn: str) -> None:
     """Raise :func:`torchscript_error` while ``torch.jit.trace`` runs."""
-    if torch._C._is_tracing():
+    # (dynamo cannot trace _is_tracing; under torch.compile it is never true)
+    if not torch.compiler.is_compiling() and torch._C._is_tracing():
         raise torchscript_error(fn)
 
 
