@@ -179,7 +179,6 @@ def test_torch_func_path_second_backward_raises():
         out.sum().backward()
 
 
-@pytest.mark.slow
 def test_torch_compiled_create_graph_second_derivative_raises(torch_losses):
     f = torch.compile(torch_losses["ctc_loss"], backend="aot_eager", fullgraph=True)
     x = torch.from_numpy(_lp()).requires_grad_()

@@ -177,7 +177,9 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
         in log space and needs no stand-in for ``log(0)``).
 
     Returns:
-      ``(B,)`` losses; equal to optax's for every feasible sequence.
+      ``(B,)`` losses; equal to optax's for every feasible sequence.  Like
+      optax, float16/bfloat16 ``logits`` give float32 losses (the gradient
+      w.r.t. ``logits`` keeps their dtype).
 
     NB: paddings must be right-aligned (as optax assumes); lengths are
     ``T - sum(logit_paddings)`` and ``N - sum(label_paddings)``.  Deliberate
@@ -216,4 +218,6 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
     losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
                                "none", False)
+    if logits.dtype in (jnp.float16, jnp.bfloat16):
+        losses = losses.astype(jnp.float32)  # as optax: float32 losses for half logits
     return losses
