@@ -55,7 +55,8 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
         w(\pi) = s_{\pi_1} + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}.
 
     Args:
-      emissions: ``(T, N, C)``-array of unnormalised scores, float32 (or float64
+      emissions: ``(T, N, C)``-array of unnormalised scores, float16, bfloat16,
+        float32 (or float64
         with ``jax_enable_x64``).
       transitions: ``(C, C)``-array, ``[i, j]`` = score of ``i`` right after ``j``, or ``None``.
       targets: ``(N, S)`` integer padded targets or 1-D concatenated targets of size

@@ -114,7 +114,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
 
     Args:
       log_probs: ``(T, N, C)``-array (or unbatched ``(T, C)``) of log-probabilities,
-        float32 (or float64 with ``jax_enable_x64``). ``T`` frames, ``N``
+        float16, bfloat16, float32 (or float64 with ``jax_enable_x64``); half
+        precision is computed in float64 and returned in its dtype. ``T`` frames, ``N``
         sequences, ``C`` classes including the blank.
       targets: ``(N, S)`` padded integer targets or 1-D concatenated targets
         (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
@@ -133,7 +134,10 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     validated whenever they are concrete (eager calls).  Under ``jit`` they are
     traced and cannot be checked: a sequence with an out-of-range label or length
     then gets a NaN loss and gradient (never an out-of-bounds read).  Call once
-    eagerly (outside ``jit``) to get the error message.
+    eagerly (outside ``jit``) to get the error message.  Reverse mode only and
+    first order only: ``jax.jvp``/``jacfwd`` raise ``TypeError``, and ``jax.grad``
+    of ``jax.grad``, ``jax.hessian`` and Hessian-vector products raise
+    ``NotImplementedError`` (never zeros).
     """
     losses, target_lengths, batched = _ctc_losses(
         "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,

@@ -19,6 +19,14 @@ Three paths, chosen per call by :func:`apply_kernel`:
   (:mod:`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
   no graph break.  (The custom operator is not used eagerly: ``torch.func.grad``
   rejects custom operators with ``register_autograd``, pytorch#168393.)
+
+On every path the gradient is first order only: differentiating it again
+(``create_graph=True`` then a second ``grad``, ``torch.func.grad`` of ``grad``,
+``hessian``, ``jacfwd``/``jvp``) raises ``NotImplementedError`` naming the loss
+instead of silently treating the gradient as a constant.  float16/bfloat16
+inputs run the kernels on float32 copies (float64 inside) and return the loss
+in the input dtype; under ``torch.autocast`` the loss is float32, as for
+``F.ctc_loss`` (on autocast's float32 list).
 """
 from __future__ import annotations
 
@@ -274,11 +282,17 @@ class _EagerKernelFunction(torch.autograd.Function):
     """Plain eager autograd (no ``torch.func`` transform active, not compiling).
 
     The same core call as :class:`_KernelFunction`, with less bookkeeping: the
-    per-sequence gradients are fresh tensors that stay on ``ctx`` instead of
-    travelling as extra (non-differentiable) outputs through
-    ``save_for_backward``.  That is only valid outside functorch, whose
-    transforms need the ``setup_context`` form; on tiny batches it saves about
-    a fifth of a training step's loss time.
+    per-sequence gradients are saved directly (``save_for_backward`` of
+    intermediate tensors) instead of travelling as extra (non-differentiable)
+    outputs.  That is only valid outside functorch, whose transforms need the
+    ``setup_context`` form; on tiny batches it saves about a fifth of a
+    training step's loss time.  Saving them (rather than keeping them on
+    ``ctx``) makes a second backward without ``retain_graph=True`` raise
+    torch's "Trying to backward through the graph a second time".
+
+    NB: the gradient is not differentiable: a ``create_graph=True`` backward
+    returns it through :class:`_GradientNode`, whose own backward raises, and
+    forward mode (``jvp``) raises too.
     """
 
     @staticmethod

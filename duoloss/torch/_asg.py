@@ -92,7 +92,8 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
 
     Args:
       emissions: ``(T, N, C)``-tensor of unnormalised scores (no softmax is
-        applied, as in GTN), float32 or float64.
+        applied, as in GTN), float32 or float64; float16/bfloat16 are computed in
+        float64 and returned in their dtype (float32 under ``torch.autocast``).
       transitions: ``(C, C)``-tensor, ``transitions[i, j]`` = score of token ``i``
         right after token ``j`` (row = to, column = from), or ``None``.
       targets: ``(N, S)`` integer tensor of padded targets, or 1-D concatenated

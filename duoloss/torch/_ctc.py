@@ -119,13 +119,16 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
 
     Args:
       log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities
-        (e.g. ``log_softmax`` outputs), float32 or float64, any device.  ``T``
+        (e.g. ``log_softmax`` outputs), float32 or float64, any device; float16 and
+        bfloat16 are computed in float64 and the loss and gradient returned in
+        their dtype (under ``torch.autocast``: float32, as ``F.ctc_loss``).  ``T``
         frames, ``N`` sequences, ``C`` classes including the blank.
       targets: ``(N, S)`` padded integer targets, or 1-D concatenated targets of size
         ``sum(target_lengths)``; ``(S,)`` for unbatched input.  Labels in ``[0, C)``,
         never ``blank``.
-      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
-      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
+      input_lengths: ``(N,)`` tensor or tuple of ints (or of 0-d tensors) in
+        ``[0, T]``; a 0-d tensor or int when ``N = 1``, as ``F.ctc_loss`` accepts.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]`` (same forms).
       blank: index of the blank class.
       reduction: ``'none'`` (``(N,)`` losses), ``'sum'``, or ``'mean'`` (each loss
         divided by its target length clamped to >= 1, then averaged).
@@ -143,6 +146,10 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     ``+inf`` with a zero gradient; a NaN in a sequence's frames makes only that
     sequence NaN.  Inputs are validated (label range, blank inside targets,
     lengths, dtypes) with a ``ValueError``/``TypeError`` before any computation.
+    The gradient is first order only: differentiating it again (a second
+    ``grad`` after ``create_graph=True``, ``torch.func.hessian``, ``jvp``)
+    raises ``NotImplementedError``, as torch's own CTC does.  TorchScript is not
+    supported (``RuntimeError``); ``torch.compile`` and ``torch.export`` are.
     The math: see :mod:`duoloss.core._ctc`.
 
     References:
