@@ -205,3 +205,20 @@ def test_optax_ctc_loss_accepts_what_optax_accepts(pad_dtype):
     assert g.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(g_ref, np.float64),
                                atol=1.6e-2)
+
+
+def test_torch_asg_module_under_autocast_float32_parameters():
+    # ASGLoss holds float32 transitions; under autocast the model's emissions
+    # are bfloat16.  As on autocast's float32 list, both run in float32.
+    tg, il, tl = _ints()
+    crit = dt.ASGLoss(C, learn_start=True)
+    torch.nn.init.normal_(crit.transitions, std=0.1)
+    em = torch.from_numpy(_logits(1)).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = crit(em.to(torch.bfloat16), tg, il, tl)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert crit.transitions.grad.dtype == torch.float32
+    ref = dt.asg_loss(em.to(torch.bfloat16).float(), crit.transitions.detach(), tg, il, tl,
+                      start_transitions=crit.start_transitions.detach())
+    torch.testing.assert_close(loss.detach(), ref, rtol=0, atol=0)

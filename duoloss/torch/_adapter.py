@@ -494,6 +494,21 @@ def _upcast(tensors, half: torch.dtype):
     return out, half
 
 
+def autocast_inputs(*tensors):
+    """Under ``torch.autocast`` (for the first tensor's device type): the
+    float16/bfloat16/float32 tensors cast to float32 (float64 and None kept), as
+    autocast's float32 list does for ``F.ctc_loss``; else the tensors unchanged.
+
+    For losses with several floating inputs (emissions and float32 parameters
+    such as ASG transitions), so that their dtypes agree before validation.
+    """
+    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+    if first is None or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype != torch.float64 else t for t in tensors)
+
+
 def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, ...], weights,
                        static: dict) -> Optional[torch.Tensor]:
     """:func:`apply_kernel` for a frontend's common case, with the bookkeeping

@@ -9,8 +9,8 @@ import torch
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import (apply_kernel, check_not_torchscript, is_concrete, reduction_weights,
-                       to_numpy, torchscript_error)
+from ._adapter import (apply_kernel, autocast_inputs, check_not_torchscript, is_concrete,
+                       reduction_weights, to_numpy, torchscript_error)
 from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced, _per_sequence
 
 __all__ = ["asg_loss", "ASGLoss"]
@@ -128,6 +128,9 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     fn = "asg_loss"
     check_reduction(fn, reduction)
     _check_bool(fn, "zero_infinity", zero_infinity)
+    if isinstance(emissions, torch.Tensor):  # autocast: bfloat16 emissions, float32 parameters
+        emissions, transitions, start_transitions = autocast_inputs(
+            emissions, transitions, start_transitions)
     tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
                           input_lengths, target_lengths, allow_traced=True)
     start = start_transitions
