@@ -52,7 +52,8 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
 
     Args:
       log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities,
-        float16/bfloat16/float32/float64.  ``T`` frames, ``N`` sequences, ``C`` classes with the blank.
+        float16/bfloat16/float32/float64.  ``T`` frames, ``N`` sequences, ``C``
+        classes with the blank.
       targets: ``(N, S)`` padded integer targets, or 1-D concatenated targets
         (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
