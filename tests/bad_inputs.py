@@ -110,7 +110,7 @@ def _ctc_family(fn):
     """Bad inputs shared by ctc_loss and ctc_align."""
     cs = [
         Case(fn, "log_probs", "int32 log_probs", _set(log_probs=lambda d: d["log_probs"].astype(np.int32)), TypeError, expect="got int32"),
-        Case(fn, "log_probs", "float16 log_probs", _set(log_probs=lambda d: d["log_probs"].astype(np.float16)), TypeError, expect="got float16"),
+        Case(fn, "log_probs", "complex64 log_probs (float16/bfloat16 are accepted)", _set(log_probs=lambda d: d["log_probs"].astype(np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "log_probs", "bool log_probs", _set(log_probs=lambda d: d["log_probs"] > 0), TypeError, expect="got bool"),
         Case(fn, "log_probs", "1-D log_probs", _set(log_probs=lambda d: d["log_probs"][:, 0, 0].copy()), expect="(6,)"),
         Case(fn, "log_probs", "4-D log_probs", _set(log_probs=lambda d: d["log_probs"][None]), expect="(1, 6, 2, 5)"),
@@ -151,13 +151,13 @@ def _asg_family(fn):
     has_tl = fn != "asg_viterbi"
     cs = [
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(np.int32)), TypeError, expect="got int32"),
-        Case(fn, "emissions", "float16 emissions", _set(emissions=lambda d: d["emissions"].astype(np.float16)), TypeError, expect="got float16"),
+        Case(fn, "emissions", "complex64 emissions (float16/bfloat16 are accepted)", _set(emissions=lambda d: d["emissions"].astype(np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][:, 0].copy()), expect="(6, 5)"),
         Case(fn, "emissions", "zero classes (C = 0)", _set(emissions=np.zeros((T, N, 0), np.float32), transitions=None, start_transitions=None), expect="C >= 1"),
         Case(fn, "transitions", "(C, C+1) transitions", _set(transitions=np.zeros((C, C + 1), np.float32)), expect="(5, 6)"),
         Case(fn, "transitions", "(C,) transitions", _set(transitions=np.zeros(C, np.float32)), expect="(5,)"),
         Case(fn, "transitions", "int32 transitions", _set(transitions=np.zeros((C, C), np.int32)), TypeError, expect="got int32"),
-        Case(fn, "transitions", "float16 transitions", _set(transitions=np.zeros((C, C), np.float16)), TypeError, expect="got float16"),
+        Case(fn, "transitions", "complex64 transitions (float16/bfloat16 are accepted)", _set(transitions=np.zeros((C, C), np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "start_transitions", "(C+1,) start_transitions", _set(start_transitions=np.zeros(C + 1, np.float32)), expect="(6,)"),
         Case(fn, "start_transitions", "int32 start_transitions", _set(start_transitions=np.zeros(C, np.int32)), TypeError, expect="got int32"),
         Case(fn, "input_lengths", "input length > T", _set(input_lengths=np.array([7, 5], np.int32)), expect="got 7 at index 0"),
