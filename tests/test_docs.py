@@ -1,0 +1,146 @@
+"""The README and the docs site say what the code does: every ``python`` block runs.
+
+Each page's ```` ```python ```` blocks run in order, in one fresh interpreter per page
+(blocks share their namespace, as a reader would run them), from a scratch directory.
+A block whose first lines hold ``# docs-test: requires MOD[, MOD...]`` is skipped, with
+the reason, when one of those modules is not installed; nothing else is skipped.
+
+Also checked here: the README stays short and its links resolve; the bad-input table
+that the docs build writes (``docs/hooks/bad_input_table.py``) has one row per case of
+``tests/bad_inputs.py``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+_FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```[ \t]*$", re.S | re.M)
+_REQUIRES = re.compile(r"^#\s*docs-test:\s*requires\s+(.+)$", re.M)
+
+
+def _pages():
+    pages = [ROOT / "README.md"]
+    for p in sorted(DOCS.rglob("*.md")):
+        rel = p.relative_to(DOCS).parts
+        if rel[0] in ("_incoming", "hooks"):
+            continue  # not part of the site (see mkdocs.yml's exclude_docs)
+        pages.append(p)
+    return pages
+
+
+def python_blocks(text: str) -> list:
+    """The ```python blocks of a Markdown page, in order (fences at the line start)."""
+    return [m.group(1) for m in _FENCE.finditer(text)]
+
+
+def missing_requirements(block: str) -> list:
+    """Modules named by the block's ``# docs-test: requires`` line that are not installed."""
+    head = "\n".join(block.splitlines()[:3])
+    names = []
+    for m in _REQUIRES.finditer(head):
+        names += [n.strip() for n in m.group(1).split(",") if n.strip()]
+    return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+_RUNNER = r"""
+import json, sys, traceback
+blocks = json.load(open(sys.argv[1]))
+ns = {"__name__": "__main__"}
+for i, (skip, code) in enumerate(blocks, 1):
+    if skip:
+        print(f"[docs-test] block {i} skipped: {skip}", flush=True)
+        continue
+    try:
+        exec(compile(code, f"<block {i}>", "exec"), ns)
+    except BaseException:
+        traceback.print_exc()
+        print(f"[docs-test] block {i} failed:\n{code}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("page", [p for p in _pages() if python_blocks(p.read_text())],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run(page, tmp_path):
+    blocks = python_blocks(page.read_text())
+    todo = []
+    for code in blocks:
+        missing = missing_requirements(code)
+        todo.append([f"needs {', '.join(missing)}" if missing else "", code])
+    spec = tmp_path / "blocks.json"
+    spec.write_text(json.dumps(todo))
+    runner = tmp_path / "runner.py"
+    runner.write_text(_RUNNER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("MPLBACKEND", "Agg")
+    res = subprocess.run([sys.executable, str(runner), str(spec)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"{page.relative_to(ROOT)}:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    skipped = [s for s, _ in todo if s]
+    if skipped:
+        print(f"{page.name}: {len(skipped)} block(s) skipped ({'; '.join(skipped)})")
+
+
+def test_block_extraction():
+    text = "x\n```python\na = 1\n```\n```bash\nls\n```\n```python\n# docs-test: requires no_such_mod_xyz\nb = 2\n```\n"
+    blocks = python_blocks(text)
+    assert blocks == ["a = 1\n", "# docs-test: requires no_such_mod_xyz\nb = 2\n"]
+    assert missing_requirements(blocks[0]) == []
+    assert missing_requirements(blocks[1]) == ["no_such_mod_xyz"]
+    assert missing_requirements("# docs-test: requires json, no_such_mod_xyz\n") == ["no_such_mod_xyz"]
+
+
+def test_every_page_has_its_blocks_found():
+    """A fence the extractor misses (e.g. ```` ```py ````) would silently go untested."""
+    for page in _pages():
+        text = page.read_text()
+        opened = len(re.findall(r"^```(?:py|python3|pycon)\b", text, re.M))
+        assert opened == 0, f"{page}: use ```python fences so the block is tested"
+
+
+def test_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        assert (ROOT / target).exists(), f"README links to missing {target}"
+
+
+def test_docs_links_resolve():
+    for page in _pages()[1:]:
+        for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            assert (page.parent / target).resolve().exists(), f"{page} links to missing {target}"
+
+
+def test_bad_input_table_has_one_row_per_case():
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    spec = importlib.util.spec_from_file_location("_docs_hook_bad_input_table", DOCS / "hooks" / "bad_input_table.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    assert hook.PLACEHOLDER in (DOCS / "hardening.md").read_text()
+    table = hook.bad_input_table()
+    rows = [ln for ln in table.splitlines()[2:] if ln.startswith("| ")]
+    sys.path.insert(0, str(ROOT / "tests"))
+    from bad_inputs import all_cases
+
+    cases = all_cases()
+    assert len(rows) == len(cases) > 200
+    # the first CTC case, read off the validation layer's contract
+    assert rows[0].startswith("| 1 | torch = jax | `ctc_loss` |")
+    assert "ctc_loss: argument 'log_probs' must have a floating dtype" in rows[0]
+    page = hook.on_page_markdown((DOCS / "hardening.md").read_text(), None, None, None)
+    assert hook.PLACEHOLDER not in page and rows[-1] in page
