@@ -1,7 +1,8 @@
 """The README and the docs site say what the code does: every ``python`` block runs.
 
-Each page's ```` ```python ```` blocks run in order, in one fresh interpreter per page
-(blocks share their namespace, as a reader would run them), from a scratch directory.
+Each page's ```` ```python ```` blocks run in order in one namespace per page (blocks share
+it, as a reader would run them), from a scratch directory; all pages run in one fresh
+interpreter, so torch and jax are imported once.
 A block whose first lines hold ``# docs-test: requires MOD[, MOD...]`` is skipped, with
 the reason, when one of those modules is not installed; nothing else is skipped.
 
@@ -52,43 +53,59 @@ def missing_requirements(block: str) -> list:
 
 
 _RUNNER = r"""
-import json, sys, traceback
-blocks = json.load(open(sys.argv[1]))
-ns = {"__name__": "__main__"}
-for i, (skip, code) in enumerate(blocks, 1):
-    if skip:
-        print(f"[docs-test] block {i} skipped: {skip}", flush=True)
-        continue
-    try:
-        exec(compile(code, f"<block {i}>", "exec"), ns)
-    except BaseException:
-        traceback.print_exc()
-        print(f"[docs-test] block {i} failed:\n{code}", file=sys.stderr)
-        sys.exit(1)
+import io, json, os, sys, traceback
+pages = json.load(open(sys.argv[1]))
+results = {}
+for page, blocks in pages.items():
+    # each page in a fresh namespace and its own scratch directory, as a reader would run it
+    ns = {"__name__": "__main__"}
+    os.makedirs(page.replace("/", "_"), exist_ok=True)
+    os.chdir(page.replace("/", "_"))
+    results[page] = {"ok": True, "skipped": [], "error": ""}
+    for i, (skip, code) in enumerate(blocks, 1):
+        if skip:
+            results[page]["skipped"].append(f"block {i}: {skip}")
+            continue
+        try:
+            exec(compile(code, f"<{page} block {i}>", "exec"), ns)
+        except BaseException:
+            results[page].update(ok=False, error=f"block {i} failed:\n{code}\n{traceback.format_exc()}")
+            break
+    os.chdir("..")
+json.dump(results, open(sys.argv[2], "w"))
 """
 
+_PAGES_WITH_CODE = [p for p in _pages() if python_blocks(p.read_text())]
 
-@pytest.mark.parametrize("page", [p for p in _pages() if python_blocks(p.read_text())],
-                         ids=lambda p: str(p.relative_to(ROOT)))
-def test_python_blocks_run(page, tmp_path):
-    blocks = python_blocks(page.read_text())
-    todo = []
-    for code in blocks:
-        missing = missing_requirements(code)
-        todo.append([f"needs {', '.join(missing)}" if missing else "", code])
-    spec = tmp_path / "blocks.json"
-    spec.write_text(json.dumps(todo))
-    runner = tmp_path / "runner.py"
-    runner.write_text(_RUNNER)
+
+@pytest.fixture(scope="module")
+def page_results(tmp_path_factory):
+    """Run every page's blocks in one fresh interpreter (one import of torch and jax)."""
+    tmp = tmp_path_factory.mktemp("docs")
+    todo = {}
+    for page in _PAGES_WITH_CODE:
+        blocks = []
+        for code in python_blocks(page.read_text()):
+            missing = missing_requirements(code)
+            blocks.append([f"needs {', '.join(missing)}" if missing else "", code])
+        todo[str(page.relative_to(ROOT))] = blocks
+    (tmp / "pages.json").write_text(json.dumps(todo))
+    (tmp / "runner.py").write_text(_RUNNER)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("MPLBACKEND", "Agg")
-    res = subprocess.run([sys.executable, str(runner), str(spec)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, f"{page.relative_to(ROOT)}:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
-    skipped = [s for s, _ in todo if s]
-    if skipped:
-        print(f"{page.name}: {len(skipped)} block(s) skipped ({'; '.join(skipped)})")
+    res = subprocess.run([sys.executable, "runner.py", "pages.json", "results.json"], cwd=tmp,
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, f"the docs runner crashed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    return json.loads((tmp / "results.json").read_text())
+
+
+@pytest.mark.parametrize("page", _PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_python_blocks_run(page, page_results):
+    result = page_results[str(page.relative_to(ROOT))]
+    assert result["ok"], f"{page.relative_to(ROOT)}: {result['error']}"
+    if result["skipped"]:
+        print(f"{page.name}: skipped {'; '.join(result['skipped'])}")
 
 
 def test_block_extraction():
