@@ -161,3 +161,61 @@ def test_bad_input_table_has_one_row_per_case():
     assert "ctc_loss: argument 'log_probs' must have a floating dtype" in rows[0]
     page = hook.on_page_markdown((DOCS / "hardening.md").read_text(), None, None, None)
     assert hook.PLACEHOLDER not in page and rows[-1] in page
+
+
+# --- release metadata ----------------------------------------------------------------------
+
+def _pins():
+    pins = {}
+    for ln in (ROOT / "requirements" / "constraints.txt").read_text().splitlines():
+        ln = ln.split("#")[0].strip()
+        if "==" in ln:
+            name, ver = ln.split("==")
+            pins[name.strip().lower()] = ver.strip()
+    return pins
+
+
+def _version_tuple(v):
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def test_release_metadata():
+    import tomllib
+
+    import duoloss
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = meta["project"]
+    assert project["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+    assert project["license-files"] == ["LICENSE"]
+    # one version source: setuptools reads duoloss.__version__
+    assert "version" in project["dynamic"] and "version" not in project
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "duoloss.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", duoloss.__version__)
+    assert (ROOT / "duoloss" / "py.typed").exists()
+    assert f"## [{duoloss.__version__}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_lower_bounds_are_the_tested_versions():
+    """Every lower bound in pyproject is a version CI installs (requirements/constraints.txt):
+    no bound admits an older release that no test has run."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _pins()
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += extra
+    checked = 0
+    for req in reqs:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?>=([0-9.]+)", req.replace(" ", ""))
+        assert m, f"pyproject: {req!r} should be 'name>=tested version'"
+        name, bound = m.group(1).lower(), m.group(2)
+        assert name in pins, f"{name} is not pinned in requirements/constraints.txt"
+        assert _version_tuple(bound) <= _version_tuple(pins[name]), (name, bound, pins[name])
+        checked += 1
+    for name in ("torch", "jax", "jaxlib", "numpy", "numba"):   # the core and the frameworks: exact
+        bound = next(re.search(r">=([0-9.]+)", r).group(1) for r in reqs
+                     if re.match(rf"{name}\b(?!-)", r))
+        assert _version_tuple(bound)[:2] == _version_tuple(pins[name])[:2], (name, bound, pins[name])
+    assert checked >= 10
