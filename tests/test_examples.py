@@ -1,7 +1,9 @@
-"""The training examples run end to end (CI-sized) and their loss goes down.
+"""The training examples and the demo run end to end (CI-sized) and their loss goes down.
 
 Each script exits non-zero when its loss did not fall; the flax one runs data
-parallel over 4 host devices.
+parallel over 4 host devices.  ``python -m duoloss`` (``make demo``) runs with both
+frameworks, with torch or jax hidden (a ``sys.modules[name] = None`` shim in the
+subprocess), and writes its PNG only when matplotlib is importable.
 """
 from __future__ import annotations
 
