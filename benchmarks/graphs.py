@@ -102,7 +102,7 @@ def run(B, T, C, L, reps, seed=0):
     stages = {
         "intersect": _median_ms(lambda: gtn.intersect(graphs[0], E), reps)[0],
         "forward": _median_ms(lambda: gtn.forward_score(I), reps)[0],
-        "fwd+bwd": _median_ms(lambda: gtn.backward(gtn.forward_score(I)), reps)[0],
+        "fwd+bwd": _median_ms(lambda: gtn.backward(gtn.forward_score(I), retain_graph=True), reps)[0],
     }
 
     torch_ms = None

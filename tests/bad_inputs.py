@@ -391,6 +391,17 @@ def _single_framework_cases():
         _single("backward", "grad", "grad='x'", lambda: gtn.backward(gtn.forward_score(_g2()), "x"), TypeError, prefix="backward: grad", framework=gt),
         _single("parallel_for", "inputs", "inputs=3", lambda: gtn.parallel_for(lambda x: x, 3), TypeError, prefix="parallel_for: inputs", framework=gt),
         _single("sample", "max_length", "max_length=-1", lambda: gtn.sample(_g2(), -1), prefix="sample: max_length", framework=gt),
+        # GTN parity and huge labels (helper D: issue #12 item 1, issue #10 point 7)
+        _single("Graph.add_arc", "ilabel", "ilabel=2**63 (beyond int64)", lambda: _g2().add_arc(0, 1, 2 ** 63), expect="ilabel=9223372036854775808", prefix="Graph.add_arc: labels must lie in [-1, 2**63 - 1]", framework=gt),
+        _single("Graph.add_arc", "label", "label= together with ilabel", lambda: _g2().add_arc(0, 1, 0, label=1), TypeError, prefix="Graph.add_arc: label=", framework=gt),
+        _single("Graph.from_arrays", "ilabel", "uint64 label 2**63", lambda: gtn.Graph.from_arrays(2, [0], [1], np.array([2 ** 63], np.uint64)), expect="9223372036854775808", prefix="Graph.from_arrays: ilabel must fit int64", framework=gt),
+        _single("loadtxt", "file_name", "label 2**63 in an arc line", lambda: gtn.loadtxt(io.StringIO(f"0\n1\n0 1 {2 ** 63}\n")), expect="line 3", prefix="loadtxt: line 3: labels must lie in", framework=gt),
+        _single("loadtxt", "file_name", "a single line", lambda: gtn.loadtxt(io.StringIO("0\n")), expect="got 1 line", prefix="loadtxt: expected a start-node line", framework=gt),
+        _single("save", "graph", "a label beyond int32", lambda: gtn.save(io.BytesIO(), gtn.Graph.from_arrays(2, [0], [1], [2 ** 31], start=[0], accept=[1])), expect="got 2147483648", prefix="save: labels must lie in [-1, 2**31 - 1]", framework=gt),
+        _single("save", "graph", "two paths, no graph", lambda: gtn.save("a.bin", "b.bin"), TypeError, expect="got str", prefix="save: graph must be a Graph", framework=gt),
+        _single("load", "file_name", "truncated data", lambda: gtn.load(io.BytesIO(b"\x02\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00")), expect="needs 44 bytes, got 16", prefix="load: the header", framework=gt),
+        _single("savetxt", "file_name", "file_name=3", lambda: gtn.savetxt(3, _g2()), TypeError, expect="got int", prefix="savetxt: file_name", framework=gt),
+        _single("backward", "grads", "2 seeds for 3 graphs", lambda: gtn.backward([gtn.negate(gtn.scalar_graph(1.0)) for _ in range(3)], [gtn.scalar_graph(1.0)] * 2), expect="got 2", prefix="backward: grads must have 1 or 3 entries", framework=gt),
     ]
     return cs
 

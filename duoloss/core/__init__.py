@@ -3,6 +3,8 @@
 Nothing here imports torch or jax.  Each loss family lives in its own private
 module and is described to the frontends by a :class:`LossKernel`.
 """
+# First: settles numba's kernel cache location before any @njit(cache=True) runs.
+from . import _numba_setup  # noqa: F401  isort: skip
 from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align

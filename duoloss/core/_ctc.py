@@ -35,6 +35,17 @@ maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
 paths produce float64-accurate results for float32 and float64 inputs.
 
+The loss is the same number whether or not a gradient is asked for.  The
+forward pass records whether any positive value left float64's normal range
+("flushed": a probability or a trellis cell below ``1e-290``).  If nothing was
+flushed, the rescaled forward is exact and its log Z is the loss (should the
+backward's check fail, only the gradient is recomputed in log space).  If
+something was flushed, the backward sweep's per-frame check decides — it also
+runs, without writing a gradient, when no gradient was asked for — and a failed
+check sends loss and gradient to log space.  Long sequences with spread-out
+posteriors (e.g. T = 8000, L = 400) flush cells that race ahead of the bulk;
+before this rule their no-gradient losses were off by up to thousands of nats.
+
 NB: ``log_probs`` need not be normalised (any real scores work).  Frames at or
 beyond ``T_b`` and classes outside the target get zero gradient.  An infeasible
 target (``T_b`` too short) gives ``+inf`` loss and zero gradient (or zero loss
@@ -64,6 +75,9 @@ __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
 # A frame whose total mass (relative to its best class) falls below this is
 # recomputed in log space: float64's range ends near 1e-308.
 _TINY = 1e-200
+# A positive value below this has left (or is about to leave) float64's normal
+# range: the forward records it as "flushed" (see ``_ctc_one``).
+_FLUSH = 1e-290
 # Relative tolerance of the per-frame "posteriors sum to one" check.
 _CHECK_TOL = 1e-7
 # Below this many trellis cells in a batch, a serial loop beats the thread launch.
@@ -219,6 +233,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
     # probs[t, j] = p_t(used[j]) / max_j' p_t(used[j']): one exp per cell, no log.
     probs = np.empty((tb, n_used))
     fmax = np.empty(tb)
+    # Did linear space lose anything?  Set when a positive quantity (a
+    # probability from a finite score, or a cell whose inputs are positive)
+    # comes out below _FLUSH: only then can the rescaled forward differ from the
+    # exact one, and only then does the loss need the backward sweep's verdict.
+    flushed = False
     for t in range(tb):
         m = -np.inf
         for j in range(n_used):
@@ -232,7 +251,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
             m = 0.0
         fmax[t] = m
         for j in range(n_used):
-            probs[t, j] = fast_exp(np.float64(logp[t, b, used[j]]) - m)
+            x = np.float64(logp[t, b, used[j]])
+            p = fast_exp(x - m)
+            probs[t, j] = p
+            if p < _FLUSH and x != -np.inf:
+                flushed = True
 
     # ---- forward in linear space, rescaled per frame -------------------------
     alpha = np.zeros((tb, s_n))
@@ -252,8 +275,12 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                     v += alpha[t - 1, s - 1]
                 if skip[s]:
                     v += alpha[t - 1, s - 2]
-            v *= probs[t, col[s]]
-            alpha[t, s] = v
+            p = probs[t, col[s]]
+            w = v * p
+            if w < _FLUSH and v > 0.0 and p > 0.0:
+                flushed = True
+            alpha[t, s] = w
+            v = w
             c += v
         if c != c or c == np.inf:
             state = 2
@@ -277,7 +304,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
             logz = log_a[tb - 1] + math.log(zfin)
 
     # ---- backward: beta-hat, posteriors, gradient ----------------------------
-    if state == 0 and want_grad:
+    # Without a gradient the sweep still runs when the forward flushed something:
+    # its per-frame check is the verdict on the loss, so a loss is the same number
+    # whether or not a gradient was asked for.
+    linear_loss = state == 0 and not flushed
+    if state == 0 and (want_grad or flushed):
         beta = np.zeros(s_n)
         nb = np.zeros(s_n)
         row = np.zeros(n_cls)
@@ -296,7 +327,8 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 for s in range(lo, hi + 1):
                     ab = alpha[t, s] * beta[s]
                     r += ab
-                    row[lab[s]] += ab
+                    if want_grad:
+                        row[lab[s]] += ab
             else:
                 hi1 = min(s_n - 1, 2 * t + 3)
                 for s in range(lo, hi1 + 1):
@@ -312,7 +344,8 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                     d += v
                     ab = alpha[t, s] * v
                     r += ab
-                    row[lab[s]] += ab
+                    if want_grad:
+                        row[lab[s]] += ab
                 # States above hi are never read again (the window shrinks
                 # going back), those below lo were never written.
                 if not d >= _TINY:
@@ -326,8 +359,9 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 state = 1  # (an underflowed r would also divide by zero below)
                 break
             # row holds alpha * beta as stored: posterior = row / r.
-            _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
-        if state == 1:
+            if want_grad:
+                _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
+        if state == 1 and want_grad:
             _fill_rows(grad, b, 0, tb, 0.0)
 
     if state == 2:
@@ -335,7 +369,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
         if want_grad:
             _fill_rows(grad, b, 0, tb, np.nan)
         return
-    if state == 1:
+    if state == 1 and linear_loss:
+        # Nothing was flushed, so the forward's log Z is exact; only the
+        # gradient's sweep lost precision: recompute the gradient alone.
+        _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
+    elif state == 1:
         logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
         if logz != logz:
             losses[b] = np.nan
