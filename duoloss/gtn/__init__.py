@@ -5,7 +5,7 @@ acceptors/transducers (:class:`Graph`), differentiable operations, scores in the
 log and tropical semirings, :func:`backward`, text/DOT I/O and
 :func:`parallel_for`.  The engine lives in ``duoloss.core._graph*`` (numpy and
 numba; no torch or jax).  Differences from GTN are listed in
-the README's "Coming from GTN" section.
+the docs page "Coming from GTN" (``docs/coming-from/gtn.md``).
 """
 from duoloss.core._graph import EPSILON as epsilon
 from duoloss.core._graph import MAX_LABEL as max_label

@@ -106,8 +106,7 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     consecutive frames (the target paths of :func:`asg_loss`).
 
     Args:
-      emissions, transitions, targets, input_lengths, target_lengths,
-      start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
+      emissions, transitions, targets, input_lengths, target_lengths, start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
         ``(C, C)`` or ``None``, ``(N, S)``, ``(N,)``, ``(N,)``, ``(C,)`` or ``None``).
 
     Returns:
