@@ -84,7 +84,11 @@ from ._spec import LossKernel
 from ._threading import parallel_guard
 
 __all__ = [
+    "RNNT_FLOAT_DTYPES",
     "RNNT_TYPES",
+    "check_rnnt_args",
+    "check_rnnt_options",
+    "rnnt_alignment",
     "TRANSDUCER_KERNEL",
     "transducer_loss_and_grad",
     "transducer_viterbi",
@@ -430,3 +434,108 @@ def transducer_viterbi(px, py, boundary=None, rnnt_type="regular"):
         else:
             _viterbi_serial(px, py, bd, modified, scores, frames)
     return scores, frames
+
+
+# --------------------------------------------------------------------------- #
+# Frontend validation (RNN-T on joiner logits)                                 #
+# --------------------------------------------------------------------------- #
+#: Joiner-output dtypes the RNN-T frontends take (halves are upcast to float32).
+RNNT_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *,
+                    concrete=True):
+    """Validate RNN-T arguments; raise ``TypeError``/``ValueError`` naming ``fn``.
+
+    Arguments are anything with ``.shape``/``.dtype`` (numpy, torch, JAX,
+    tracers when ``concrete=False``): ``logits`` ``(N, T, U + 1, V)``, ``targets``
+    ``(N, U)`` integers, lengths ``(N,)`` integers, ``blank`` a Python int in
+    ``[-V, V)``.  With ``concrete``, also the values: ``0 <= logit_lengths <= T``,
+    ``0 <= target_lengths <= U``, labels in ``[0, V)`` and never the blank.
+
+    Returns:
+      The blank index in ``[0, V)``.
+    """
+    from . import _validate as v
+
+    v.check_ndim(fn, "logits", logits.shape, (4,), "an (N, T, U + 1, V)-array")
+    v.check_dtype(fn, "logits", logits.dtype, RNNT_FLOAT_DTYPES, "a floating")
+    n, t_max, u1, n_cls = (int(s) for s in logits.shape)
+    if u1 < 1 or n_cls < 1:
+        raise ValueError(f"{fn}: argument 'logits' must have U + 1 >= 1 and V >= 1, "
+                         f"got shape {v.shape_str(logits.shape)}")
+    blank = v.check_int_scalar(fn, "blank", blank, -n_cls, n_cls)
+    if blank < 0:
+        blank += n_cls
+    v.check_ndim(fn, "targets", targets.shape, (2,), f"an (N, U) = ({n}, {u1 - 1})-array")
+    v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
+    if tuple(int(s) for s in targets.shape) != (n, u1 - 1):
+        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = ({n}, {u1 - 1}) "
+                         f"(from logits {v.shape_str(logits.shape)}), "
+                         f"got {v.shape_str(targets.shape)}")
+    for arg, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
+        v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
+        if int(x.shape[0]) != n:
+            raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
+                             f"got shape {v.shape_str(x.shape)}")
+    if concrete:
+        il = np.asarray(logit_lengths).astype(np.int64)
+        tl = np.asarray(target_lengths).astype(np.int64)
+        v.check_lengths(fn, "logit_lengths", il, t_max, "T, the number of frames")
+        v.check_lengths(fn, "target_lengths", tl, u1 - 1, "U, the padded target length")
+        v.check_labels(fn, "targets", np.asarray(targets).astype(np.int64), tl, n_cls,
+                       forbidden=blank, forbidden_what="the blank")
+    return blank
+
+
+def check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda,
+                       delay_penalty):
+    """The scalar options of ``rnnt_loss`` (plain Python values)."""
+    from . import _validate as v
+
+    v.check_reduction(fn, reduction)
+    for arg, x in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda),
+                   ("delay_penalty", delay_penalty)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer,
+                                                                 np.floating)):
+            raise TypeError(f"{fn}: argument '{arg}' must be a float, got {type(x).__name__}")
+        if not math.isfinite(float(x)):
+            raise ValueError(f"{fn}: argument '{arg}' must be finite, got {x!r}")
+    for arg, x in (("fastemit_lambda", fastemit_lambda), ("delay_penalty", delay_penalty)):
+        if float(x) < 0:
+            raise ValueError(f"{fn}: argument '{arg}' must be >= 0, got {x!r}")
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
+                        f"got {type(fused_log_softmax).__name__}")
+
+
+def rnnt_alignment(scores, frames, targets, logit_lengths, target_lengths, blank, t_max):
+    """Token sequence of a regular RNN-T lattice path from its symbol frames.
+
+    Args:
+      scores, frames: ``(N,)`` and ``(N, U)`` from :func:`transducer_viterbi`.
+      targets: ``(N, U)`` labels; lengths: ``(N,)``; blank: the blank index;
+      t_max: ``T``, the padded number of frames.
+
+    Returns:
+      ``(N, T + U)`` int64: for each frame ``t < T_b`` in order, the labels
+      emitted on frame ``t`` followed by one blank (``T_b + U_b`` tokens), then
+      ``-1``.  All ``-1`` for a sequence without a finite best path.
+    """
+    n, u_max = frames.shape
+    out = np.full((n, u_max + t_max), -1, np.int64)
+    for b in range(n):
+        if not np.isfinite(scores[b]):
+            continue
+        tb, ub = int(logit_lengths[b]), int(target_lengths[b])
+        fr = frames[b, :ub]
+        k, s = 0, 0
+        for t in range(tb):
+            while s < ub and fr[s] == t:
+                out[b, k] = targets[b, s]
+                k += 1
+                s += 1
+            out[b, k] = blank
+            k += 1
+    return out
