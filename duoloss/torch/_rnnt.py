@@ -58,6 +58,28 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
+class _LogNormaliser(torch.autograd.Function):
+    """``logsumexp`` over the last axis whose backward skips cells with a zero
+    upstream gradient: a NaN/inf in a padded cell (outside every lattice) then
+    stays out of the gradient instead of giving ``0 * NaN`` there."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.logsumexp(x, dim=-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, lse = ctx.saved_tensors
+        g = g.unsqueeze(-1)
+        return torch.where(g != 0, torch.exp(x - lse.unsqueeze(-1)) * g, 0.0)
+
+
 def _check_tensor(fn, arg, x):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: argument '{arg}' must be a torch.Tensor, got {type(x).__name__}")
@@ -102,7 +124,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
                       idx[:, None, :, None].expand(n, t_max, u_max, 1))[..., 0]
     py = logits[..., blank]
     if fused_log_softmax:
-        lse = torch.logsumexp(logits, dim=3)
+        lse = _LogNormaliser.apply(logits)
         px = px - lse[:, :, :u_max]
         py = py - lse
     if fastemit_lambda > 0:
@@ -159,9 +181,11 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
         batch mean, as torchaudio; not divided by target lengths).
       fused_log_softmax: ``False`` when ``logits`` already are log-probabilities
         (no normalisation is applied; the gradient is then w.r.t. those values).
-      fastemit_lambda: FastEmit regularisation (Yu et al. 2021, NeMo's
-        ``fastemit_lambda``): the gradient of every label emission is scaled by
-        ``1 + fastemit_lambda``; the loss value is unchanged.
+      fastemit_lambda: FastEmit regularisation (Yu et al. 2021) with NeMo's /
+        warprnnt-numba's semantics: the gradient of every label emission is
+        scaled by ``1 + fastemit_lambda`` (blank emissions unchanged), and the
+        reported loss is ``(1 + fastemit_lambda) * NLL`` (so, as in NeMo, the
+        gradient is not the derivative of the reported value).
       delay_penalty: k2's delay penalty: ``delay_penalty * ((T_b - 1) / 2 - t)``
         is added to the log-probability of emitting a label on frame ``t``
         (changes the loss value; 0 disables it).
@@ -200,6 +224,9 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
+        losses = losses + float(fastemit_lambda) * losses.detach()
     if reduction == "none":
         return losses
     if reduction == "sum":
