@@ -162,12 +162,32 @@ def test_both_frontends_match_brute_force(kw):
     jl_, jg_ = _jax_loss_grad(logits, targets, il, tl, reduction="none", **kw)
     np.testing.assert_allclose(tl_, ref.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(tg_, rg.numpy(), rtol=1e-10, atol=1e-12)
-    if "delay_penalty" in kw:
-        # the penalty is framework arithmetic (XLA may fuse it into an FMA)
-        np.testing.assert_allclose(jl_, tl_, rtol=1e-15)
-    else:
-        np.testing.assert_array_equal(jl_, tl_)  # same core on the same lattice
+    # each framework computes its own log_softmax: the lattices agree to ~1 ulp
+    # (the core itself is bit-identical: test_same_lattice_bit_identical_in_both_adapters)
+    np.testing.assert_allclose(jl_, tl_, rtol=1e-14)
     np.testing.assert_allclose(jg_, tg_, rtol=1e-12, atol=1e-15)
+
+
+def test_same_lattice_bit_identical_in_both_adapters():
+    from duoloss.core import TRANSDUCER_KERNEL
+    from duoloss.jax._adapter import apply_kernel as japply
+    from duoloss.torch._adapter import apply_kernel as tapply
+
+    rng = np.random.default_rng(21)
+    px = rng.normal(size=(4, 3, 7)).astype(np.float32)
+    py = rng.normal(size=(4, 4, 6)).astype(np.float32)
+    bd = np.array([[0, 0, 3, 6], [0, 0, 2, 5], [0, 0, 0, 3], [0, 0, 1, 1]], np.int32)
+    tx = torch.tensor(px, requires_grad=True)
+    ty = torch.tensor(py, requires_grad=True)
+    lt = tapply(TRANSDUCER_KERNEL, (tx, ty, torch.tensor(bd)), rnnt_type="regular")
+    gt = torch.autograd.grad(lt.sum(), (tx, ty))
+    f = lambda x, y: japply(TRANSDUCER_KERNEL, (x, y, jnp.asarray(bd)),  # noqa: E731
+                            rnnt_type="regular")
+    lj = f(jnp.asarray(px), jnp.asarray(py))
+    gj = jax.grad(lambda x, y: f(x, y).sum(), argnums=(0, 1))(jnp.asarray(px), jnp.asarray(py))
+    np.testing.assert_array_equal(np.asarray(lj), lt.detach().numpy())
+    for a, b in zip(gj, gt):
+        np.testing.assert_array_equal(np.asarray(a), b.numpy())
 
 
 def test_matches_graves_recursion_larger():
@@ -253,7 +273,8 @@ def test_no_grad_equals_with_grad_and_value_and_grad():
     np.testing.assert_array_equal(a.numpy(), b.detach().numpy())
     f = lambda x: dj.rnnt_loss(x, targets, il, tl, reduction="sum")  # noqa: E731
     v, _ = jax.value_and_grad(f)(jnp.asarray(logits))
-    assert float(v) == float(f(jnp.asarray(logits))) == float(b.detach().sum())
+    assert float(v) == float(f(jnp.asarray(logits)))
+    np.testing.assert_allclose(float(v), float(b.detach().sum()), rtol=1e-6)
 
 
 def test_torch_compile_fullgraph_matches_eager():
@@ -398,7 +419,7 @@ def test_rnnt_align_matches_brute_force_in_both_frontends():
     aj, fj, sj = jax.jit(dj.rnnt_align)(logits, targets, il, tl)
     np.testing.assert_array_equal(np.asarray(aj), at.numpy())
     np.testing.assert_array_equal(np.asarray(fj), ft.numpy())
-    np.testing.assert_array_equal(np.asarray(sj), st.numpy())
+    np.testing.assert_allclose(np.asarray(sj), st.numpy(), rtol=1e-14)
     assert at.shape == (4, 5 + 3) and ft.shape == (4, 3)
     for b, (best, toks) in enumerate(brute_best(logits, targets, il, tl, 4)):
         if toks is None:

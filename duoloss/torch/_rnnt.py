@@ -17,7 +17,7 @@ from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_
                                       rnnt_alignment, transducer_viterbi)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._ctc import _as_int_tensor
+from ._ctc import _as_int_array, _as_int_tensor
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -58,26 +58,42 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
-class _LogNormaliser(torch.autograd.Function):
-    """``logsumexp`` over the last axis whose backward skips cells with a zero
-    upstream gradient: a NaN/inf in a padded cell (outside every lattice) then
-    stays out of the gradient instead of giving ``0 * NaN`` there."""
+class _LogProbGather(torch.autograd.Function):
+    """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
+
+    Forward: ``logp = log_softmax(x)`` (saved, as torch's own log_softmax
+    does), then ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
+    ``(N, T, U + 1)``.  Backward: ``d x = onehot-scatter(g) - softmax * sum(g)``
+    per cell, and exactly 0 in cells whose upstream gradients are all 0 (padded
+    cells), so a NaN there stays out of the gradient (no ``0 * NaN``).
+    """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x):
-        return torch.logsumexp(x, dim=-1)
+    def forward(x, idx, blank):
+        logp = torch.log_softmax(x, dim=-1)
+        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0], output)
+        _, idx, blank = inputs
+        ctx.blank = blank
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(idx, output[2])
 
     @staticmethod
-    def backward(ctx, g):
-        x, lse = ctx.saved_tensors
-        g = g.unsqueeze(-1)
-        return torch.where(g != 0, torch.exp(x - lse.unsqueeze(-1)) * g, 0.0)
+    def backward(ctx, gpx, gpy, _):
+        idx, logp = ctx.saved_tensors
+        gsum = gpy.clone()
+        gsum[..., :-1] += gpx
+        gsum = gsum.unsqueeze(-1)
+        out = torch.exp(logp)  # the one (N, T, U + 1, V) temporary
+        out.mul_(-gsum)
+        out.masked_fill_(gsum == 0, 0.0)
+        out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
+        out[..., ctx.blank] += gpy
+        return out, None, None
 
 
 def _check_tensor(fn, arg, x):
@@ -85,23 +101,27 @@ def _check_tensor(fn, arg, x):
         raise TypeError(f"{fn}: argument '{arg}' must be a torch.Tensor, got {type(x).__name__}")
 
 
-def _lengths(fn, logits, logit_lengths, target_lengths):
-    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", logits.device)
-    tl = _as_int_tensor(target_lengths, fn, "target_lengths", logits.device)
-    return il, tl
-
-
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
-    """All checks before any computation; returns (blank, il, tl) as int64 tensors."""
+    """All checks before any computation; returns (blank, il, tl) as int64 tensors.
+
+    Values are read and checked whenever they are concrete (eager, torch.func
+    without vmap over the ints); while torch.compile traces only shapes/dtypes.
+    """
     _check_tensor(fn, "logits", logits)
     _check_tensor(fn, "targets", targets)
-    il, tl = _lengths(fn, logits, logit_lengths, target_lengths)
-    concrete = is_concrete(logits, targets, il, tl)
-    if concrete:
-        blank = check_rnnt_args(fn, logits, to_numpy(targets), to_numpy(il), to_numpy(tl),
-                                blank)
-    else:
-        blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
+    dev = logits.device
+    tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
+               if isinstance(x, torch.Tensor)]
+    if is_concrete(*tensors):
+        il = _as_int_array(logit_lengths, fn, "logit_lengths")
+        tl = _as_int_array(target_lengths, fn, "target_lengths")
+        blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
+        il = torch.as_tensor(il.astype(np.int64, copy=False), device=dev).reshape(-1)
+        tl = torch.as_tensor(tl.astype(np.int64, copy=False), device=dev).reshape(-1)
+        return blank, il, tl
+    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", dev)
+    tl = _as_int_tensor(target_lengths, fn, "target_lengths", dev)
+    blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
@@ -120,13 +140,12 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
              & ~bad_label.any(dim=1))
     idx = tg.clamp(0, n_cls - 1)
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
-    px = torch.gather(logits[:, :, :u_max], 3,
-                      idx[:, None, :, None].expand(n, t_max, u_max, 1))[..., 0]
-    py = logits[..., blank]
+    gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
     if fused_log_softmax:
-        lse = _LogNormaliser.apply(logits)
-        px = px - lse[:, :, :u_max]
-        py = py - lse
+        px, py, _ = _LogProbGather.apply(logits, gidx, blank)
+    else:
+        px = torch.gather(logits[:, :, :u_max], 3, gidx)[..., 0]
+        py = logits[..., blank]
     if fastemit_lambda > 0:
         px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
     px = px.transpose(1, 2)
