@@ -33,6 +33,9 @@ import time
 
 import numpy as np
 
+#: warprnnt-numba's CPU path is very slow (4.3 s per fwd+bwd at 8,50,10,28 on
+#: this project's 2-core machine): skipped above this many lattice cells.
+WARP_MAX_CELLS = 20_000
 DEFAULT_SIZES = ((32, 150, 40, 28), (32, 150, 20, 5000), (16, 500, 100, 500))
 
 
@@ -131,7 +134,10 @@ def bench(n, t, u, v, repeats, skip):
         losses["pure-JAX scan"] = float(g(xj)[0])
         del g
         gc.collect()
-    if "warprnnt" not in skip:
+    if "warprnnt" not in skip and n * t * (u + 1) > WARP_MAX_CELLS:
+        print(f"  (warprnnt-numba skipped: its CPU path took 4.3 s per call already at "
+              f"8,50,10,28 here; N*T*(U+1) = {n * t * (u + 1)} > {WARP_MAX_CELLS})")
+    elif "warprnnt" not in skip:
         try:
             from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss as warp
         except ImportError:
