@@ -104,6 +104,14 @@ def bench(n, t, u, v, repeats, skip):
     tl[1::2] = max(0, u - u // 4)
     res, losses = {}, {}
 
+    # the host part alone: the core lattice recursion, fwd+bwd, on lattices of this size
+    from duoloss.core import transducer_loss_and_grad
+    lpx = np.log(rng.uniform(0.01, 1.0, (n, u, t + 1))).astype(np.float32)
+    lpy = np.log(rng.uniform(0.01, 1.0, (n, u + 1, t))).astype(np.float32)
+    bd = np.stack([np.zeros(n), np.zeros(n), tl, il], 1).astype(np.int64)
+    res["core lattice only"] = _timeit(lambda: transducer_loss_and_grad(lpx, lpy, bd), repeats)
+    losses["core lattice only"] = float("nan")
+
     xt = torch.from_numpy(logits).requires_grad_()
     args_t = (torch.from_numpy(tg), torch.from_numpy(il), torch.from_numpy(tl))
 
