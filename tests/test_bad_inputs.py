@@ -36,6 +36,12 @@ def no_kernels(monkeypatch):
     for name in ("_ctc_align", "_asg_align", "_asg_viterbi", "_graph_align"):
         monkeypatch.setattr(ta, name, _forbid)
     monkeypatch.setattr(ja, "_callback", _forbid)
+    # RNN-T (transducer helper F1)
+    import duoloss.jax._rnnt as jr
+    import duoloss.torch._rnnt as tr
+    for mod in (jr, tr):
+        monkeypatch.setattr(mod, "apply_kernel", _forbid)
+        monkeypatch.setattr(mod, "transducer_viterbi", _forbid)
     for name in ("_ctc_align", "_asg_align", "_asg_viterbi", "_graph_align"):
         monkeypatch.setattr(ja, name, _forbid)
 

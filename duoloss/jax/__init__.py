@@ -7,6 +7,8 @@ from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
 from ._graph_loss import graph_loss
+from ._rnnt import rnnt_align
+from ._rnnt import rnnt_loss
 from duoloss.core._graph_loss import PackedGraphs
 from duoloss.core._graph_loss import pack_graphs
 
@@ -21,4 +23,6 @@ __all__ = [
     "graph_align",
     "ctc_loss",
     "optax_ctc_loss",
+    "rnnt_align",
+    "rnnt_loss",
 ]

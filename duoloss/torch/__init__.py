@@ -9,6 +9,9 @@ from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 from ._graph_loss import GraphLoss
 from ._graph_loss import graph_loss
+from ._rnnt import RNNTLoss
+from ._rnnt import rnnt_align
+from ._rnnt import rnnt_loss
 from duoloss.core._graph_loss import PackedGraphs
 from duoloss.core._graph_loss import pack_graphs
 
@@ -25,4 +28,7 @@ __all__ = [
     "graph_align",
     "CTCLoss",
     "ctc_loss",
+    "RNNTLoss",
+    "rnnt_align",
+    "rnnt_loss",
 ]
