@@ -364,8 +364,7 @@ def test_prune_ranges_follow_a_single_path():
     """Occupations of one alignment (all mass on one path): the windows must hold it,
     so the pruned loss of any logits keeps that path."""
     B, S, T, r = 1, 4, 6, 2
-    # path: symbols at frames 0, 2, 2, 4 (regular: several per frame allowed)
-    emit = [0, 2, 2, 4]
+    emit = [0, 2, 3, 4]  # frame of each symbol
     ox = np.zeros((B, S, T + 1))
     oy = np.zeros((B, S + 1, T))
     s = 0

@@ -53,7 +53,8 @@ def check_common_scalars(fn: str, termination_symbol, num_classes: int, rnnt_typ
             delay_penalty, (int, float, np.integer, np.floating)):
         raise TypeError(f"{fn}: argument 'delay_penalty' must be a float, "
                         f"got {type(delay_penalty).__name__}")
-    if not np.isfinite(float(delay_penalty)):
+    delay_penalty = float(delay_penalty)
+    if delay_penalty != delay_penalty or delay_penalty in (float("inf"), float("-inf")):
         raise ValueError(f"{fn}: argument 'delay_penalty' must be finite, got {delay_penalty!r}")
     _v.check_reduction(fn, reduction)
 
