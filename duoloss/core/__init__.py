@@ -15,6 +15,10 @@ from ._ctc import concat_to_padded
 from ._ctc import ctc_loss_and_grad
 from ._spec import LossKernel
 from ._threading import threading_layer
+from ._transducer import RNNT_TYPES
+from ._transducer import TRANSDUCER_KERNEL
+from ._transducer import transducer_loss_and_grad
+from ._transducer import transducer_viterbi
 from ._graph_loss import GRAPH_LOSS_KERNEL
 from ._graph_loss import graph_loss_and_grad
 from ._graph_loss import pack_graphs
@@ -37,4 +41,8 @@ __all__ = [
     "concat_to_padded",
     "ctc_loss_and_grad",
     "threading_layer",
+    "RNNT_TYPES",
+    "TRANSDUCER_KERNEL",
+    "transducer_loss_and_grad",
+    "transducer_viterbi",
 ]

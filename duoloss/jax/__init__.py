@@ -13,6 +13,8 @@ from ._rnnt_k2 import get_rnnt_logprobs_pruned
 from ._rnnt_k2 import get_rnnt_prune_ranges
 from ._rnnt_k2 import rnnt_loss_pruned
 from ._rnnt_k2 import rnnt_loss_simple
+from ._rnnt import rnnt_align
+from ._rnnt import rnnt_loss
 from duoloss.core._graph_loss import PackedGraphs
 from duoloss.core._graph_loss import pack_graphs
 
@@ -33,4 +35,6 @@ __all__ = [
     "graph_align",
     "ctc_loss",
     "optax_ctc_loss",
+    "rnnt_align",
+    "rnnt_loss",
 ]

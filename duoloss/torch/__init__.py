@@ -15,6 +15,9 @@ from ._rnnt_k2 import get_rnnt_logprobs_pruned
 from ._rnnt_k2 import get_rnnt_prune_ranges
 from ._rnnt_k2 import rnnt_loss_pruned
 from ._rnnt_k2 import rnnt_loss_simple
+from ._rnnt import RNNTLoss
+from ._rnnt import rnnt_align
+from ._rnnt import rnnt_loss
 from duoloss.core._graph_loss import PackedGraphs
 from duoloss.core._graph_loss import pack_graphs
 
@@ -37,4 +40,7 @@ __all__ = [
     "graph_align",
     "CTCLoss",
     "ctc_loss",
+    "RNNTLoss",
+    "rnnt_align",
+    "rnnt_loss",
 ]
