@@ -521,3 +521,27 @@ def test_torch_func_grad_simple():
     a = am.clone().requires_grad_()
     dt.rnnt_loss_simple(lm, a, symbols, 0).backward()
     np.testing.assert_allclose(g.numpy(), a.grad.numpy(), rtol=1e-13)
+
+
+@pytest.mark.parametrize("dp", [0.0, 0.25])
+def test_simple_and_pruned_equal_full_rnnt_loss(dp):
+    """k2's identities against the full RNN-T (``rnnt_loss`` on (B, T, S+1, C)
+    logits of the additive joiner): simple loss = full loss = pruned loss with
+    s_range = S+1, per sequence with its own lengths."""
+    B, T, S, C = 3, 7, 4, 6
+    am, lm, symbols = _inputs(100, B, T, S, C)
+    t_len = np.array([7, 5, 6])
+    s_len = np.array([4, 2, 0])
+    bd = np.stack([np.zeros(B, int), np.zeros(B, int), s_len, t_len], 1).astype(np.int64)
+    logits = am[:, :, None, :] + lm[:, None, :, :]
+    ranges = np.broadcast_to(np.arange(S + 1), (B, T, S + 1)).copy()
+    for mod, conv in ((dt, _to_t), (dj, jnp.asarray)):
+        full = mod.rnnt_loss(conv(logits), conv(symbols.astype(np.int32)),
+                             conv(t_len.astype(np.int32)), conv(s_len.astype(np.int32)),
+                             blank=0, reduction="none", delay_penalty=dp)
+        simple = mod.rnnt_loss_simple(conv(lm), conv(am), conv(symbols), 0, conv(bd),
+                                      delay_penalty=dp, reduction="none")
+        pruned = mod.rnnt_loss_pruned(conv(logits), conv(symbols), conv(ranges), 0, conv(bd),
+                                      delay_penalty=dp, reduction="none")
+        np.testing.assert_allclose(np.asarray(simple), np.asarray(full), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(pruned), np.asarray(full), rtol=1e-12)
