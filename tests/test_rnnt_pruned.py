@@ -21,7 +21,13 @@ from jax.test_util import check_grads
 import duoloss.jax as dj
 import duoloss.torch as dt
 
-jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    """float64 JAX inside these tests only (never the session-wide flag)."""
+    with jax.enable_x64(True):
+        yield
 
 TYPES = ("regular", "modified", "constrained")
 
@@ -447,28 +453,40 @@ def test_do_rnnt_pruning_values():
 
 
 def test_jax_jit_and_vmap():
+    """The whole pruned step (simple loss with return_grad, ranges, pruning, pruned
+    loss) under jax.jit(value_and_grad) equals torch's eager step; vmap = a loop."""
     B, T, S, C, r = 2, 6, 3, 5, 2
     am, lm, symbols = _inputs(60, B, T, S, C)
     bd = _boundary(B, S, T, "regular")
 
-    def step(lm_, am_, bd_):
-        loss, (gx, gy) = dj.rnnt_loss_simple(lm_, am_, symbols, 0, bd_, reduction="sum",
-                                             return_grad=True)
-        ranges = dj.get_rnnt_prune_ranges(gx, gy, bd_, r)
-        am_p, lm_p = dj.do_rnnt_pruning(am_, lm_, ranges)
-        pruned = dj.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0, bd_, reduction="sum")
+    def step(mod, lm_, am_, bd_):
+        loss, (gx, gy) = mod.rnnt_loss_simple(lm_, am_, symbols, 0, bd_, reduction="sum",
+                                              return_grad=True)
+        ranges = mod.get_rnnt_prune_ranges(gx, gy, bd_, r)
+        am_p, lm_p = mod.do_rnnt_pruning(am_, lm_, ranges)
+        pruned = mod.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0, bd_, reduction="sum")
         return loss + pruned
 
-    eager = jax.value_and_grad(step, argnums=(0, 1))(lm, am, bd)
-    jitted = jax.jit(jax.value_and_grad(step, argnums=(0, 1)))(lm, am, bd)
-    np.testing.assert_allclose(np.asarray(jitted[0]), np.asarray(eager[0]), rtol=1e-12)
-    for a, b in zip(jitted[1], eager[1]):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
-    # vmap over an extra leading batch of inputs = a loop
+    lt, at = _to_t(lm).requires_grad_(), _to_t(am).requires_grad_()
+    symbols_t = _to_t(symbols)
+    loss_t, (gx, gy) = dt.rnnt_loss_simple(lt, at, symbols_t, 0, _to_t(bd), reduction="sum",
+                                           return_grad=True)
+    ranges = dt.get_rnnt_prune_ranges(gx, gy, _to_t(bd), r)
+    am_p, lm_p = dt.do_rnnt_pruning(at, lt, ranges)
+    total = loss_t + dt.rnnt_loss_pruned(am_p + lm_p, symbols_t, ranges, 0, _to_t(bd),
+                                         reduction="sum")
+    total.backward()
+    value, (g_lm, g_am) = jax.jit(jax.value_and_grad(
+        lambda l_, a_, b_: step(dj, l_, a_, b_), argnums=(0, 1)))(lm, am, bd)
+    np.testing.assert_allclose(np.asarray(value), total.item(), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(g_lm), lt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g_am), at.grad.numpy(), rtol=1e-10, atol=1e-12)
+    # vmap over an extra leading batch of inputs = a loop (torch as the loop)
     lms = np.stack([lm, lm + 0.5])
-    vm = jax.vmap(lambda l_: dj.rnnt_loss_simple(l_, am, symbols, 0, bd, reduction="none"))(lms)
-    loop = np.stack([np.asarray(dj.rnnt_loss_simple(x, am, symbols, 0, bd, reduction="none"))
-                     for x in lms])
+    vm = jax.jit(jax.vmap(
+        lambda l_: dj.rnnt_loss_simple(l_, am, symbols, 0, bd, reduction="none")))(lms)
+    loop = np.stack([dt.rnnt_loss_simple(_to_t(x), _to_t(am), symbols_t, 0, _to_t(bd),
+                                         reduction="none").numpy() for x in lms])
     np.testing.assert_allclose(np.asarray(vm), loop, rtol=1e-12)
 
 
