@@ -563,3 +563,26 @@ def test_simple_and_pruned_equal_full_rnnt_loss(dp):
                                       delay_penalty=dp, reduction="none")
         np.testing.assert_allclose(np.asarray(simple), np.asarray(full), rtol=1e-12)
         np.testing.assert_allclose(np.asarray(pruned), np.asarray(full), rtol=1e-12)
+
+
+def test_analytic_single_path_cases():
+    """Closed forms: S = 0 (only blanks: loss = -sum_t log p_t(blank)) and
+    'modified' with S = T (one alignment: symbol y_t on frame t, context t)."""
+    B, T, C = 2, 4, 5
+    am, lm, _ = _inputs(110, B, T, 0, C)
+    lsm = _log_softmax(am + lm)  # (B, T, C): context 0 on every frame
+    want = -lsm[:, :, 0].sum(1)
+    sym0 = np.zeros((B, 0), np.int64)
+    ranges = np.zeros((B, T, 1), np.int64)
+    am4, lm4, sym4 = _inputs(111, B, T, T, C)
+    full = _log_softmax(am4[:, :, None, :] + lm4[:, None, :, :])  # (B, T, S+1, C)
+    want4 = -np.array([sum(full[b, t, t, sym4[b, t]] for t in range(T)) for b in range(B)])
+    for mod, conv in ((dt, _to_t), (dj, jnp.asarray)):
+        got = mod.rnnt_loss_simple(conv(lm), conv(am), conv(sym0), 0, reduction="none")
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+        got = mod.rnnt_loss_pruned(conv((am + lm)[:, :, None]), conv(sym0), conv(ranges), 0,
+                                   reduction="none")
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+        got = mod.rnnt_loss_simple(conv(lm4), conv(am4), conv(sym4), 0, rnnt_type="modified",
+                                   reduction="none")
+        np.testing.assert_allclose(np.asarray(got), want4, rtol=1e-12)
