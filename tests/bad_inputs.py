@@ -472,6 +472,7 @@ if __name__ == "__main__":
 # get_rnnt_prune_ranges, do_rnnt_pruning.  Positional arguments of each function:
 _K2_FNS = {
     "rnnt_loss_simple": ("lm", "am", "symbols", "termination_symbol"),
+    "rnnt_loss_smoothed": ("lm", "am", "symbols", "termination_symbol"),
     "rnnt_loss_pruned": ("logits", "symbols", "ranges", "termination_symbol"),
     "get_rnnt_prune_ranges": ("px_grad", "py_grad", "boundary", "s_range"),
     "do_rnnt_pruning": ("am", "lm", "ranges"),
@@ -484,7 +485,7 @@ def _k2_good(fn):
     bd = np.array([[0, 0, 3, 6], [0, 0, 2, 5]], np.int32)
     ranges = (np.minimum(np.arange(T), S - 1)[None, :, None] + np.arange(2)).repeat(N, 0)
     ranges = ranges.astype(np.int32)  # (N, T, 2), rows [r0, r0 + 1], r0 <= S - 1
-    if fn == "rnnt_loss_simple":
+    if fn in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
         return dict(lm=rng.standard_normal((N, S + 1, C)).astype(np.float32),
                     am=rng.standard_normal((N, T, C)).astype(np.float32), symbols=sym,
                     termination_symbol=0, boundary=bd)
@@ -550,5 +551,9 @@ def _rnnt_k2_cases():
         Case(dp, "ranges", "float ranges", _set(ranges=lambda d: d["ranges"].astype(np.float32)), TypeError, expect="got float32"),
         Case(dp, "ranges", "position > S", _set(ranges=lambda d: (d["ranges"] + 1).astype(i32)), expect="[0, 2]"),
         Case(dp, "lm", "lm with N+1 rows", _set(lm=np.zeros((N + 1, S + 1, 3), np.float32)), expect="(3, 4, 3)"),
+        Case("rnnt_loss_smoothed", "lm_only_scale", "lm_only_scale='x'", _set(lm_only_scale="x"), TypeError, expect="got str"),
+        Case("rnnt_loss_smoothed", "am_only_scale", "am_only_scale=inf", _set(am_only_scale=float("inf")), expect="got inf"),
+        Case("rnnt_loss_smoothed", "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 3], [9, 2, 1]], i32)), expect="got 9 at sequence 1, position 0"),
+        Case("rnnt_loss_smoothed", "am", "2-D am", _set(am=lambda d: d["am"][:, 0].copy()), expect="(2, 5)"),
     ]
     return cs

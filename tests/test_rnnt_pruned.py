@@ -586,3 +586,71 @@ def test_analytic_single_path_cases():
         got = mod.rnnt_loss_simple(conv(lm4), conv(am4), conv(sym4), 0, rnnt_type="modified",
                                    reduction="none")
         np.testing.assert_allclose(np.asarray(got), want4, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- smoothed loss
+
+
+def _smoothed_ref(am, lm, symbols, blank, boundary, rnnt_type, lm_s, am_s, dp):
+    """Loop-by-loop arc scores of k2's smoothed loss, summed over every path."""
+    B, T, C = am.shape
+    lse = np.logaddexp.reduce
+    sm = np.exp(lm - lse(lm, axis=2, keepdims=True))
+    unigram = sm.reshape(-1, C).mean(0)
+    out = []
+    for b in range(B):
+        def arc(s, t, c, b=b):
+            logp = am[b, t, c] + lm[b, s, c] - lse(am[b, t] + lm[b, s])
+            lm_only = lm[b, s, c] - lse(lm[b, s])
+            am_only = am[b, t, c] + np.log(unigram[c]) - np.log(
+                sum(np.exp(am[b, t, k]) * unigram[k] for k in range(C)))
+            return (1 - lm_s - am_s) * logp + lm_s * lm_only + am_s * am_only
+
+        sb, tb, se, te = boundary[b]
+        scores = []
+        for path in _paths(se - sb, te - tb, rnnt_type):
+            total = 0.0
+            for kind, s, t in path:
+                s, t = s + sb, t + tb
+                if kind == "x":
+                    total += arc(s, t, symbols[b, s]) + dp * ((te - 1) / 2 - t)
+                    if rnnt_type == "constrained":
+                        total += arc(s + 1, t, blank)
+                else:
+                    total += arc(s, t, blank)
+            scores.append(total)
+        out.append(-np.logaddexp.reduce(scores))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+def test_smoothed_loss_matches_brute_force(rnnt_type):
+    B, T, S, C = 2, 4, 3, 5
+    am, lm, symbols = _inputs(120, B, T, S, C)
+    bd = _boundary(B, S, T, rnnt_type)
+    ref = _smoothed_ref(am, lm, symbols, 0, bd, rnnt_type, 0.1, 0.25, 0.2)
+    for mod, conv in ((dt, _to_t), (dj, jnp.asarray)):
+        got = mod.rnnt_loss_smoothed(conv(lm), conv(am), conv(symbols), 0, 0.1, 0.25, conv(bd),
+                                     rnnt_type, 0.2, "none")
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-11)
+        # scales 0: the simple loss (k2 uses 1e-20 for an exact zero)
+        got0 = mod.rnnt_loss_smoothed(conv(lm), conv(am), conv(symbols), 0, 0.0, 0.0, conv(bd),
+                                      rnnt_type, reduction="none")
+        simple = mod.rnnt_loss_simple(conv(lm), conv(am), conv(symbols), 0, conv(bd), rnnt_type,
+                                      reduction="none")
+        np.testing.assert_allclose(np.asarray(got0), np.asarray(simple), rtol=1e-12)
+
+
+def test_smoothed_gradcheck_and_return_grad():
+    B, T, S, C = 2, 4, 2, 4
+    am, lm, symbols = _inputs(130, B, T, S, C)
+    sym = _to_t(symbols)
+    assert torch.autograd.gradcheck(
+        lambda l_, a_: dt.rnnt_loss_smoothed(l_, a_, sym, 0, 0.2, 0.1, reduction="none"),
+        (_to_t(lm).requires_grad_(), _to_t(am).requires_grad_()))
+    check_grads(lambda l_, a_: dj.rnnt_loss_smoothed(l_, a_, symbols, 0, 0.2, 0.1),
+                (lm, am), order=1, modes=("rev",))
+    _, (gx, gy) = dt.rnnt_loss_smoothed(_to_t(lm), _to_t(am), sym, 0, return_grad=True)
+    _, (jx, jy) = dj.rnnt_loss_smoothed(lm, am, symbols, 0, return_grad=True)
+    np.testing.assert_allclose(gx.sum((1, 2)).numpy(), S, rtol=1e-12)  # S symbols per path
+    np.testing.assert_allclose(np.asarray(jy), gy.numpy(), atol=1e-12)

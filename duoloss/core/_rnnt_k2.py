@@ -26,6 +26,7 @@ __all__ = [
     "check_boundary_static",
     "check_boundary_values",
     "check_common_scalars",
+    "check_float_scalar",
     "check_pruned_static",
     "check_ranges_values",
     "check_simple_static",
@@ -49,14 +50,19 @@ def check_common_scalars(fn: str, termination_symbol, num_classes: int, rnnt_typ
     if not isinstance(rnnt_type, str) or rnnt_type not in RNNT_TYPES:
         raise ValueError(f"{fn}: argument 'rnnt_type' must be one of "
                          f"{', '.join(repr(r) for r in RNNT_TYPES)}, got {rnnt_type!r}")
-    if isinstance(delay_penalty, (bool, np.bool_)) or not isinstance(
-            delay_penalty, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{fn}: argument 'delay_penalty' must be a float, "
-                        f"got {type(delay_penalty).__name__}")
-    delay_penalty = float(delay_penalty)
-    if delay_penalty != delay_penalty or delay_penalty in (float("inf"), float("-inf")):
-        raise ValueError(f"{fn}: argument 'delay_penalty' must be finite, got {delay_penalty!r}")
+    check_float_scalar(fn, "delay_penalty", delay_penalty)
     _v.check_reduction(fn, reduction)
+
+
+def check_float_scalar(fn: str, arg: str, value) -> float:
+    """A finite Python/numpy real number (not a bool)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: argument '{arg}' must be a float, got {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{fn}: argument '{arg}' must be finite, got {value!r}")
+    return value
 
 
 def _check_float(fn, arg, shape, dtype, ndim, layout):

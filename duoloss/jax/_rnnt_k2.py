@@ -29,6 +29,7 @@ __all__ = [
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
 ]
 
 
@@ -70,12 +71,15 @@ def _finish_px(px, py, boundary, rnnt_type, delay_penalty):
 
 
 def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
-                     delay_penalty=0.0, reduction="mean"):
+                     delay_penalty=0.0, reduction="mean", scales=None):
     lm, am, symbols = (_array(fn, a, x) for a, x in (("lm", lm), ("am", am),
                                                       ("symbols", symbols)))
     b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,
                                         symbols.shape, symbols.dtype)
     _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if scales is not None:
+        scales = (_k.check_float_scalar(fn, "lm_only_scale", scales[0]),
+                  _k.check_float_scalar(fn, "am_only_scale", scales[1]))
     if is_concrete(symbols):
         _k.check_symbols_values(fn, _host(symbols), c)
     boundary = _boundary(fn, boundary, b, s, t, rnnt_type)
@@ -84,14 +88,37 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     lm_max = jax.lax.stop_gradient(lm.max(axis=2, keepdims=True))
     am_max = jnp.where(jnp.isfinite(am_max), am_max, 0)
     lm_max = jnp.where(jnp.isfinite(lm_max), lm_max, 0)
-    prod = jnp.matmul(jnp.exp(lm - lm_max), jnp.swapaxes(jnp.exp(am - am_max), 1, 2))
-    log_z = jnp.log(prod + jnp.finfo(am.dtype).tiny) + lm_max + jnp.swapaxes(am_max, 1, 2)
+    am_probs = jnp.exp(am - am_max)
+    lm_probs = jnp.exp(lm - lm_max)
+    tiny = jnp.finfo(am.dtype).tiny
+    prod = jnp.matmul(lm_probs, jnp.swapaxes(am_probs, 1, 2))
+    log_z = jnp.log(prod + tiny) + lm_max + jnp.swapaxes(am_max, 1, 2)
 
     px_am = jnp.take_along_axis(jnp.swapaxes(am, 1, 2), symbols[:, :, None], axis=1,
                                 mode="clip")  # (B, S, T)
     px_lm = jnp.take_along_axis(lm[:, :s], symbols[:, :, None], axis=2, mode="clip")
     px = px_am + px_lm - log_z[:, :s, :]
-    py = (am[:, None, :, termination_symbol] + lm[:, :, termination_symbol, None]) - log_z
+    py_am = am[:, None, :, termination_symbol]
+    py_lm = lm[:, :, termination_symbol, None]
+    py = py_am + py_lm - log_z
+    if scales is not None:
+        lm_scale, am_scale = scales
+        lm_sum = lm_probs.sum(axis=2, keepdims=True)
+        lm_only_norm = jnp.log(lm_sum) + lm_max
+        unigram = (lm_probs / lm_sum).mean(axis=(0, 1)) + tiny
+        am_only_norm = (jnp.log(jnp.matmul(am_probs, unigram))[:, None, :]
+                        + jnp.swapaxes(am_max, 1, 2))
+        log_unigram = jnp.log(unigram)
+        px_am_only = px_am + jnp.take(log_unigram, symbols, mode="clip")[:, :, None] \
+            - am_only_norm
+        px_lm_only = px_lm - lm_only_norm[:, :s]
+        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
+        py_lm_only = py_lm - lm_only_norm
+        combined = 1.0 - lm_scale - am_scale
+        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
+        am_scale = am_scale if am_scale != 0.0 else 1e-20
+        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
+        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
     if rnnt_type == "regular":
         px = jnp.concatenate([px, jnp.full((b, s, 1), -jnp.inf, px.dtype)], axis=2)
     return px, py, boundary
@@ -152,6 +179,24 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
     fn = "rnnt_loss_simple"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
+                       am_only_scale: float = 0.1, boundary=None, rnnt_type: str = "regular",
+                       delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
+                       return_grad: bool = False):
+    """k2's smoothed simple loss; see :func:`duoloss.torch.rnnt_loss_smoothed`."""
+    fn = "rnnt_loss_smoothed"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction,
+                                        (lm_only_scale, am_only_scale))
     if not isinstance(return_grad, bool):
         raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
                         f"got {type(return_grad).__name__}")

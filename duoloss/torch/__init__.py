@@ -15,6 +15,7 @@ from ._rnnt_k2 import get_rnnt_logprobs_pruned
 from ._rnnt_k2 import get_rnnt_prune_ranges
 from ._rnnt_k2 import rnnt_loss_pruned
 from ._rnnt_k2 import rnnt_loss_simple
+from ._rnnt_k2 import rnnt_loss_smoothed
 from ._rnnt import RNNTLoss
 from ._rnnt import rnnt_align
 from ._rnnt import rnnt_loss
@@ -28,6 +29,7 @@ __all__ = [
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
     "PackedGraphs",
     "pack_graphs",
     "GraphLoss",

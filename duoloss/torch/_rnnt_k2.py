@@ -38,6 +38,7 @@ __all__ = [
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
 ]
 
 
@@ -101,12 +102,17 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
 
 
 def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
-                     delay_penalty=0.0, reduction="mean"):
+                     delay_penalty=0.0, reduction="mean", scales=None):
+    """``(px, py, boundary)`` of the additive joiner; with ``scales = (lm_only_scale,
+    am_only_scale)`` k2's smoothed interpolation (see :func:`rnnt_loss_smoothed`)."""
     for arg, x in (("lm", lm), ("am", am), ("symbols", symbols)):
         _tensor(fn, arg, x)
     b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,
                                         symbols.shape, symbols.dtype)
     _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if scales is not None:
+        scales = (_k.check_float_scalar(fn, "lm_only_scale", scales[0]),
+                  _k.check_float_scalar(fn, "am_only_scale", scales[1]))
     if is_concrete(symbols):
         _k.check_symbols_values(fn, to_numpy(symbols), c)
     boundary = _boundary(fn, boundary, b, s, t, am.device, rnnt_type, True)
@@ -117,13 +123,39 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     # an all -inf row would give nan; any finite shift works
     am_max = torch.where(torch.isfinite(am_max), am_max, torch.zeros_like(am_max))
     lm_max = torch.where(torch.isfinite(lm_max), lm_max, torch.zeros_like(lm_max))
-    prod = torch.matmul((lm - lm_max).exp(), (am - am_max).exp().transpose(1, 2))
-    log_z = (prod + torch.finfo(am.dtype).tiny).log() + lm_max + am_max.transpose(1, 2)
+    am_probs = (am - am_max).exp()
+    lm_probs = (lm - lm_max).exp()
+    tiny = torch.finfo(am.dtype).tiny
+    prod = torch.matmul(lm_probs, am_probs.transpose(1, 2))  # (B, S+1, T)
+    log_z = (prod + tiny).log() + lm_max + am_max.transpose(1, 2)
 
     px_am = torch.gather(am.transpose(1, 2), 1, symbols[:, :, None].expand(b, s, t))
     px_lm = torch.gather(lm[:, :s], 2, symbols[:, :, None])  # (B, S, 1)
-    px = px_am + px_lm - log_z[:, :s, :]
-    py = (am[:, None, :, termination_symbol] + lm[:, :, termination_symbol, None]) - log_z
+    px = px_am + px_lm - log_z[:, :s, :]  # (B, S, T)
+    py_am = am[:, None, :, termination_symbol]  # (B, 1, T)
+    py_lm = lm[:, :, termination_symbol, None]  # (B, S+1, 1)
+    py = py_am + py_lm - log_z
+    if scales is not None:
+        lm_scale, am_scale = scales
+        # LM alone: lm's own softmax (no frame dependence)
+        lm_sum = lm_probs.sum(dim=2, keepdim=True)  # (B, S+1, 1)
+        lm_only_norm = lm_sum.log() + lm_max
+        # AM alone: am combined with the unigram (lm's softmax averaged over batch and
+        # positions, padding included, as k2)
+        unigram = (lm_probs / lm_sum).mean(dim=(0, 1)) + tiny  # (C,)
+        am_only_norm = (torch.matmul(am_probs, unigram)[:, None, :].log()
+                        + am_max.transpose(1, 2))  # (B, 1, T)
+        log_unigram = unigram.log()
+        px_am_only = px_am + log_unigram[symbols][:, :, None] - am_only_norm
+        px_lm_only = px_lm - lm_only_norm[:, :s]
+        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
+        py_lm_only = py_lm - lm_only_norm
+        combined = 1.0 - lm_scale - am_scale
+        # k2: exact zeros would turn -inf * 0 into nan
+        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
+        am_scale = am_scale if am_scale != 0.0 else 1e-20
+        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
+        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
     if rnnt_type == "regular":
         px = torch.cat([px, px.new_full((b, s, 1), float("-inf"))], dim=2)
     return px, py, boundary
@@ -206,6 +238,40 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     fn = "rnnt_loss_simple"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), am.shape[1])
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                       termination_symbol: int, lm_only_scale: float = 0.1,
+                       am_only_scale: float = 0.1, boundary: Optional[torch.Tensor] = None,
+                       rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                       reduction: Optional[str] = "mean", return_grad: bool = False):
+    r""":func:`rnnt_loss_simple` with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
+
+    Every arc log-probability of the simple loss is replaced by the interpolation
+
+    .. math::
+      (1 - \lambda_{lm} - \lambda_{am})\, \log p(\cdot) + \lambda_{lm} \log p_{lm}(\cdot)
+      + \lambda_{am} \log p_{am}(\cdot)
+
+    where :math:`p_{lm} = \mathrm{softmax}(lm_{b,s})` ignores the acoustics and
+    :math:`p_{am} \propto \exp(am_{b,t}) \cdot u` uses instead of ``lm`` the
+    unigram ``u``: ``softmax(lm)`` averaged over every batch entry and position
+    (padding included, as k2).  A scale of exactly 0 is taken as ``1e-20``
+    (as k2, so that ``-inf * 0`` never appears).  Other arguments and the return
+    value as :func:`rnnt_loss_simple` (icefall's recipes call this one with
+    ``return_grad=True``).
+    """
+    fn = "rnnt_loss_smoothed"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction,
+                                        (lm_only_scale, am_only_scale))
     if not isinstance(return_grad, bool):
         raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
                         f"got {type(return_grad).__name__}")
