@@ -654,3 +654,17 @@ def test_smoothed_gradcheck_and_return_grad():
     _, (jx, jy) = dj.rnnt_loss_smoothed(lm, am, symbols, 0, return_grad=True)
     np.testing.assert_allclose(gx.sum((1, 2)).numpy(), S, rtol=1e-12)  # S symbols per path
     np.testing.assert_allclose(np.asarray(jy), gy.numpy(), atol=1e-12)
+
+
+def test_prune_ranges_modified_hand_derived():
+    """'modified', one alignment (blank, y0, y1, blank, y2 on frames 0..4), s_range 2:
+    windows worked out by hand from k2's rule (first maximum; last frame takes the
+    last window; starts rise by at most 1 per frame)."""
+    ox = np.zeros((1, 3, 5))
+    oy = np.zeros((1, 4, 5))
+    oy[0, 0, 0] = ox[0, 0, 1] = ox[0, 1, 2] = oy[0, 2, 3] = ox[0, 2, 4] = 1
+    bd = np.array([[0, 0, 3, 5]])
+    for mod, conv in ((dt, _to_t), (dj, jnp.asarray)):
+        ranges = np.asarray(mod.get_rnnt_prune_ranges(conv(ox), conv(oy), conv(bd), 2))
+        np.testing.assert_array_equal(ranges[0, :, 0], [0, 0, 0, 1, 2])
+        np.testing.assert_array_equal(ranges[0, :, 1], [1, 1, 1, 2, 3])
