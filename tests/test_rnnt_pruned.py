@@ -668,3 +668,16 @@ def test_prune_ranges_modified_hand_derived():
         ranges = np.asarray(mod.get_rnnt_prune_ranges(conv(ox), conv(oy), conv(bd), 2))
         np.testing.assert_array_equal(ranges[0, :, 0], [0, 0, 0, 1, 2])
         np.testing.assert_array_equal(ranges[0, :, 1], [1, 1, 1, 2, 3])
+
+
+def test_jax_vmap_pruned_equals_loop():
+    B, T, S, C, r = 2, 6, 3, 5, 2
+    rng = np.random.default_rng(140)
+    logits = rng.standard_normal((3, B, T, r, C))
+    symbols = rng.integers(1, C, (B, S))
+    ranges = _random_ranges(rng, B, T, S, r, True)
+    f = lambda x: dj.rnnt_loss_pruned(x, symbols, ranges, 0, reduction="none")  # noqa: E731
+    vm = np.asarray(jax.vmap(f)(logits))
+    loop = np.stack([dt.rnnt_loss_pruned(_to_t(x), _to_t(symbols), _to_t(ranges), 0,
+                                         reduction="none").numpy() for x in logits])
+    np.testing.assert_allclose(vm, loop, rtol=1e-12)
