@@ -63,6 +63,10 @@ def good(fn: str) -> Dict[str, Any]:
                     label_paddings=lpad)
     if fn in _K2_FNS:  # k2-style RNN-T (helper F2)
         return _k2_good(fn)
+    # RNN-T (transducer helper F1): logits (N, T, U + 1, V), blank = V - 1
+    if fn in ("rnnt_loss", "rnnt_align"):
+        return dict(logits=rng.standard_normal((N, T, S + 1, C)).astype(np.float32),
+                    targets=tg, logit_lengths=il, target_lengths=tl)
     raise KeyError(fn)
 
 
@@ -309,6 +313,7 @@ def all_cases():
     cases += _type_cases()
     cases += _single_framework_cases()
     cases += _rnnt_k2_cases()
+    cases += _rnnt_cases()  # RNN-T (transducer helper F1)
     return cases
 
 
@@ -422,6 +427,9 @@ def call(case: Case, framework: str):
         "graph_align": ("emissions", "graphs", "input_lengths"),
         "optax_ctc_loss": ("logits", "logit_paddings", "labels", "label_paddings"),
         **_K2_FNS,
+        # RNN-T (transducer helper F1)
+        "rnnt_loss": ("logits", "targets", "logit_lengths", "target_lengths"),
+        "rnnt_align": ("logits", "targets", "logit_lengths", "target_lengths"),
     }[case.fn]
     args = [kw.pop(p) for p in pos]
     try:
@@ -458,6 +466,58 @@ def markdown_table(results) -> str:
         msg = msg.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {i} | {fw} | `{case.fn}` | {case.what} | {exc} | {msg} |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# RNN-T: rnnt_loss, rnnt_align, RNNTLoss (transducer helper F1)                #
+# --------------------------------------------------------------------------- #
+def _rnnt_cases():
+    cs = []
+    for fn in ("rnnt_loss", "rnnt_align"):
+        cs += [
+            Case(fn, "logits", "int32 logits", _set(logits=lambda d: d["logits"].astype(np.int32)), TypeError, expect="got int32"),
+            Case(fn, "logits", "3-D logits", _set(logits=lambda d: d["logits"][:, :, 0].copy()), expect="(2, 6, 5)"),
+            Case(fn, "logits", "zero classes (V = 0)", _set(logits=np.zeros((N, T, S + 1, 0), np.float32)), expect="V >= 1"),
+            Case(fn, "logits", "logits as a str", _set(logits="abc"), TypeError, expect="got str"),
+            Case(fn, "targets", "float targets", _set(targets=lambda d: d["targets"].astype(np.float32)), TypeError, expect="got float32"),
+            Case(fn, "targets", "targets with U + 1 columns", _set(targets=np.ones((N, S + 1), np.int32)), expect="got (2, 4)"),
+            Case(fn, "targets", "1-D targets", _set(targets=np.ones(S, np.int32)), expect="got shape (3,)"),
+            Case(fn, "targets", "label >= V", _set(targets=np.array([[1, 2, 5], [2, 2, 0]], np.int32)), expect="got 5 at sequence 0, position 2"),
+            Case(fn, "targets", "negative label", _set(targets=np.array([[1, -1, 3], [2, 2, 0]], np.int32)), expect="got -1 at sequence 0, position 1"),
+            Case(fn, "targets", "blank (V - 1) inside a target", _set(targets=np.array([[1, 4, 3], [2, 2, 0]], np.int32)), expect="the blank (4)"),
+            Case(fn, "targets", "blank=2 inside a target", _set(blank=2), expect="the blank (2)"),
+            Case(fn, "blank", "blank = V", _set(blank=C), expect="[-5, 5), got 5"),
+            Case(fn, "blank", "blank = -V - 1", _set(blank=-C - 1), expect="got -6"),
+            Case(fn, "blank", "float blank", _set(blank=1.0), TypeError, expect="got float"),
+            Case(fn, "logit_lengths", "logit length > T", _set(logit_lengths=np.array([7, 5], np.int32)), expect="got 7 at index 0"),
+            Case(fn, "logit_lengths", "negative logit length", _set(logit_lengths=np.array([6, -1], np.int32)), expect="got -1 at index 1"),
+            Case(fn, "logit_lengths", "float logit_lengths", _set(logit_lengths=np.array([6.0, 5.0], np.float32)), TypeError, expect="got float32"),
+            Case(fn, "logit_lengths", "(N+1,) logit_lengths", _set(logit_lengths=np.array([6, 5, 4], np.int32)), expect="(3,)"),
+            Case(fn, "logit_lengths", "logit_lengths as a list with a float", _set(logit_lengths=[6, 5.0]), TypeError, expect="non-int"),
+            Case(fn, "target_lengths", "target length > U", _set(target_lengths=np.array([4, 2], np.int32)), expect="got 4 at index 0"),
+            Case(fn, "target_lengths", "(N-1,) target_lengths", _set(target_lengths=np.array([3], np.int32)), expect="(1,)"),
+            Case(fn, "fused_log_softmax", "fused_log_softmax=1", _set(fused_log_softmax=1), TypeError, expect="got int"),
+        ]
+    fn = "rnnt_loss"
+    cs += [
+        Case(fn, "reduction", "reduction='avg'", _set(reduction="avg"), expect="got 'avg'"),
+        Case(fn, "clamp", "clamp='x'", _set(clamp="x"), TypeError, expect="got str"),
+        Case(fn, "clamp", "clamp=inf", _set(clamp=float("inf")), expect="got inf"),
+        Case(fn, "fastemit_lambda", "fastemit_lambda=-0.1", _set(fastemit_lambda=-0.1), expect=">= 0, got -0.1"),
+        Case(fn, "delay_penalty", "delay_penalty=nan", _set(delay_penalty=float("nan")), expect="finite"),
+        Case(fn, "delay_penalty", "delay_penalty=True", _set(delay_penalty=True), TypeError, expect="got bool"),
+    ]
+
+    def module(**kw):
+        import duoloss.torch as dt
+
+        return lambda: dt.RNNTLoss(**kw)
+
+    cs += [
+        _single("RNNTLoss", "reduction", "reduction='avg'", module(reduction="avg"), expect="got 'avg'"),
+        _single("RNNTLoss", "fastemit_lambda", "fastemit_lambda=-1", module(fastemit_lambda=-1.0), expect="got -1.0"),
+    ]
+    return cs
 
 
 if __name__ == "__main__":

@@ -56,6 +56,27 @@ def _scale_bwd(factor, _, g):
 _scale_grad.defvjp(_scale_fwd, _scale_bwd)
 
 
+@jax.custom_vjp
+def _log_normaliser(x):
+    """``logsumexp`` over the last axis; the backward skips cells with a zero
+    cotangent, so a NaN in a padded cell stays out of the gradient."""
+    return jax.nn.logsumexp(x, axis=-1)
+
+
+def _log_normaliser_fwd(x):
+    lse = jax.nn.logsumexp(x, axis=-1)
+    return lse, (x, lse)
+
+
+def _log_normaliser_bwd(res, g):
+    x, lse = res
+    g = g[..., None]
+    return (jnp.where(g != 0, jnp.exp(x - lse[..., None]) * g, 0.0).astype(x.dtype),)
+
+
+_log_normaliser.defvjp(_log_normaliser_fwd, _log_normaliser_bwd)
+
+
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
     logits = _array(fn, "logits", logits)
     targets = _array(fn, "targets", targets)
@@ -84,7 +105,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     px = jnp.take_along_axis(logits[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
     py = logits[..., blank]
     if fused_log_softmax:
-        lse = jax.nn.logsumexp(logits, axis=3)
+        lse = _log_normaliser(logits)
         px = px - lse[:, :, :u_max]
         py = py - lse
     if fastemit_lambda > 0:
@@ -130,8 +151,8 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
         ``[-clamp, clamp]`` (``clamp / N`` with ``'mean'``; see the torch docs).
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (batch mean, as torchaudio).
       fused_log_softmax: ``False`` when ``logits`` already are log-probabilities.
-      fastemit_lambda: FastEmit: label-emission gradients scaled by
-        ``1 + fastemit_lambda`` (loss value unchanged).
+      fastemit_lambda: FastEmit (NeMo's semantics): label-emission gradients
+        scaled by ``1 + fastemit_lambda``, reported loss ``(1 + lambda) * NLL``.
       delay_penalty: k2's delay penalty ``delay_penalty * ((T_b - 1) / 2 - t)``
         added to each label emission on frame ``t``.
 
@@ -157,6 +178,9 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
+        losses = losses + float(fastemit_lambda) * jax.lax.stop_gradient(losses)
     if reduction == "none":
         return losses
     if reduction == "sum":

@@ -17,7 +17,7 @@ from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_
                                       rnnt_alignment, transducer_viterbi)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._ctc import _as_int_tensor
+from ._ctc import _as_int_array, _as_int_tensor
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -58,28 +58,70 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
+class _LogProbGather(torch.autograd.Function):
+    """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
+
+    Forward: ``logp = log_softmax(x)`` (saved, as torch's own log_softmax
+    does), then ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
+    ``(N, T, U + 1)``.  Backward: ``d x = onehot-scatter(g) - softmax * sum(g)``
+    per cell, and exactly 0 in cells whose upstream gradients are all 0 (padded
+    cells), so a NaN there stays out of the gradient (no ``0 * NaN``).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, idx, blank):
+        logp = torch.log_softmax(x, dim=-1)
+        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, idx, blank = inputs
+        ctx.blank = blank
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(idx, output[2])
+
+    @staticmethod
+    def backward(ctx, gpx, gpy, _):
+        idx, logp = ctx.saved_tensors
+        gsum = gpy.clone()
+        gsum[..., :-1] += gpx
+        gsum = gsum.unsqueeze(-1)
+        out = torch.exp(logp)  # the one (N, T, U + 1, V) temporary
+        out.mul_(-gsum)
+        out.masked_fill_(gsum == 0, 0.0)
+        out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
+        out[..., ctx.blank] += gpy
+        return out, None, None
+
+
 def _check_tensor(fn, arg, x):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{fn}: argument '{arg}' must be a torch.Tensor, got {type(x).__name__}")
 
 
-def _lengths(fn, logits, logit_lengths, target_lengths):
-    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", logits.device)
-    tl = _as_int_tensor(target_lengths, fn, "target_lengths", logits.device)
-    return il, tl
-
-
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
-    """All checks before any computation; returns (blank, il, tl) as int64 tensors."""
+    """All checks before any computation; returns (blank, il, tl) as int64 tensors.
+
+    Values are read and checked whenever they are concrete (eager, torch.func
+    without vmap over the ints); while torch.compile traces only shapes/dtypes.
+    """
     _check_tensor(fn, "logits", logits)
     _check_tensor(fn, "targets", targets)
-    il, tl = _lengths(fn, logits, logit_lengths, target_lengths)
-    concrete = is_concrete(logits, targets, il, tl)
-    if concrete:
-        blank = check_rnnt_args(fn, logits, to_numpy(targets), to_numpy(il), to_numpy(tl),
-                                blank)
-    else:
-        blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
+    dev = logits.device
+    tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
+               if isinstance(x, torch.Tensor)]
+    if is_concrete(*tensors):
+        il = _as_int_array(logit_lengths, fn, "logit_lengths")
+        tl = _as_int_array(target_lengths, fn, "target_lengths")
+        blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
+        il = torch.as_tensor(il.astype(np.int64, copy=False), device=dev).reshape(-1)
+        tl = torch.as_tensor(tl.astype(np.int64, copy=False), device=dev).reshape(-1)
+        return blank, il, tl
+    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", dev)
+    tl = _as_int_tensor(target_lengths, fn, "target_lengths", dev)
+    blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
@@ -98,13 +140,12 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
              & ~bad_label.any(dim=1))
     idx = tg.clamp(0, n_cls - 1)
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
-    px = torch.gather(logits[:, :, :u_max], 3,
-                      idx[:, None, :, None].expand(n, t_max, u_max, 1))[..., 0]
-    py = logits[..., blank]
+    gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
     if fused_log_softmax:
-        lse = torch.logsumexp(logits, dim=3)
-        px = px - lse[:, :, :u_max]
-        py = py - lse
+        px, py, _ = _LogProbGather.apply(logits, gidx, blank)
+    else:
+        px = torch.gather(logits[:, :, :u_max], 3, gidx)[..., 0]
+        py = logits[..., blank]
     if fastemit_lambda > 0:
         px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
     px = px.transpose(1, 2)
@@ -159,9 +200,11 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
         batch mean, as torchaudio; not divided by target lengths).
       fused_log_softmax: ``False`` when ``logits`` already are log-probabilities
         (no normalisation is applied; the gradient is then w.r.t. those values).
-      fastemit_lambda: FastEmit regularisation (Yu et al. 2021, NeMo's
-        ``fastemit_lambda``): the gradient of every label emission is scaled by
-        ``1 + fastemit_lambda``; the loss value is unchanged.
+      fastemit_lambda: FastEmit regularisation (Yu et al. 2021) with NeMo's /
+        warprnnt-numba's semantics: the gradient of every label emission is
+        scaled by ``1 + fastemit_lambda`` (blank emissions unchanged), and the
+        reported loss is ``(1 + fastemit_lambda) * NLL`` (so, as in NeMo, the
+        gradient is not the derivative of the reported value).
       delay_penalty: k2's delay penalty: ``delay_penalty * ((T_b - 1) / 2 - t)``
         is added to the log-probability of emitting a label on frame ``t``
         (changes the loss value; 0 disables it).
@@ -200,6 +243,9 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
+        losses = losses + float(fastemit_lambda) * losses.detach()
     if reduction == "none":
         return losses
     if reduction == "sum":
