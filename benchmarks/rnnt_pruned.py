@@ -112,8 +112,11 @@ def main():
                              check=True, capture_output=True, text=True)
         res[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     f, p = res["full"], res["pruned"]
-    print(f"(N,T,U,V)=({n},{t},{u},{v}) s_range={args.s_range}, torch {__import__('torch').__version__}"
-          f", {os.cpu_count()} cpus, torch threads {args.threads or 'default'}, median of {args.reps}")
+    import torch
+
+    print(f"(N,T,U,V)=({n},{t},{u},{v}) s_range={args.s_range}, torch {torch.__version__}, "
+          f"{os.cpu_count()} cpus, torch threads {args.threads or 'default'}, "
+          f"median of {args.reps}")
     print("| case | fwd+bwd ms | peak extra RSS MiB |")
     print("|---|---|---|")
     for r in (f, p):

@@ -199,9 +199,8 @@ def test_return_grad_is_brute_force_occupation(rnnt_type):
         loss, arcs, scores = brute_force(lambda t, s: full[t, s], symbols[b], 0, bd[b],
                                          rnnt_type)
         ox, oy = occupations(arcs, scores, (S, t1), (S + 1, T))
-        if rnnt_type == "constrained":
-            # the forced blank is folded into px (k2: px += py[:, 1:]): no separate arc
-            pass
+        # constrained: the forced blank is folded into px (k2: px += py[:, 1:]), so
+        # its occupation is that of the symbol arc (no separate blank arc)
         np.testing.assert_allclose(loss_t[b].item(), loss, rtol=1e-11)
         for gx, gy in ((gx_t.numpy(), gy_t.numpy()), (np.asarray(gx_j), np.asarray(gy_j))):
             np.testing.assert_allclose(gx[b], ox, atol=1e-11)
