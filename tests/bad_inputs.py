@@ -61,6 +61,8 @@ def good(fn: str) -> Dict[str, Any]:
         lpad[1, 2:] = 1
         return dict(logits=x.transpose(1, 0, 2).copy(), logit_paddings=pad, labels=tg,
                     label_paddings=lpad)
+    if fn in _K2_FNS:  # k2-style RNN-T (helper F2)
+        return _k2_good(fn)
     # RNN-T (transducer helper F1): logits (N, T, U + 1, V), blank = V - 1
     if fn in ("rnnt_loss", "rnnt_align"):
         return dict(logits=rng.standard_normal((N, T, S + 1, C)).astype(np.float32),
@@ -310,6 +312,7 @@ def all_cases():
     cases += _optax_cases()
     cases += _type_cases()
     cases += _single_framework_cases()
+    cases += _rnnt_k2_cases()
     cases += _rnnt_cases()  # RNN-T (transducer helper F1)
     return cases
 
@@ -434,6 +437,7 @@ def call(case: Case, framework: str):
         "graph_loss": ("emissions", "graphs", "input_lengths"),
         "graph_align": ("emissions", "graphs", "input_lengths"),
         "optax_ctc_loss": ("logits", "logit_paddings", "labels", "label_paddings"),
+        **_K2_FNS,
         # RNN-T (transducer helper F1)
         "rnnt_loss": ("logits", "targets", "logit_lengths", "target_lengths"),
         "rnnt_align": ("logits", "targets", "logit_lengths", "target_lengths"),
@@ -533,3 +537,94 @@ if __name__ == "__main__":
         fw = case.frameworks[0]
         rows.append((case, call(case, fw)))
     print(markdown_table(rows))
+
+
+# ---- k2-style simple / pruned RNN-T (helper F2): rnnt_loss_simple, rnnt_loss_pruned,
+# get_rnnt_prune_ranges, do_rnnt_pruning.  Positional arguments of each function:
+_K2_FNS = {
+    "rnnt_loss_simple": ("lm", "am", "symbols", "termination_symbol"),
+    "rnnt_loss_smoothed": ("lm", "am", "symbols", "termination_symbol"),
+    "rnnt_loss_pruned": ("logits", "symbols", "ranges", "termination_symbol"),
+    "get_rnnt_prune_ranges": ("px_grad", "py_grad", "boundary", "s_range"),
+    "do_rnnt_pruning": ("am", "lm", "ranges"),
+}
+
+
+def _k2_good(fn):
+    rng = np.random.default_rng(0)
+    sym = np.array([[1, 2, 3], [2, 2, 1]], np.int32)
+    bd = np.array([[0, 0, 3, 6], [0, 0, 2, 5]], np.int32)
+    ranges = (np.minimum(np.arange(T), S - 1)[None, :, None] + np.arange(2)).repeat(N, 0)
+    ranges = ranges.astype(np.int32)  # (N, T, 2), rows [r0, r0 + 1], r0 <= S - 1
+    if fn in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        return dict(lm=rng.standard_normal((N, S + 1, C)).astype(np.float32),
+                    am=rng.standard_normal((N, T, C)).astype(np.float32), symbols=sym,
+                    termination_symbol=0, boundary=bd)
+    if fn == "rnnt_loss_pruned":
+        return dict(logits=rng.standard_normal((N, T, 2, C)).astype(np.float32), symbols=sym,
+                    ranges=ranges, termination_symbol=0, boundary=bd)
+    if fn == "get_rnnt_prune_ranges":
+        return dict(px_grad=rng.random((N, S, T + 1)).astype(np.float32),
+                    py_grad=rng.random((N, S + 1, T)).astype(np.float32), boundary=bd,
+                    s_range=2)
+    return dict(am=rng.standard_normal((N, T, 4)).astype(np.float32),
+                lm=rng.standard_normal((N, S + 1, 3)).astype(np.float32), ranges=ranges)
+
+
+def _rnnt_k2_cases():
+    sl, pr, gr, dp = "rnnt_loss_simple", "rnnt_loss_pruned", "get_rnnt_prune_ranges", "do_rnnt_pruning"
+    i32 = np.int32
+    cs = [
+        Case(sl, "am", "int32 am", _set(am=lambda d: d["am"].astype(i32)), TypeError, expect="got int32"),
+        Case(sl, "am", "2-D am", _set(am=lambda d: d["am"][:, 0].copy()), expect="(2, 5)"),
+        Case(sl, "am", "am as a str", _set(am="abc"), TypeError, expect="got str"),
+        Case(sl, "lm", "lm with C+1 classes", _set(lm=np.zeros((N, S + 1, C + 1), np.float32)), expect="(2, 4, 6)"),
+        Case(sl, "lm", "lm with N+1 rows", _set(lm=np.zeros((N + 1, S + 1, C), np.float32)), expect="(3, 4, 5)"),
+        Case(sl, "lm", "float64 lm with float32 am", _set(lm=lambda d: d["lm"].astype(np.float64)), TypeError, frameworks=("torch",), expect="got float64"),
+        Case(sl, "symbols", "float symbols", _set(symbols=lambda d: d["symbols"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(sl, "symbols", "symbols with S+1 columns", _set(symbols=np.ones((N, S + 1), i32)), expect="(2, 4)"),
+        Case(sl, "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 5], [2, 2, 1]], i32)), expect="got 5 at sequence 0, position 2"),
+        Case(sl, "symbols", "negative symbol", _set(symbols=np.array([[1, 2, 3], [2, -1, 1]], i32)), expect="got -1 at sequence 1, position 1"),
+        Case(sl, "termination_symbol", "termination_symbol = C", _set(termination_symbol=C), expect="[0, 5), got 5"),
+        Case(sl, "termination_symbol", "float termination_symbol", _set(termination_symbol=0.0), TypeError, expect="got float"),
+        Case(sl, "rnnt_type", "rnnt_type='standard'", _set(rnnt_type="standard"), expect="got 'standard'"),
+        Case(sl, "delay_penalty", "delay_penalty='x'", _set(delay_penalty="x"), TypeError, expect="got str"),
+        Case(sl, "delay_penalty", "delay_penalty=nan", _set(delay_penalty=float("nan")), expect="got nan"),
+        Case(sl, "reduction", "reduction='avg'", _set(reduction="avg"), expect="got 'avg'"),
+        Case(sl, "return_grad", "return_grad=1", _set(return_grad=1), TypeError, expect="got int"),
+        Case(sl, "boundary", "(N, 3) boundary", _set(boundary=np.zeros((N, 3), i32)), expect="(2, 3)"),
+        Case(sl, "boundary", "float boundary", _set(boundary=lambda d: d["boundary"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(sl, "boundary", "s_end > S", _set(boundary=np.array([[0, 0, 4, 6], [0, 0, 2, 5]], i32)), expect="got [0, 0, 4, 6] at row 0"),
+        Case(sl, "boundary", "t_end > T", _set(boundary=np.array([[0, 0, 3, 6], [0, 0, 2, 7]], i32)), expect="got [0, 0, 2, 7] at row 1"),
+        Case(sl, "boundary", "t_begin > t_end", _set(boundary=np.array([[0, 4, 3, 3], [0, 0, 2, 5]], i32)), expect="got [0, 4, 3, 3] at row 0"),
+        Case(sl, "boundary", "modified with more symbols than frames", _set(rnnt_type="modified", boundary=np.array([[0, 0, 3, 2], [0, 0, 2, 5]], i32)), expect="one symbol per frame"),
+        Case(pr, "logits", "3-D logits", _set(logits=lambda d: d["logits"][:, :, 0].copy()), expect="(2, 6, 5)"),
+        Case(pr, "logits", "int32 logits", _set(logits=lambda d: d["logits"].astype(i32)), TypeError, expect="got int32"),
+        Case(pr, "logits", "s_range > S+1", _set(logits=np.zeros((N, T, S + 2, C), np.float32), ranges=lambda d: (np.zeros((N, T, 1), i32) + np.arange(S + 2)).astype(i32)), expect="s_range <= S+1 = 4"),
+        Case(pr, "ranges", "ranges of shape (N, T, s_range+1)", _set(ranges=np.zeros((N, T, 3), i32)), expect="(2, 6, 3)"),
+        Case(pr, "ranges", "float ranges", _set(ranges=lambda d: d["ranges"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(pr, "ranges", "non-consecutive row", _set(ranges=lambda d: np.where(np.arange(2) == 1, d["ranges"] + 1, d["ranges"]).astype(i32)), expect="consecutive"),
+        Case(pr, "ranges", "row start > S+1-s_range", _set(ranges=lambda d: (d["ranges"] + 1).astype(i32)), expect="got 3 at sequence 0, frame 2"),
+        Case(pr, "symbols", "symbols with N+1 rows", _set(symbols=np.ones((N + 1, S), i32)), expect="(3, 3)"),
+        Case(pr, "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 3], [2, 7, 1]], i32)), expect="got 7 at sequence 1, position 1"),
+        Case(pr, "termination_symbol", "termination_symbol = -1", _set(termination_symbol=-1), expect="got -1"),
+        Case(pr, "boundary", "s_begin > s_end", _set(boundary=np.array([[0, 0, 3, 6], [3, 0, 2, 5]], i32)), expect="got [3, 0, 2, 5] at row 1"),
+        Case(pr, "reduction", "reduction=None", _set(reduction=None), expect="got None"),
+        Case(gr, "px_grad", "int32 px_grad", _set(px_grad=lambda d: d["px_grad"].astype(i32)), TypeError, expect="got int32"),
+        Case(gr, "py_grad", "py_grad of shape (N, S, T)", _set(py_grad=np.zeros((N, S, T), np.float32)), expect="(2, 3, 6)"),
+        Case(gr, "py_grad", "px_grad T+2 frames", _set(px_grad=np.zeros((N, S, T + 2), np.float32)), expect="(2, 3, 8)"),
+        Case(gr, "boundary", "float boundary", _set(boundary=lambda d: d["boundary"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(gr, "boundary", "t_end > T", _set(boundary=np.array([[0, 0, 3, 9], [0, 0, 2, 5]], i32)), expect="got [0, 0, 3, 9] at row 0"),
+        Case(gr, "s_range", "s_range = 0", _set(s_range=0), expect="got 0"),
+        Case(gr, "s_range", "s_range = 2.0", _set(s_range=2.0), TypeError, expect="got float"),
+        Case(dp, "lm", "2-D lm", _set(lm=lambda d: d["lm"][:, 0].copy()), expect="(2, 3)"),
+        Case(dp, "ranges", "ranges for T-1 frames", _set(ranges=lambda d: d["ranges"][:, 1:].copy()), expect="(2, 5, 2)"),
+        Case(dp, "ranges", "float ranges", _set(ranges=lambda d: d["ranges"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(dp, "ranges", "position > S", _set(ranges=lambda d: (d["ranges"] + 1).astype(i32)), expect="[0, 2]"),
+        Case(dp, "lm", "lm with N+1 rows", _set(lm=np.zeros((N + 1, S + 1, 3), np.float32)), expect="(3, 4, 3)"),
+        Case("rnnt_loss_smoothed", "lm_only_scale", "lm_only_scale='x'", _set(lm_only_scale="x"), TypeError, expect="got str"),
+        Case("rnnt_loss_smoothed", "am_only_scale", "am_only_scale=inf", _set(am_only_scale=float("inf")), expect="got inf"),
+        Case("rnnt_loss_smoothed", "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 3], [9, 2, 1]], i32)), expect="got 9 at sequence 1, position 0"),
+        Case("rnnt_loss_smoothed", "am", "2-D am", _set(am=lambda d: d["am"][:, 0].copy()), expect="(2, 5)"),
+    ]
+    return cs
