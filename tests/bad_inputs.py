@@ -188,6 +188,7 @@ def _graph_family(fn):
     eps.add_node(start=True)
     eps.add_node(accept=True)
     eps.add_arc(0, 1, -1)
+    eps.add_arc(1, 0, -1)  # an epsilon cycle
     cs = [
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(np.int32)), TypeError, expect="got int32"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][:, 0].copy()), expect="(6, 5)"),
@@ -199,7 +200,7 @@ def _graph_family(fn):
         Case(fn, "graphs", "N-1 graphs", _set(graphs=lambda d: d["graphs"][:1], arc_weight_index=lambda d: d["arc_weight_index"][:1]), expect="got 1"),
         Case(fn, "graphs", "a non-Graph in the list", _set(graphs=lambda d: [d["graphs"][0], "g"], weights=None, arc_weight_index=None), TypeError, expect="got str at index 1"),
         Case(fn, "graphs", "arc label >= C", _set(graphs=lambda d: [d["graphs"][0], _graph([2, 7])], weights=None, arc_weight_index=None), expect="got 7 at graph 1, arc 2"),
-        Case(fn, "graphs", "epsilon arc", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="epsilon"),
+        Case(fn, "graphs", "epsilon cycle", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="cycle of epsilon arcs, got one in graph 1"),
         Case(fn, "weights", "int32 weights", _set(weights=np.zeros(3, np.int32)), TypeError, expect="got int32"),
         Case(fn, "weights", "float64 weights with float32 emissions", _set(weights=np.zeros(3, np.float64)), TypeError, frameworks=("torch",), expect="got float64"),
         Case(fn, "weights", "2-D weights", _set(weights=np.zeros((3, 1), np.float32)), expect="(3, 1)"),

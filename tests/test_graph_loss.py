@@ -266,11 +266,12 @@ def test_validation_messages():
     eps.add_node(start=True)
     eps.add_node(accept=True)
     eps.add_arc(0, 1, -1)
+    eps.add_arc(1, 0, -1)  # an epsilon cycle
     cases = [
         (dict(graphs=good[:1]), ValueError, "argument 'graphs' must hold N = 2 graphs"),
         (dict(graphs=good[0]), TypeError, "argument 'graphs' must be a list or tuple"),
         (dict(graphs=[good[0], "x"]), TypeError, "must hold duoloss.gtn.Graph objects"),
-        (dict(graphs=[good[0], eps]), ValueError, "must not contain epsilon arcs"),
+        (dict(graphs=[good[0], eps]), ValueError, "cycle of epsilon arcs"),
         (dict(graphs=[good[0], ctc_graph([3])]), ValueError, "arc labels in [0, 3)"),
         (dict(input_lengths=[5, 4]), ValueError, "argument 'input_lengths' must be in [0, 4]"),
         (dict(weights=torch.zeros(2)), ValueError, "'arc_weight_index' must be given with"),
