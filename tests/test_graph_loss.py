@@ -12,26 +12,11 @@ from jax.test_util import check_grads
 
 import duoloss.jax as dj
 import duoloss.torch as dt
+from duoloss.graphs import ctc_graph  # noqa: F401  (other test files import it from here)
 from duoloss.gtn import Graph
 from test_asg_reference import grad_tolerance_ok, load_family, logsumexp
 
 ALL = load_family("all_alignments")
-
-
-def ctc_graph(target, blank=0):
-    """GTN's CTC acceptor (README §3.2): node 0 start, last two nodes accept."""
-    g = Graph(calc_grad=False)
-    n_states = 2 * len(target) + 1
-    for s in range(n_states):
-        g.add_node(start=s == 0, accept=s >= n_states - 2)
-    lab = [blank if s % 2 == 0 else target[s // 2] for s in range(n_states)]
-    for s in range(n_states):
-        g.add_arc(s, s, lab[s])
-        if s >= 1:
-            g.add_arc(s - 1, s, lab[s])
-        if s >= 3 and s % 2 == 1 and lab[s] != lab[s - 2]:
-            g.add_arc(s - 2, s, lab[s])
-    return g
 
 
 def all_alignments_graph(target):

@@ -69,8 +69,8 @@ from typing import Any, NamedTuple
 from ._spec import LossKernel
 from ._threading import parallel_guard
 
-__all__ = ["GRAPH_LOSS_KERNEL", "PackedGraphs", "graph_loss_and_grad", "pack_graphs",
-           "check_graph_args"]
+__all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
+           "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
 
 _TINY = 1e-200
 _CHECK_TOL = 1e-7
@@ -802,4 +802,112 @@ GRAPH_LOSS_KERNEL = LossKernel(
     run=_graph_run,
     batch_axes=(1, None, 0) + (None,) * 9,
     differentiable=(True, True) + (False,) * 10,
+)
+
+
+# --------------------------------------------------------------------------- #
+# Denominator graphs (LF-MMI)                                                  #
+# --------------------------------------------------------------------------- #
+def check_denominator(fn, emissions, denominator, weights, index, *, graphs_concrete=True):
+    r"""Validate a ``denominator`` argument; returns a :class:`PackedGraphs`.
+
+    ``denominator`` is one ``Graph`` (shared by the batch, packed once: ``G =
+    1``), a list of ``N`` graphs, or a :class:`PackedGraphs` of 1 or ``N``
+    graphs (then ``index``, the ``denominator_arc_weight_index``, must be
+    ``None``).  ``index`` is one integer array (a shared graph) or ``N`` of them.
+    """
+    from ._graph import Graph
+
+    n, n_cls = int(emissions.shape[1]), int(emissions.shape[2])
+    n_w = 0 if weights is None else int(weights.shape[0])
+
+    def rename(err):
+        msg = str(err).replace("pack_graphs: ", f"{fn}: ", 1)
+        msg = msg.replace("argument 'arc_weight_index'", "argument 'denominator_arc_weight_index'")
+        msg = msg.replace("argument 'graphs'", "argument 'denominator'")
+        return type(err)(msg)
+
+    if isinstance(denominator, PackedGraphs):
+        if index is not None:
+            raise ValueError(f"{fn}: argument 'denominator_arc_weight_index' must be None when "
+                             f"'denominator' is a PackedGraphs (it carries its own), got "
+                             f"{type(index).__name__}")
+        g = int(denominator.node_off.shape[0]) - 1
+        if g not in (1, n):
+            raise ValueError(f"{fn}: argument 'denominator' (PackedGraphs) must hold 1 or "
+                             f"N = {n} graphs, got {g}")
+        try:
+            _check_packed_static(fn, denominator, g)
+            if graphs_concrete:
+                _check_packed_values(fn, denominator, n_cls, n_w, weights is not None)
+        except (TypeError, ValueError) as err:
+            raise rename(err) from None
+        return denominator
+    if isinstance(denominator, Graph):
+        graphs = [denominator]
+        if index is not None and not isinstance(index, (list, tuple)):
+            index = [index]
+    elif isinstance(denominator, (list, tuple)):
+        graphs = list(denominator)
+        if len(graphs) != n:
+            raise ValueError(f"{fn}: argument 'denominator' must be one Graph or a list of "
+                             f"N = {n} graphs, got a list of {len(graphs)}")
+    else:
+        raise TypeError(f"{fn}: argument 'denominator' must be a duoloss.gtn.Graph, a list of "
+                        f"N graphs or a PackedGraphs, got {type(denominator).__name__}")
+    if index is not None and weights is None:
+        raise ValueError(f"{fn}: argument 'weights' must be given with "
+                         f"'denominator_arc_weight_index', got None")
+    try:
+        packed = pack_graphs(graphs, index)
+        _check_packed_values(fn, packed, n_cls, n_w, True)
+    except (TypeError, ValueError) as err:
+        raise rename(err) from None
+    return packed
+
+
+def _graph_mmi_run(arrays, want_grad, *, zero_infinity=False):
+    emissions, weights, input_lengths = arrays[:3]
+    num, den = arrays[3:12], arrays[12:21]
+    wg = (want_grad[0], want_grad[1])
+    ln, (gen, gwn) = graph_loss_and_grad(emissions, num, input_lengths, weights=weights,
+                                         want_grad=wg)
+    ld, (ged, gwd) = graph_loss_and_grad(emissions, den, input_lengths, weights=weights,
+                                         want_grad=wg)
+    num_inf = np.isposinf(ln)
+    den_inf = np.isposinf(ld) & ~num_inf
+    with np.errstate(invalid="ignore"):
+        losses = ln - ld
+    losses[num_inf] = np.inf
+    losses[den_inf] = -np.inf
+    ge = gw = None
+    if gen is not None:
+        ge = gen - ged
+        ge[:, num_inf] = -ged[:, num_inf]  # only the denominator's (normaliser's) part
+        ge[:, num_inf & np.isposinf(ld)] = 0.0
+        ge[:, den_inf] = gen[:, den_inf]
+    if gwn is not None:
+        gw = gwn - gwd
+        gw[num_inf] = -gwd[num_inf]
+        gw[num_inf & np.isposinf(ld)] = 0.0
+        gw[den_inf] = gwn[den_inf]
+    if zero_infinity:
+        bad = np.isinf(losses)
+        losses[bad] = 0.0
+        if ge is not None:
+            ge[:, bad] = 0.0
+        if gw is not None:
+            gw[bad] = 0.0
+    return losses, (ge, gw) + (None,) * (len(arrays) - 2)
+
+
+#: LF-MMI: arrays are ``(emissions, weights, input_lengths, *numerator (9),
+#: *denominator (9))`` (two :class:`PackedGraphs`; sequence ``b`` uses numerator
+#: ``b % G_num`` and denominator ``b % G_den``); loss
+#: ``-log Z(num_b o E_b) + log Z(den_b o E_b)``; static ``zero_infinity``.
+GRAPH_MMI_KERNEL = LossKernel(
+    name="graph_loss",
+    run=_graph_mmi_run,
+    batch_axes=(1, None, 0) + (None,) * 18,
+    differentiable=(True, True) + (False,) * 19,
 )
