@@ -140,7 +140,8 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
     r"""CTC topology: a transducer from frame labels to tokens (k2's ``ctc_topo``).
 
     One node per class (the class of the previous frame; ``blank``'s node is the
-    start), every node accepts.  Input labels are frame labels in
+    start); every node accepts (standard) or only the blank's (``modified``, where
+    a token node reaches it by its epsilon arc: one path per alignment).  Input labels are frame labels in
     ``[0, C)``; output labels are the tokens spelled (``-1``, epsilon, for a
     blank or a repeated frame).
 
@@ -169,8 +170,8 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
     blank = _int(fn, "blank", blank, 0, c)
     modified = _bool(fn, "modified", modified)
     g = Graph(calc_grad=False)
-    for k in range(c):
-        g.add_node(start=k == blank, accept=True)
+    for k in range(c):  # modified: a token node accepts through its epsilon arc only
+        g.add_node(start=k == blank, accept=k == blank or not modified)
     if not modified:
         for i in range(c):
             for j in range(c):
@@ -251,15 +252,17 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
     The graph has one node per observed history (tuples of ``1 .. order - 1``
     tokens, plus the empty history); the start node is the history ``(BOS,)``
     (``bos=True``: counts include the sequence starts; else the empty history)
-    and every node accepts (no end-of-sequence model).  From history ``h`` an
+    and these nodes accept (no end-of-sequence model).  From history ``h`` an
     arc labelled ``k`` for each seen ``k`` carries
     :math:`\log(\max(c(h,k) - D, 0)/c(h))` and enters the longest history that
     ends with ``h + (k,)``; an *epsilon* arc with :math:`\log \gamma(h)` enters
-    :math:`\bar h`; the empty history has an arc for every token.  The sum over
-    the paths of a token sequence is therefore exactly its interpolated
-    probability :math:`\prod_t P(k_t \mid h_t)` (a path-sum graph implements the
-    interpolation; the ``k2``/``icefall`` denominators use the same kind of
-    graph).  Weights are stored in float32.
+    a non-accepting copy of :math:`\bar h` (same token arcs), so a path never
+    ends on a back-off arc; the empty history has an arc for every token.  For
+    ``order <= 2`` the sum over the paths of a token sequence is exactly its
+    interpolated probability :math:`\prod_t P(k_t \mid h_t)` (a path-sum graph
+    implements the interpolation).  For ``order > 2`` a token read after a
+    back-off enters a history of the backed-off order (the usual back-off WFST
+    approximation).  Weights are stored in float32.
 
     Args:
       sequences: list of 1-D token sequences (ints in ``[0, C)``).
@@ -310,26 +313,35 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
             full = full[1:]
         return nid[full]
 
+    # Back-off targets get a second, non-accepting copy: an epsilon arc always
+    # leads to a copy that must go on with a token, so a sequence that ends in a
+    # history is not counted again through trailing back-off arcs.
+    targets = sorted({h[1:] for h in nodes if h}, key=lambda h: (len(h), h))
+    bid = {h: len(nodes) + i for i, h in enumerate(targets)}
     g = Graph(calc_grad=False)
     for h in nodes:
         g.add_node(start=h == start_h, accept=True)
+    for h in targets:
+        g.add_node()
     uni = counts[()]
     n_tot = sum(uni.values())
-    for h in nodes:
-        cnt = counts.get(h, Counter())
-        ch = sum(cnt.values())
-        if h == ():
-            for k in range(c):
-                if n_tot == 0:
-                    p = 1.0 / c
-                else:
-                    p = max(uni[k] - d, 0.0) / n_tot + d * len(uni) / n_tot / c
-                g.add_arc(nid[h], enter(h, k), k, k, math.log(p))
-            continue
-        for k in sorted(cnt):
-            g.add_arc(nid[h], enter(h, k), k, k, math.log((cnt[k] - d) / ch))
-        gamma = 1.0 if ch == 0 else d * len(cnt) / ch
-        g.add_arc(nid[h], nid[h[1:]], EPSILON, EPSILON, math.log(gamma))
+    for copy, hs in ((nid, nodes), (bid, targets)):
+        for h in hs:
+            src = copy[h]
+            cnt = counts.get(h, Counter())
+            ch = sum(cnt.values())
+            if h == ():
+                for k in range(c):
+                    if n_tot == 0:
+                        p = 1.0 / c
+                    else:
+                        p = max(uni[k] - d, 0.0) / n_tot + d * len(uni) / n_tot / c
+                    g.add_arc(src, enter(h, k), k, k, math.log(p))
+                continue
+            for k in sorted(cnt):
+                g.add_arc(src, enter(h, k), k, k, math.log((cnt[k] - d) / ch))
+            gamma = 1.0 if ch == 0 else d * len(cnt) / ch
+            g.add_arc(src, bid[h[1:]], EPSILON, EPSILON, math.log(gamma))
     return g
 
 

@@ -70,6 +70,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     weights = _array(fn, "weights", weights, optional=True)
     input_lengths = _int_array(fn, "input_lengths", input_lengths)
     if (arc_weight_index is None and denominator_arc_weight_index is not None
+            and denominator is not None and weights is not None
             and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
         arc_weight_index = [np.full(g.num_arcs(), -1, np.int64) if hasattr(g, "num_arcs")
                             else None for g in graphs]

@@ -87,6 +87,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     _check_tensor(fn, "weights", weights, optional=True)
     il = _as_int_array(input_lengths, fn, "input_lengths")
     if (arc_weight_index is None and denominator_arc_weight_index is not None
+            and denominator is not None and weights is not None
             and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
         arc_weight_index = [np.full(g.num_arcs(), -1, np.int64) if hasattr(g, "num_arcs")
                             else None for g in graphs]
