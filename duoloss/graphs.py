@@ -83,7 +83,7 @@ def _seq(fn, arg, value, lo=0, hi=None, what="token ids"):
 
 def _is_batch(targets):
     return (isinstance(targets, (list, tuple)) and len(targets) > 0
-            and all(not isinstance(t, (int, np.integer)) for t in targets))
+            and all(hasattr(t, "__len__") and not isinstance(t, (str, bytes)) for t in targets))
 
 
 def ctc_graph(targets, blank: int = 0, modified: bool = False):

@@ -830,8 +830,8 @@ def check_denominator(fn, emissions, denominator, weights, index, *, graphs_conc
     if isinstance(denominator, PackedGraphs):
         if index is not None:
             raise ValueError(f"{fn}: argument 'denominator_arc_weight_index' must be None when "
-                             f"'denominator' is a PackedGraphs (it carries its own), got "
-                             f"{type(index).__name__}")
+                             f"'denominator' is a PackedGraphs (it carries its own), got an "
+                             f"index")
         g = int(denominator.node_off.shape[0]) - 1
         if g not in (1, n):
             raise ValueError(f"{fn}: argument 'denominator' (PackedGraphs) must hold 1 or "
