@@ -531,7 +531,11 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
       frame (labels and arcs are ``-1`` past the sequence); the scores are
       ``max sum_t (w_{a_t} + e_t(k_{a_t}))``.  Ties: the arc that comes first in
       the graph's arc order, and the lowest accept node, win (as GTN's first
-      maximum).  No path: ``-inf`` and ``-1`` labels.
+      maximum).  No path: ``-inf`` and ``-1`` labels.  Epsilon arcs (label
+      ``-1``) consume no frame: their weights count in the score but they have
+      no entry in ``arcs``; per frame, frame arcs are relaxed before epsilon
+      arcs (in topological order), and an epsilon arc wins only when strictly
+      better.
     """
     em = np.ascontiguousarray(emissions)
     dtype = em.dtype

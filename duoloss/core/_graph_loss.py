@@ -38,15 +38,31 @@ Gradients: ``d loss / d emissions[t, b, k]`` = (softmax of frame ``t`` if
 an arc labelled ``k``; ``d loss / d weights[i]`` = minus the expected number of
 uses of the arcs tied to ``i``.
 
-Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
-forward-backward over the arcs with per-frame rescaling, a per-frame check that
-the arc posteriors sum to one, and an exact log-space fallback.  Cost
-``O(T_b * A_b)`` per sequence.
+Epsilon arcs (input label ``-1``) consume no frame, as in ``duoloss.gtn``'s
+epsilon-aware ``compose``: with :math:`\epsilon^*` the closure over the
+epsilon arcs (weights :math:`e^{w_a}`), each :math:`\alpha_t` above is followed
+by :math:`\alpha_t \leftarrow \alpha_t \epsilon^*` (start and accept included,
+so epsilon arcs may leave a start node or enter an accept node, and ``T_b = 0``
+sums the epsilon-only paths).  Cycles of epsilon arcs are rejected (the sum
+would be infinite or need a fixed point).
 
-NB: epsilon arcs (label ``-1``) are rejected by :func:`check_graph_args` (an
-epsilon arc would consume no frame).  ``T_b = 0`` scores the empty path
-(``log`` of the number of nodes that are both start and accept).  A graph
-without an accepting path of ``T_b`` arcs gives ``+inf`` (zero gradient, or the
+Denominators (:data:`GRAPH_MMI_KERNEL`, LF-MMI):
+:math:`\text{loss}_b = -\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`, both
+terms by the kernel above; gradients are differences of posteriors / expected
+counts.
+
+Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
+forward-backward over the arcs with per-frame rescaling (frame arcs relative to
+their largest weight; epsilon arcs, processed in topological order after each
+frame, with absolute weights), a per-frame check that the arc posteriors sum to
+one, and an exact log-space fallback.  The backward pass runs also when no
+gradient is wanted: its check is what detects paths the forward lost to
+underflow, so a loss without gradient (``torch.no_grad``, a jitted loss) is
+bit-identical to the one computed with it.  Cost ``O(T_b * A_b)`` per
+sequence, twice that for the forward-only loss.
+
+NB: ``T_b = 0`` scores the paths without frame arcs.  A graph
+without an accepting path of ``T_b`` frame arcs gives ``+inf`` (zero gradient, or the
 normaliser's gradient with ``normalize``), or 0 and zero gradients with
 ``zero_infinity``.  NaN scores, or invalid runtime values, make that sequence
 NaN.

@@ -44,7 +44,8 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     Args:
       emissions: ``(T, N, C)``-tensor of scores (e.g. log-probabilities), float32/float64.
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors over ``[0, C)`` (matched on their
-        input labels; no epsilon arcs), or the same already packed by
+        input labels; epsilon arcs, label ``-1``, consume no frame and must not form
+        a cycle), or the same already packed by
         :func:`pack_graphs` (then ``arc_weight_index`` is inside it).  Their own
         arc weights are constants.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
