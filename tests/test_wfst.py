@@ -591,7 +591,7 @@ def test_denominator_infeasible_and_zero_infinity():
     il = np.array([6, 1, 3])  # [3, 3] needs 3 frames: numerator infeasible
     e = torch.tensor(em, requires_grad=True)
     loss = dt.graph_loss(e, nums, il, reduction="none", denominator=den)
-    assert np.isposinf(float(loss[1])) and np.isfinite(loss[[0, 2]].detach().numpy()).all()
+    assert np.isposinf(loss[1].item()) and np.isfinite(loss[[0, 2]].detach().numpy()).all()
     e2 = torch.tensor(em, requires_grad=True)
     z = dt.graph_loss(e2, nums, il, reduction="sum", denominator=den, zero_infinity=True)
     z.backward()
