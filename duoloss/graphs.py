@@ -141,8 +141,8 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
 
     One node per class (the class of the previous frame; ``blank``'s node is the
     start); every node accepts (standard) or only the blank's (``modified``, where
-    a token node reaches it by its epsilon arc: one path per alignment).  Input labels are frame labels in
-    ``[0, C)``; output labels are the tokens spelled (``-1``, epsilon, for a
+    a token node reaches it by its epsilon arc: one path per alignment).  Input
+    labels are frame labels in ``[0, C)``; output labels are the tokens spelled (``-1``, epsilon, for a
     blank or a repeated frame).
 
     * standard: an arc ``i -> j`` labelled ``j`` for every pair (``C**2`` arcs),
