@@ -194,6 +194,7 @@ def _graph_family(fn):
     eps.add_node(start=True)
     eps.add_node(accept=True)
     eps.add_arc(0, 1, -1)
+    eps.add_arc(1, 0, -1)  # an epsilon cycle
     cs = [
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(np.int32)), TypeError, expect="got int32"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][:, 0].copy()), expect="(6, 5)"),
@@ -205,7 +206,7 @@ def _graph_family(fn):
         Case(fn, "graphs", "N-1 graphs", _set(graphs=lambda d: d["graphs"][:1], arc_weight_index=lambda d: d["arc_weight_index"][:1]), expect="got 1"),
         Case(fn, "graphs", "a non-Graph in the list", _set(graphs=lambda d: [d["graphs"][0], "g"], weights=None, arc_weight_index=None), TypeError, expect="got str at index 1"),
         Case(fn, "graphs", "arc label >= C", _set(graphs=lambda d: [d["graphs"][0], _graph([2, 7])], weights=None, arc_weight_index=None), expect="got 7 at graph 1, arc 2"),
-        Case(fn, "graphs", "epsilon arc", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="epsilon"),
+        Case(fn, "graphs", "epsilon cycle", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="got one in graph 1"),
         Case(fn, "weights", "int32 weights", _set(weights=np.zeros(3, np.int32)), TypeError, expect="got int32"),
         Case(fn, "weights", "float64 weights with float32 emissions", _set(weights=np.zeros(3, np.float64)), TypeError, frameworks=("torch",), expect="got float64"),
         Case(fn, "weights", "2-D weights", _set(weights=np.zeros((3, 1), np.float32)), expect="(3, 1)"),
@@ -309,12 +310,63 @@ def all_cases():
         Case("graph_loss", "normalize", "normalize='yes'", _set(normalize="yes"), TypeError, expect="got str"),
         Case("graph_loss", "target_lengths", "(N+1,) target_lengths", _set(target_lengths=np.array([1, 2, 3], np.int32)), expect="(3,)"),
     ]
+    cases += _wfst_cases()  # WFST: denominators, graph builders (helper E)
     cases += _optax_cases()
     cases += _type_cases()
     cases += _single_framework_cases()
     cases += _rnnt_k2_cases()
     cases += _rnnt_cases()  # RNN-T (transducer helper F1)
     return cases
+
+
+# -- WFST: LF-MMI denominators and the duoloss.graphs builders (helper E) -----
+def _wfst_cases():
+    from duoloss import graphs as gb
+    from duoloss.core import pack_graphs
+    from duoloss.gtn import Graph
+
+    cyc = Graph(calc_grad=False)
+    cyc.add_node(start=True)
+    cyc.add_node(accept=True)
+    cyc.add_arc(0, 1, 1)
+    cyc.add_arc(1, 0, -1)
+    cyc.add_arc(0, 1, -1)
+    cyc.add_arc(1, 1, -1)  # an epsilon self-loop: a cycle
+    den = _graph([1, 2])  # 3 nodes, 4 arcs
+    idx = np.array([0, 1, -1, 2], np.int32)
+    fn = "graph_loss"
+    cs = [
+        Case(fn, "denominator", "denominator as a str", _set(denominator="den"), TypeError, expect="got str"),
+        Case(fn, "denominator", "a list of N-1 denominators", _set(denominator=[den]), expect="got a list of 1"),
+        Case(fn, "denominator", "denominator label >= C", _set(denominator=_graph([7])), expect="got 7 at graph 0, arc 0"),
+        Case(fn, "denominator", "denominator with an epsilon cycle", _set(denominator=cyc), expect="got one in graph 0"),
+        Case(fn, "denominator", "PackedGraphs of N+1 denominators", _set(denominator=pack_graphs([den] * 3)), expect="1 or N = 2 graphs, got 3"),
+        Case(fn, "normalize", "normalize=True with a denominator", _set(denominator=den, normalize=True), expect="must be False"),
+        Case(fn, "denominator_arc_weight_index", "denominator_arc_weight_index without denominator", _set(denominator_arc_weight_index=idx), expect="needs a 'denominator'"),
+        Case(fn, "denominator_arc_weight_index", "one index too few", _set(denominator=den, denominator_arc_weight_index=idx[:3]), expect="got (3,)"),
+        Case(fn, "denominator_arc_weight_index", "index >= K", _set(denominator=den, denominator_arc_weight_index=np.array([0, 3, -1, 2], np.int32)), expect="got 3 at graph 0, arc 1"),
+        Case(fn, "denominator_arc_weight_index", "float indices", _set(denominator=den, denominator_arc_weight_index=np.zeros(4, np.float32)), TypeError, expect="got dtype float32"),
+        Case(fn, "denominator_arc_weight_index", "index with a PackedGraphs denominator", _set(denominator=pack_graphs([den]), denominator_arc_weight_index=idx), expect="must be None"),
+    ]
+    core = "core"
+    cs += [
+        _single("ctc_graph", "targets", "blank inside a target", lambda: gb.ctc_graph([1, 0, 2]), expect="got it at position 1", framework=core),
+        _single("ctc_graph", "targets", "float targets", lambda: gb.ctc_graph([1.0, 2.0]), TypeError, expect="dtype float64", framework=core),
+        _single("ctc_graph", "blank", "blank=-1", lambda: gb.ctc_graph([1], blank=-1), expect="got -1", framework=core),
+        _single("ctc_graph", "modified", "modified='yes'", lambda: gb.ctc_graph([1], modified="yes"), TypeError, expect="got str", framework=core),
+        _single("ctc_topo", "num_classes", "num_classes=0", lambda: gb.ctc_topo(0), expect="got 0", framework=core),
+        _single("ctc_topo", "blank", "blank >= num_classes", lambda: gb.ctc_topo(3, blank=3), expect="[0, 3), got 3", framework=core),
+        _single("asg_graph", "target", "token >= num_classes", lambda: gb.asg_graph([1, 5], 4), expect="[0, 4), got 5", framework=core),
+        _single("asg_graph", "num_classes", "num_classes=2.5", lambda: gb.asg_graph([1], 2.5), TypeError, expect="got float", framework=core),
+        _single("token_ngram_graph", "discount", "discount=1", lambda: gb.token_ngram_graph([[1]], 3, discount=1.0), expect="got 1.0", framework=core),
+        _single("token_ngram_graph", "order", "order=0", lambda: gb.token_ngram_graph([[1]], 3, order=0), expect="got 0", framework=core),
+        _single("token_ngram_graph", "sequences", "a str", lambda: gb.token_ngram_graph("abc", 3), TypeError, expect="got str", framework=core),
+        _single("token_ngram_graph", "sequences[1]", "a token >= num_classes", lambda: gb.token_ngram_graph([[1], [0, 3]], 3), expect="got 3", framework=core),
+        _single("wordpiece_graph", "words", "a word without decomposition", lambda: gb.wordpiece_graph(["ab", "z"], [None, "a", "b"]), expect="word 1 ('z')", framework=core),
+        _single("wordpiece_graph", "vocabulary", "a str vocabulary", lambda: gb.wordpiece_graph("ab", "ab"), TypeError, expect="got str", framework=core),
+        _single("wordpiece_graph", "words", "an int", lambda: gb.wordpiece_graph(3, ["a"]), TypeError, expect="got int", framework=core),
+    ]
+    return cs
 
 
 def _g2():

@@ -178,7 +178,9 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
       are ``-1`` past each sequence.
 
     NB: not differentiable.  Ties: the first arc in the graph's arc order and the
-    lowest accept node win.  No path: score ``-inf``, labels ``-1``.
+    lowest accept node win.  No path: score ``-inf``, labels ``-1``.  Epsilon
+    arcs (label ``-1``) consume no frame: they count in the score and are not
+    listed in ``arcs``.
     """
     fn = "graph_align"
     _check_tensor(fn, "emissions", emissions)
