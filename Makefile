@@ -1,17 +1,18 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   -- creates .venv (pinned versions) if needed, runs the demo
+#   make demo   -- creates .venv (pinned versions) if needed, runs the demo (table + PNG)
 #   make test   -- creates .venv if needed, runs the whole test suite
+# and: make docs (mkdocs build --strict into ./site), make bench, make sdist.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test docs bench sdist install clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
-	$(PY) -m pip install --quiet -c requirements/constraints.txt -e ".[torch,jax,test,examples]"
+	$(PY) -m pip install --quiet -c requirements/constraints.txt -e ".[torch,jax,test,examples,plot,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,8 +23,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) benchmarks/ctc.py --cold-start
 
+sdist: $(STAMP)
+	$(PY) -m pip install --quiet -c requirements/constraints.txt build
+	$(PY) -m build --sdist --outdir dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info duoloss-demo.png

@@ -17,24 +17,9 @@ import time
 
 import numpy as np
 
+from duoloss.graphs import ctc_graph
+
 GTN_REFERENCE_MS = {(8, 200, 30, 40): 100.0}
-
-
-def ctc_graph(target, blank=0):
-    from duoloss.gtn import Graph
-
-    g = Graph(calc_grad=False)
-    n_states = 2 * len(target) + 1
-    for s in range(n_states):
-        g.add_node(start=s == 0, accept=s >= n_states - 2)
-    lab = [blank if s % 2 == 0 else int(target[s // 2]) for s in range(n_states)]
-    for s in range(n_states):
-        g.add_arc(s, s, lab[s])
-        if s >= 1:
-            g.add_arc(s - 1, s, lab[s])
-        if s >= 3 and s % 2 == 1 and lab[s] != lab[s - 2]:
-            g.add_arc(s - 2, s, lab[s])
-    return g
 
 
 def bench(b, t, c, l, repeats, frontends):

@@ -1,8 +1,10 @@
 """duoloss: sequence losses with the same numbers in PyTorch and JAX.
 
 Frontends: ``duoloss.torch`` and ``duoloss.jax`` (import the one you use);
-the framework-free engine is ``duoloss.core``.
+GTN's Python API: ``duoloss.gtn``; the framework-free engine: ``duoloss.core``.
+``python -m duoloss`` trains a tiny CTC model in every installed framework.
+Documentation: ``docs/`` (``make docs``).
 """
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source (pyproject.toml reads it)
 
 __all__ = ["__version__"]

@@ -61,6 +61,12 @@ def good(fn: str) -> Dict[str, Any]:
         lpad[1, 2:] = 1
         return dict(logits=x.transpose(1, 0, 2).copy(), logit_paddings=pad, labels=tg,
                     label_paddings=lpad)
+    if fn in _K2_FNS:  # k2-style RNN-T (helper F2)
+        return _k2_good(fn)
+    # RNN-T (transducer helper F1): logits (N, T, U + 1, V), blank = V - 1
+    if fn in ("rnnt_loss", "rnnt_align"):
+        return dict(logits=rng.standard_normal((N, T, S + 1, C)).astype(np.float32),
+                    targets=tg, logit_lengths=il, target_lengths=tl)
     raise KeyError(fn)
 
 
@@ -110,7 +116,7 @@ def _ctc_family(fn):
     """Bad inputs shared by ctc_loss and ctc_align."""
     cs = [
         Case(fn, "log_probs", "int32 log_probs", _set(log_probs=lambda d: d["log_probs"].astype(np.int32)), TypeError, expect="got int32"),
-        Case(fn, "log_probs", "float16 log_probs", _set(log_probs=lambda d: d["log_probs"].astype(np.float16)), TypeError, expect="got float16"),
+        Case(fn, "log_probs", "complex64 log_probs (float16/bfloat16 are accepted)", _set(log_probs=lambda d: d["log_probs"].astype(np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "log_probs", "bool log_probs", _set(log_probs=lambda d: d["log_probs"] > 0), TypeError, expect="got bool"),
         Case(fn, "log_probs", "1-D log_probs", _set(log_probs=lambda d: d["log_probs"][:, 0, 0].copy()), expect="(6,)"),
         Case(fn, "log_probs", "4-D log_probs", _set(log_probs=lambda d: d["log_probs"][None]), expect="(1, 6, 2, 5)"),
@@ -151,13 +157,13 @@ def _asg_family(fn):
     has_tl = fn != "asg_viterbi"
     cs = [
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(np.int32)), TypeError, expect="got int32"),
-        Case(fn, "emissions", "float16 emissions", _set(emissions=lambda d: d["emissions"].astype(np.float16)), TypeError, expect="got float16"),
+        Case(fn, "emissions", "complex64 emissions (float16/bfloat16 are accepted)", _set(emissions=lambda d: d["emissions"].astype(np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][:, 0].copy()), expect="(6, 5)"),
         Case(fn, "emissions", "zero classes (C = 0)", _set(emissions=np.zeros((T, N, 0), np.float32), transitions=None, start_transitions=None), expect="C >= 1"),
         Case(fn, "transitions", "(C, C+1) transitions", _set(transitions=np.zeros((C, C + 1), np.float32)), expect="(5, 6)"),
         Case(fn, "transitions", "(C,) transitions", _set(transitions=np.zeros(C, np.float32)), expect="(5,)"),
         Case(fn, "transitions", "int32 transitions", _set(transitions=np.zeros((C, C), np.int32)), TypeError, expect="got int32"),
-        Case(fn, "transitions", "float16 transitions", _set(transitions=np.zeros((C, C), np.float16)), TypeError, expect="got float16"),
+        Case(fn, "transitions", "complex64 transitions (float16/bfloat16 are accepted)", _set(transitions=np.zeros((C, C), np.complex64)), TypeError, expect="got complex64"),
         Case(fn, "start_transitions", "(C+1,) start_transitions", _set(start_transitions=np.zeros(C + 1, np.float32)), expect="(6,)"),
         Case(fn, "start_transitions", "int32 start_transitions", _set(start_transitions=np.zeros(C, np.int32)), TypeError, expect="got int32"),
         Case(fn, "input_lengths", "input length > T", _set(input_lengths=np.array([7, 5], np.int32)), expect="got 7 at index 0"),
@@ -188,6 +194,7 @@ def _graph_family(fn):
     eps.add_node(start=True)
     eps.add_node(accept=True)
     eps.add_arc(0, 1, -1)
+    eps.add_arc(1, 0, -1)  # an epsilon cycle
     cs = [
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(np.int32)), TypeError, expect="got int32"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][:, 0].copy()), expect="(6, 5)"),
@@ -199,7 +206,7 @@ def _graph_family(fn):
         Case(fn, "graphs", "N-1 graphs", _set(graphs=lambda d: d["graphs"][:1], arc_weight_index=lambda d: d["arc_weight_index"][:1]), expect="got 1"),
         Case(fn, "graphs", "a non-Graph in the list", _set(graphs=lambda d: [d["graphs"][0], "g"], weights=None, arc_weight_index=None), TypeError, expect="got str at index 1"),
         Case(fn, "graphs", "arc label >= C", _set(graphs=lambda d: [d["graphs"][0], _graph([2, 7])], weights=None, arc_weight_index=None), expect="got 7 at graph 1, arc 2"),
-        Case(fn, "graphs", "epsilon arc", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="epsilon"),
+        Case(fn, "graphs", "epsilon cycle", _set(graphs=lambda d: [d["graphs"][0], eps], weights=None, arc_weight_index=None), expect="got one in graph 1"),
         Case(fn, "weights", "int32 weights", _set(weights=np.zeros(3, np.int32)), TypeError, expect="got int32"),
         Case(fn, "weights", "float64 weights with float32 emissions", _set(weights=np.zeros(3, np.float64)), TypeError, frameworks=("torch",), expect="got float64"),
         Case(fn, "weights", "2-D weights", _set(weights=np.zeros((3, 1), np.float32)), expect="(3, 1)"),
@@ -303,10 +310,63 @@ def all_cases():
         Case("graph_loss", "normalize", "normalize='yes'", _set(normalize="yes"), TypeError, expect="got str"),
         Case("graph_loss", "target_lengths", "(N+1,) target_lengths", _set(target_lengths=np.array([1, 2, 3], np.int32)), expect="(3,)"),
     ]
+    cases += _wfst_cases()  # WFST: denominators, graph builders (helper E)
     cases += _optax_cases()
     cases += _type_cases()
     cases += _single_framework_cases()
+    cases += _rnnt_k2_cases()
+    cases += _rnnt_cases()  # RNN-T (transducer helper F1)
     return cases
+
+
+# -- WFST: LF-MMI denominators and the duoloss.graphs builders (helper E) -----
+def _wfst_cases():
+    from duoloss import graphs as gb
+    from duoloss.core import pack_graphs
+    from duoloss.gtn import Graph
+
+    cyc = Graph(calc_grad=False)
+    cyc.add_node(start=True)
+    cyc.add_node(accept=True)
+    cyc.add_arc(0, 1, 1)
+    cyc.add_arc(1, 0, -1)
+    cyc.add_arc(0, 1, -1)
+    cyc.add_arc(1, 1, -1)  # an epsilon self-loop: a cycle
+    den = _graph([1, 2])  # 3 nodes, 4 arcs
+    idx = np.array([0, 1, -1, 2], np.int32)
+    fn = "graph_loss"
+    cs = [
+        Case(fn, "denominator", "denominator as a str", _set(denominator="den"), TypeError, expect="got str"),
+        Case(fn, "denominator", "a list of N-1 denominators", _set(denominator=[den]), expect="got a list of 1"),
+        Case(fn, "denominator", "denominator label >= C", _set(denominator=_graph([7])), expect="got 7 at graph 0, arc 0"),
+        Case(fn, "denominator", "denominator with an epsilon cycle", _set(denominator=cyc), expect="got one in graph 0"),
+        Case(fn, "denominator", "PackedGraphs of N+1 denominators", _set(denominator=pack_graphs([den] * 3)), expect="1 or N = 2 graphs, got 3"),
+        Case(fn, "normalize", "normalize=True with a denominator", _set(denominator=den, normalize=True), expect="must be False"),
+        Case(fn, "denominator_arc_weight_index", "denominator_arc_weight_index without denominator", _set(denominator_arc_weight_index=idx), expect="needs a 'denominator'"),
+        Case(fn, "denominator_arc_weight_index", "one index too few", _set(denominator=den, denominator_arc_weight_index=idx[:3]), expect="got (3,)"),
+        Case(fn, "denominator_arc_weight_index", "index >= K", _set(denominator=den, denominator_arc_weight_index=np.array([0, 3, -1, 2], np.int32)), expect="got 3 at graph 0, arc 1"),
+        Case(fn, "denominator_arc_weight_index", "float indices", _set(denominator=den, denominator_arc_weight_index=np.zeros(4, np.float32)), TypeError, expect="got dtype float32"),
+        Case(fn, "denominator_arc_weight_index", "index with a PackedGraphs denominator", _set(denominator=pack_graphs([den]), denominator_arc_weight_index=idx), expect="must be None"),
+    ]
+    core = "core"
+    cs += [
+        _single("ctc_graph", "targets", "blank inside a target", lambda: gb.ctc_graph([1, 0, 2]), expect="got it at position 1", framework=core),
+        _single("ctc_graph", "targets", "float targets", lambda: gb.ctc_graph([1.0, 2.0]), TypeError, expect="dtype float64", framework=core),
+        _single("ctc_graph", "blank", "blank=-1", lambda: gb.ctc_graph([1], blank=-1), expect="got -1", framework=core),
+        _single("ctc_graph", "modified", "modified='yes'", lambda: gb.ctc_graph([1], modified="yes"), TypeError, expect="got str", framework=core),
+        _single("ctc_topo", "num_classes", "num_classes=0", lambda: gb.ctc_topo(0), expect="got 0", framework=core),
+        _single("ctc_topo", "blank", "blank >= num_classes", lambda: gb.ctc_topo(3, blank=3), expect="[0, 3), got 3", framework=core),
+        _single("asg_graph", "target", "token >= num_classes", lambda: gb.asg_graph([1, 5], 4), expect="[0, 4), got 5", framework=core),
+        _single("asg_graph", "num_classes", "num_classes=2.5", lambda: gb.asg_graph([1], 2.5), TypeError, expect="got float", framework=core),
+        _single("token_ngram_graph", "discount", "discount=1", lambda: gb.token_ngram_graph([[1]], 3, discount=1.0), expect="got 1.0", framework=core),
+        _single("token_ngram_graph", "order", "order=0", lambda: gb.token_ngram_graph([[1]], 3, order=0), expect="got 0", framework=core),
+        _single("token_ngram_graph", "sequences", "a str", lambda: gb.token_ngram_graph("abc", 3), TypeError, expect="got str", framework=core),
+        _single("token_ngram_graph", "sequences[1]", "a token >= num_classes", lambda: gb.token_ngram_graph([[1], [0, 3]], 3), expect="got 3", framework=core),
+        _single("wordpiece_graph", "words", "a word without decomposition", lambda: gb.wordpiece_graph(["ab", "z"], [None, "a", "b"]), expect="word 1 ('z')", framework=core),
+        _single("wordpiece_graph", "vocabulary", "a str vocabulary", lambda: gb.wordpiece_graph("ab", "ab"), TypeError, expect="got str", framework=core),
+        _single("wordpiece_graph", "words", "an int", lambda: gb.wordpiece_graph(3, ["a"]), TypeError, expect="got int", framework=core),
+    ]
+    return cs
 
 
 def _g2():
@@ -391,6 +451,17 @@ def _single_framework_cases():
         _single("backward", "grad", "grad='x'", lambda: gtn.backward(gtn.forward_score(_g2()), "x"), TypeError, prefix="backward: grad", framework=gt),
         _single("parallel_for", "inputs", "inputs=3", lambda: gtn.parallel_for(lambda x: x, 3), TypeError, prefix="parallel_for: inputs", framework=gt),
         _single("sample", "max_length", "max_length=-1", lambda: gtn.sample(_g2(), -1), prefix="sample: max_length", framework=gt),
+        # GTN parity and huge labels (helper D: issue #12 item 1, issue #10 point 7)
+        _single("Graph.add_arc", "ilabel", "ilabel=2**63 (beyond int64)", lambda: _g2().add_arc(0, 1, 2 ** 63), expect="ilabel=9223372036854775808", prefix="Graph.add_arc: labels must lie in [-1, 2**63 - 1]", framework=gt),
+        _single("Graph.add_arc", "label", "label= together with ilabel", lambda: _g2().add_arc(0, 1, 0, label=1), TypeError, prefix="Graph.add_arc: label=", framework=gt),
+        _single("Graph.from_arrays", "ilabel", "uint64 label 2**63", lambda: gtn.Graph.from_arrays(2, [0], [1], np.array([2 ** 63], np.uint64)), expect="9223372036854775808", prefix="Graph.from_arrays: ilabel must fit int64", framework=gt),
+        _single("loadtxt", "file_name", "label 2**63 in an arc line", lambda: gtn.loadtxt(io.StringIO(f"0\n1\n0 1 {2 ** 63}\n")), expect="line 3", prefix="loadtxt: line 3: labels must lie in", framework=gt),
+        _single("loadtxt", "file_name", "a single line", lambda: gtn.loadtxt(io.StringIO("0\n")), expect="got 1 line", prefix="loadtxt: expected a start-node line", framework=gt),
+        _single("save", "graph", "a label beyond int32", lambda: gtn.save(io.BytesIO(), gtn.Graph.from_arrays(2, [0], [1], [2 ** 31], start=[0], accept=[1])), expect="got 2147483648", prefix="save: labels must lie in [-1, 2**31 - 1]", framework=gt),
+        _single("save", "graph", "two paths, no graph", lambda: gtn.save("a.bin", "b.bin"), TypeError, expect="got str", prefix="save: graph must be a Graph", framework=gt),
+        _single("load", "file_name", "truncated data", lambda: gtn.load(io.BytesIO(b"\x02\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00")), expect="needs 44 bytes, got 16", prefix="load: the header", framework=gt),
+        _single("savetxt", "file_name", "file_name=3", lambda: gtn.savetxt(3, _g2()), TypeError, expect="got int", prefix="savetxt: file_name", framework=gt),
+        _single("backward", "grads", "2 seeds for 3 graphs", lambda: gtn.backward([gtn.negate(gtn.scalar_graph(1.0)) for _ in range(3)], [gtn.scalar_graph(1.0)] * 2), expect="got 2", prefix="backward: grads must have 1 or 3 entries", framework=gt),
     ]
     return cs
 
@@ -418,6 +489,10 @@ def call(case: Case, framework: str):
         "graph_loss": ("emissions", "graphs", "input_lengths"),
         "graph_align": ("emissions", "graphs", "input_lengths"),
         "optax_ctc_loss": ("logits", "logit_paddings", "labels", "label_paddings"),
+        **_K2_FNS,
+        # RNN-T (transducer helper F1)
+        "rnnt_loss": ("logits", "targets", "logit_lengths", "target_lengths"),
+        "rnnt_align": ("logits", "targets", "logit_lengths", "target_lengths"),
     }[case.fn]
     args = [kw.pop(p) for p in pos]
     try:
@@ -456,9 +531,152 @@ def markdown_table(results) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- #
+# RNN-T: rnnt_loss, rnnt_align, RNNTLoss (transducer helper F1)                #
+# --------------------------------------------------------------------------- #
+def _rnnt_cases():
+    cs = []
+    for fn in ("rnnt_loss", "rnnt_align"):
+        cs += [
+            Case(fn, "logits", "int32 logits", _set(logits=lambda d: d["logits"].astype(np.int32)), TypeError, expect="got int32"),
+            Case(fn, "logits", "3-D logits", _set(logits=lambda d: d["logits"][:, :, 0].copy()), expect="(2, 6, 5)"),
+            Case(fn, "logits", "zero classes (V = 0)", _set(logits=np.zeros((N, T, S + 1, 0), np.float32)), expect="V >= 1"),
+            Case(fn, "logits", "logits as a str", _set(logits="abc"), TypeError, expect="got str"),
+            Case(fn, "targets", "float targets", _set(targets=lambda d: d["targets"].astype(np.float32)), TypeError, expect="got float32"),
+            Case(fn, "targets", "targets with U + 1 columns", _set(targets=np.ones((N, S + 1), np.int32)), expect="got (2, 4)"),
+            Case(fn, "targets", "1-D targets", _set(targets=np.ones(S, np.int32)), expect="got shape (3,)"),
+            Case(fn, "targets", "label >= V", _set(targets=np.array([[1, 2, 5], [2, 2, 0]], np.int32)), expect="got 5 at sequence 0, position 2"),
+            Case(fn, "targets", "negative label", _set(targets=np.array([[1, -1, 3], [2, 2, 0]], np.int32)), expect="got -1 at sequence 0, position 1"),
+            Case(fn, "targets", "blank (V - 1) inside a target", _set(targets=np.array([[1, 4, 3], [2, 2, 0]], np.int32)), expect="the blank (4)"),
+            Case(fn, "targets", "blank=2 inside a target", _set(blank=2), expect="the blank (2)"),
+            Case(fn, "blank", "blank = V", _set(blank=C), expect="[-5, 5), got 5"),
+            Case(fn, "blank", "blank = -V - 1", _set(blank=-C - 1), expect="got -6"),
+            Case(fn, "blank", "float blank", _set(blank=1.0), TypeError, expect="got float"),
+            Case(fn, "logit_lengths", "logit length > T", _set(logit_lengths=np.array([7, 5], np.int32)), expect="got 7 at index 0"),
+            Case(fn, "logit_lengths", "negative logit length", _set(logit_lengths=np.array([6, -1], np.int32)), expect="got -1 at index 1"),
+            Case(fn, "logit_lengths", "float logit_lengths", _set(logit_lengths=np.array([6.0, 5.0], np.float32)), TypeError, expect="got float32"),
+            Case(fn, "logit_lengths", "(N+1,) logit_lengths", _set(logit_lengths=np.array([6, 5, 4], np.int32)), expect="(3,)"),
+            Case(fn, "logit_lengths", "logit_lengths as a list with a float", _set(logit_lengths=[6, 5.0]), TypeError, expect="non-int"),
+            Case(fn, "target_lengths", "target length > U", _set(target_lengths=np.array([4, 2], np.int32)), expect="got 4 at index 0"),
+            Case(fn, "target_lengths", "(N-1,) target_lengths", _set(target_lengths=np.array([3], np.int32)), expect="(1,)"),
+            Case(fn, "fused_log_softmax", "fused_log_softmax=1", _set(fused_log_softmax=1), TypeError, expect="got int"),
+        ]
+    fn = "rnnt_loss"
+    cs += [
+        Case(fn, "reduction", "reduction='avg'", _set(reduction="avg"), expect="got 'avg'"),
+        Case(fn, "clamp", "clamp='x'", _set(clamp="x"), TypeError, expect="got str"),
+        Case(fn, "clamp", "clamp=inf", _set(clamp=float("inf")), expect="got inf"),
+        Case(fn, "fastemit_lambda", "fastemit_lambda=-0.1", _set(fastemit_lambda=-0.1), expect=">= 0, got -0.1"),
+        Case(fn, "delay_penalty", "delay_penalty=nan", _set(delay_penalty=float("nan")), expect="finite"),
+        Case(fn, "delay_penalty", "delay_penalty=True", _set(delay_penalty=True), TypeError, expect="got bool"),
+    ]
+
+    def module(**kw):
+        import duoloss.torch as dt
+
+        return lambda: dt.RNNTLoss(**kw)
+
+    cs += [
+        _single("RNNTLoss", "reduction", "reduction='avg'", module(reduction="avg"), expect="got 'avg'"),
+        _single("RNNTLoss", "fastemit_lambda", "fastemit_lambda=-1", module(fastemit_lambda=-1.0), expect="got -1.0"),
+    ]
+    return cs
+
+
 if __name__ == "__main__":
     rows = []
     for case in all_cases():
         fw = case.frameworks[0]
         rows.append((case, call(case, fw)))
     print(markdown_table(rows))
+
+
+# ---- k2-style simple / pruned RNN-T (helper F2): rnnt_loss_simple, rnnt_loss_pruned,
+# get_rnnt_prune_ranges, do_rnnt_pruning.  Positional arguments of each function:
+_K2_FNS = {
+    "rnnt_loss_simple": ("lm", "am", "symbols", "termination_symbol"),
+    "rnnt_loss_smoothed": ("lm", "am", "symbols", "termination_symbol"),
+    "rnnt_loss_pruned": ("logits", "symbols", "ranges", "termination_symbol"),
+    "get_rnnt_prune_ranges": ("px_grad", "py_grad", "boundary", "s_range"),
+    "do_rnnt_pruning": ("am", "lm", "ranges"),
+}
+
+
+def _k2_good(fn):
+    rng = np.random.default_rng(0)
+    sym = np.array([[1, 2, 3], [2, 2, 1]], np.int32)
+    bd = np.array([[0, 0, 3, 6], [0, 0, 2, 5]], np.int32)
+    ranges = (np.minimum(np.arange(T), S - 1)[None, :, None] + np.arange(2)).repeat(N, 0)
+    ranges = ranges.astype(np.int32)  # (N, T, 2), rows [r0, r0 + 1], r0 <= S - 1
+    if fn in ("rnnt_loss_simple", "rnnt_loss_smoothed"):
+        return dict(lm=rng.standard_normal((N, S + 1, C)).astype(np.float32),
+                    am=rng.standard_normal((N, T, C)).astype(np.float32), symbols=sym,
+                    termination_symbol=0, boundary=bd)
+    if fn == "rnnt_loss_pruned":
+        return dict(logits=rng.standard_normal((N, T, 2, C)).astype(np.float32), symbols=sym,
+                    ranges=ranges, termination_symbol=0, boundary=bd)
+    if fn == "get_rnnt_prune_ranges":
+        return dict(px_grad=rng.random((N, S, T + 1)).astype(np.float32),
+                    py_grad=rng.random((N, S + 1, T)).astype(np.float32), boundary=bd,
+                    s_range=2)
+    return dict(am=rng.standard_normal((N, T, 4)).astype(np.float32),
+                lm=rng.standard_normal((N, S + 1, 3)).astype(np.float32), ranges=ranges)
+
+
+def _rnnt_k2_cases():
+    sl, pr, gr, dp = "rnnt_loss_simple", "rnnt_loss_pruned", "get_rnnt_prune_ranges", "do_rnnt_pruning"
+    i32 = np.int32
+    cs = [
+        Case(sl, "am", "int32 am", _set(am=lambda d: d["am"].astype(i32)), TypeError, expect="got int32"),
+        Case(sl, "am", "2-D am", _set(am=lambda d: d["am"][:, 0].copy()), expect="(2, 5)"),
+        Case(sl, "am", "am as a str", _set(am="abc"), TypeError, expect="got str"),
+        Case(sl, "lm", "lm with C+1 classes", _set(lm=np.zeros((N, S + 1, C + 1), np.float32)), expect="(2, 4, 6)"),
+        Case(sl, "lm", "lm with N+1 rows", _set(lm=np.zeros((N + 1, S + 1, C), np.float32)), expect="(3, 4, 5)"),
+        Case(sl, "lm", "float64 lm with float32 am", _set(lm=lambda d: d["lm"].astype(np.float64)), TypeError, frameworks=("torch",), expect="got float64"),
+        Case(sl, "symbols", "float symbols", _set(symbols=lambda d: d["symbols"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(sl, "symbols", "symbols with S+1 columns", _set(symbols=np.ones((N, S + 1), i32)), expect="(2, 4)"),
+        Case(sl, "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 5], [2, 2, 1]], i32)), expect="got 5 at sequence 0, position 2"),
+        Case(sl, "symbols", "negative symbol", _set(symbols=np.array([[1, 2, 3], [2, -1, 1]], i32)), expect="got -1 at sequence 1, position 1"),
+        Case(sl, "termination_symbol", "termination_symbol = C", _set(termination_symbol=C), expect="[0, 5), got 5"),
+        Case(sl, "termination_symbol", "float termination_symbol", _set(termination_symbol=0.0), TypeError, expect="got float"),
+        Case(sl, "rnnt_type", "rnnt_type='standard'", _set(rnnt_type="standard"), expect="got 'standard'"),
+        Case(sl, "delay_penalty", "delay_penalty='x'", _set(delay_penalty="x"), TypeError, expect="got str"),
+        Case(sl, "delay_penalty", "delay_penalty=nan", _set(delay_penalty=float("nan")), expect="got nan"),
+        Case(sl, "reduction", "reduction='avg'", _set(reduction="avg"), expect="got 'avg'"),
+        Case(sl, "return_grad", "return_grad=1", _set(return_grad=1), TypeError, expect="got int"),
+        Case(sl, "boundary", "(N, 3) boundary", _set(boundary=np.zeros((N, 3), i32)), expect="(2, 3)"),
+        Case(sl, "boundary", "float boundary", _set(boundary=lambda d: d["boundary"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(sl, "boundary", "s_end > S", _set(boundary=np.array([[0, 0, 4, 6], [0, 0, 2, 5]], i32)), expect="got [0, 0, 4, 6] at row 0"),
+        Case(sl, "boundary", "t_end > T", _set(boundary=np.array([[0, 0, 3, 6], [0, 0, 2, 7]], i32)), expect="got [0, 0, 2, 7] at row 1"),
+        Case(sl, "boundary", "t_begin > t_end", _set(boundary=np.array([[0, 4, 3, 3], [0, 0, 2, 5]], i32)), expect="got [0, 4, 3, 3] at row 0"),
+        Case(sl, "boundary", "modified with more symbols than frames", _set(rnnt_type="modified", boundary=np.array([[0, 0, 3, 2], [0, 0, 2, 5]], i32)), expect="one symbol per frame"),
+        Case(pr, "logits", "3-D logits", _set(logits=lambda d: d["logits"][:, :, 0].copy()), expect="(2, 6, 5)"),
+        Case(pr, "logits", "int32 logits", _set(logits=lambda d: d["logits"].astype(i32)), TypeError, expect="got int32"),
+        Case(pr, "logits", "s_range > S+1", _set(logits=np.zeros((N, T, S + 2, C), np.float32), ranges=lambda d: (np.zeros((N, T, 1), i32) + np.arange(S + 2)).astype(i32)), expect="s_range <= S+1 = 4"),
+        Case(pr, "ranges", "ranges of shape (N, T, s_range+1)", _set(ranges=np.zeros((N, T, 3), i32)), expect="(2, 6, 3)"),
+        Case(pr, "ranges", "float ranges", _set(ranges=lambda d: d["ranges"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(pr, "ranges", "non-consecutive row", _set(ranges=lambda d: np.where(np.arange(2) == 1, d["ranges"] + 1, d["ranges"]).astype(i32)), expect="consecutive"),
+        Case(pr, "ranges", "row start > S+1-s_range", _set(ranges=lambda d: (d["ranges"] + 1).astype(i32)), expect="got 3 at sequence 0, frame 2"),
+        Case(pr, "symbols", "symbols with N+1 rows", _set(symbols=np.ones((N + 1, S), i32)), expect="(3, 3)"),
+        Case(pr, "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 3], [2, 7, 1]], i32)), expect="got 7 at sequence 1, position 1"),
+        Case(pr, "termination_symbol", "termination_symbol = -1", _set(termination_symbol=-1), expect="got -1"),
+        Case(pr, "boundary", "s_begin > s_end", _set(boundary=np.array([[0, 0, 3, 6], [3, 0, 2, 5]], i32)), expect="got [3, 0, 2, 5] at row 1"),
+        Case(pr, "reduction", "reduction=None", _set(reduction=None), expect="got None"),
+        Case(gr, "px_grad", "int32 px_grad", _set(px_grad=lambda d: d["px_grad"].astype(i32)), TypeError, expect="got int32"),
+        Case(gr, "py_grad", "py_grad of shape (N, S, T)", _set(py_grad=np.zeros((N, S, T), np.float32)), expect="(2, 3, 6)"),
+        Case(gr, "py_grad", "px_grad T+2 frames", _set(px_grad=np.zeros((N, S, T + 2), np.float32)), expect="(2, 3, 8)"),
+        Case(gr, "boundary", "float boundary", _set(boundary=lambda d: d["boundary"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(gr, "boundary", "t_end > T", _set(boundary=np.array([[0, 0, 3, 9], [0, 0, 2, 5]], i32)), expect="got [0, 0, 3, 9] at row 0"),
+        Case(gr, "s_range", "s_range = 0", _set(s_range=0), expect="got 0"),
+        Case(gr, "s_range", "s_range = 2.0", _set(s_range=2.0), TypeError, expect="got float"),
+        Case(dp, "lm", "2-D lm", _set(lm=lambda d: d["lm"][:, 0].copy()), expect="(2, 3)"),
+        Case(dp, "ranges", "ranges for T-1 frames", _set(ranges=lambda d: d["ranges"][:, 1:].copy()), expect="(2, 5, 2)"),
+        Case(dp, "ranges", "float ranges", _set(ranges=lambda d: d["ranges"].astype(np.float32)), TypeError, expect="got float32"),
+        Case(dp, "ranges", "position > S", _set(ranges=lambda d: (d["ranges"] + 1).astype(i32)), expect="[0, 2]"),
+        Case(dp, "lm", "lm with N+1 rows", _set(lm=np.zeros((N + 1, S + 1, 3), np.float32)), expect="(3, 4, 3)"),
+        Case("rnnt_loss_smoothed", "lm_only_scale", "lm_only_scale='x'", _set(lm_only_scale="x"), TypeError, expect="got str"),
+        Case("rnnt_loss_smoothed", "am_only_scale", "am_only_scale=inf", _set(am_only_scale=float("inf")), expect="got inf"),
+        Case("rnnt_loss_smoothed", "symbols", "symbol >= C", _set(symbols=np.array([[1, 2, 3], [9, 2, 1]], i32)), expect="got 9 at sequence 1, position 0"),
+        Case("rnnt_loss_smoothed", "am", "2-D am", _set(am=lambda d: d["am"][:, 0].copy()), expect="(2, 5)"),
+    ]
+    return cs

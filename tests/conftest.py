@@ -8,8 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: GTN golden fixtures live next to the repository (../shared/fixtures/gtn).
-GTN_FIXTURES = ROOT.parent / "shared" / "fixtures" / "gtn" / "public"
+#: GTN golden fixtures (GTN's outputs), vendored in tests/data/gtn (see PROVENANCE.md there).
+GTN_FIXTURES = Path(os.environ.get("DUOLOSS_GTN_FIXTURES") or ROOT / "tests" / "data" / "gtn") / "public"
 
 
 @pytest.fixture

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "gtn" / "public"
+FIXTURES = Path(os.environ.get("DUOLOSS_GTN_FIXTURES")
+                or Path(__file__).resolve().parent / "data" / "gtn") / "public"
 
 
 def load_family(name):
+    """GTN's golden cases of one family; the files are vendored, so missing is an error."""
     path = FIXTURES / f"{name}.json"
     if not path.exists():
-        return None
+        raise FileNotFoundError(f"GTN fixture file {path} is missing (tests/data/gtn/public/)")
     with open(path) as f:
         return json.load(f)
 

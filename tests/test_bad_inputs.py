@@ -36,6 +36,17 @@ def no_kernels(monkeypatch):
     for name in ("_ctc_align", "_asg_align", "_asg_viterbi", "_graph_align"):
         monkeypatch.setattr(ta, name, _forbid)
     monkeypatch.setattr(ja, "_callback", _forbid)
+    import duoloss.jax._rnnt_k2 as jk2  # k2-style RNN-T (helper F2)
+    import duoloss.torch._rnnt_k2 as tk2
+    for mod, names in ((jk2, ("apply_kernel", "_call")), (tk2, ("apply_kernel", "kernel_loss_op"))):
+        for name in names:
+            monkeypatch.setattr(mod, name, _forbid)
+    # RNN-T (transducer helper F1)
+    import duoloss.jax._rnnt as jr
+    import duoloss.torch._rnnt as tr
+    for mod in (jr, tr):
+        monkeypatch.setattr(mod, "apply_kernel", _forbid)
+        monkeypatch.setattr(mod, "transducer_viterbi", _forbid)
     for name in ("_ctc_align", "_asg_align", "_asg_viterbi", "_graph_align"):
         monkeypatch.setattr(ja, name, _forbid)
 

@@ -6,6 +6,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from ctc_reference import random_batch
 from duoloss.core import ctc_loss_and_grad
@@ -61,9 +62,11 @@ def test_torch_and_jax_frontends_from_threads():
             np.testing.assert_array_equal(g1, g2)
 
 
-def test_workqueue_layer_is_guarded():
-    # numba's workqueue layer aborts the process on concurrent parallel launches;
-    # duoloss serialises launches when it is in use (forced here by the user).
+@pytest.mark.parametrize("layer", ["workqueue", "omp", None])
+def test_threads_on_each_layer(layer):
+    # numba's workqueue layer aborts the process on concurrent parallel launches:
+    # duoloss serialises launches when it is in use (its default 'forksafe' request
+    # gives workqueue unless TBB loads).  omp is thread-safe and runs unlocked.
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -78,11 +81,19 @@ def test_workqueue_layer_is_guarded():
         assert all(np.array_equal(a, b) for a, b in zip(seq, conc))
         print(threading_layer())
     """)
-    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    if layer is not None:
+        env["NUMBA_THREADING_LAYER"] = layer
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "workqueue"
+    loaded = proc.stdout.strip()
+    if layer is None:
+        assert loaded in ("workqueue", "tbb")
+    elif loaded != layer and "could not load" in proc.stderr:
+        pytest.skip(f"numba's {layer} layer does not load here")
+    else:
+        assert loaded == layer
 
 
 def _asg_job(seed, with_trans):

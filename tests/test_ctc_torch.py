@@ -140,7 +140,7 @@ def test_nonzero_blank_matches_torch():
     (dict(target_lengths=torch.tensor([3])), ValueError, r"'target_lengths' must be in \[0, 2\]"),
     (dict(blank=4), ValueError, r"'blank' must be in \[0, 4\), got 4"),
     (dict(reduction="avg"), ValueError, r"'reduction' must be one of"),
-    (dict(log_probs=torch.zeros(5, 1, 4, dtype=torch.float16)), TypeError, r"floating dtype"),
+    (dict(log_probs=torch.zeros(5, 1, 4, dtype=torch.complex64)), TypeError, r"floating dtype"),
     (dict(log_probs=torch.zeros(5, 4, 1, 4)), ValueError, r"'log_probs' must be \(T, N, C\)"),
     (dict(input_lengths=torch.tensor([5, 5])), ValueError, r"'input_lengths' must have shape \(1,\)"),
 ])

@@ -3,6 +3,8 @@
 Nothing here imports torch or jax.  Each loss family lives in its own private
 module and is described to the frontends by a :class:`LossKernel`.
 """
+# First: settles numba's kernel cache location before any @njit(cache=True) runs.
+from . import _numba_setup  # noqa: F401  isort: skip
 from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align
@@ -15,6 +17,10 @@ from ._ctc import concat_to_padded
 from ._ctc import ctc_loss_and_grad
 from ._spec import LossKernel
 from ._threading import threading_layer
+from ._transducer import RNNT_TYPES
+from ._transducer import TRANSDUCER_KERNEL
+from ._transducer import transducer_loss_and_grad
+from ._transducer import transducer_viterbi
 from ._graph_loss import GRAPH_LOSS_KERNEL
 from ._graph_loss import graph_loss_and_grad
 from ._graph_loss import pack_graphs
@@ -37,4 +43,8 @@ __all__ = [
     "concat_to_padded",
     "ctc_loss_and_grad",
     "threading_layer",
+    "RNNT_TYPES",
+    "TRANSDUCER_KERNEL",
+    "transducer_loss_and_grad",
+    "transducer_viterbi",
 ]

@@ -55,6 +55,7 @@ import numba
 import numpy as np
 
 from ._ctc import ctc_states
+from ._graph_loss import _eps_order
 from ._threading import parallel_guard
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
@@ -426,31 +427,52 @@ def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, 
     if ok:
         for a in range(a0, a1):
             s, d, k, j = src_all[a], dst_all[a], lab_all[a], widx_all[a]
-            if (s < 0 or s >= n1 - n0 or d < 0 or d >= n1 - n0 or k < 0 or k >= n_cls
+            if (s < 0 or s >= n1 - n0 or d < 0 or d >= n1 - n0 or k < -1 or k >= n_cls
                     or j < -1 or j >= theta.shape[0]):
                 ok = False
     if not ok:
         scores[b] = np.nan
         return
     v_n = n1 - n0
+    a_n = a1 - a0
+    perm = np.empty(a_n, np.int64)
+    a_e = _eps_order(v_n, src_all[a0:a1], dst_all[a0:a1], lab_all[a0:a1], perm)
+    if a_e < 0:
+        scores[b] = np.nan
+        return
+    lw = np.empty(a_n)
+    for i in range(a_n):
+        a = a0 + perm[i]
+        lw[i] = np.float64(gw_all[a])
+        if widx_all[a] >= 0:
+            lw[i] += np.float64(theta[widx_all[a]])
     delta = np.full((tb + 1, v_n), _NEG_INF)
     back = np.full((tb + 1, v_n), -1, np.int64)
     for n in range(v_n):
         if start_all[n0 + n] != 0:
             delta[0, n] = 0.0
-    for t in range(tb):
-        for a in range(a0, a1):
+    for t in range(tb + 1):
+        if t > 0:
+            for i in range(a_e):
+                a = a0 + perm[i]
+                x = delta[t - 1, src_all[a]]
+                if x == _NEG_INF:
+                    continue
+                v = x + lw[i] + np.float64(em[t - 1, b, lab_all[a]])
+                d = dst_all[a]
+                if v > delta[t, d] or (v != v and back[t, d] < 0):
+                    delta[t, d] = v
+                    back[t, d] = i
+        for i in range(a_e, a_n):  # epsilon arcs: no frame, topological order
+            a = a0 + perm[i]
             x = delta[t, src_all[a]]
             if x == _NEG_INF:
                 continue
-            w = np.float64(gw_all[a]) + np.float64(em[t, b, lab_all[a]])
-            if widx_all[a] >= 0:
-                w += np.float64(theta[widx_all[a]])
-            v = x + w
+            v = x + lw[i]
             d = dst_all[a]
-            if v > delta[t + 1, d] or (v != v and back[t + 1, d] < 0):
-                delta[t + 1, d] = v
-                back[t + 1, d] = a - a0
+            if v > delta[t, d] or (v != v and back[t, d] < 0):
+                delta[t, d] = v
+                back[t, d] = i
     best = _NEG_INF
     node = -1
     for n in range(v_n):
@@ -465,11 +487,16 @@ def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, 
     scores[b] = best
     if best != best:
         return
-    for t in range(tb - 1, -1, -1):
-        a = back[t + 1, node]
+    t = tb
+    while t > 0:
+        i = back[t, node]
+        a = perm[i]
+        node = src_all[a0 + a]
+        if i >= a_e:
+            continue
+        t -= 1
         arcs[b, t] = a
         labels[b, t] = lab_all[a0 + a]
-        node = src_all[a0 + a]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -504,7 +531,11 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
       frame (labels and arcs are ``-1`` past the sequence); the scores are
       ``max sum_t (w_{a_t} + e_t(k_{a_t}))``.  Ties: the arc that comes first in
       the graph's arc order, and the lowest accept node, win (as GTN's first
-      maximum).  No path: ``-inf`` and ``-1`` labels.
+      maximum).  No path: ``-inf`` and ``-1`` labels.  Epsilon arcs (label
+      ``-1``) consume no frame: their weights count in the score but they have
+      no entry in ``arcs``; per frame, frame arcs are relaxed before epsilon
+      arcs (in topological order), and an epsilon arc wins only when strictly
+      better.
     """
     em = np.ascontiguousarray(emissions)
     dtype = em.dtype

@@ -35,6 +35,17 @@ maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
 paths produce float64-accurate results for float32 and float64 inputs.
 
+The loss is the same number whether or not a gradient is asked for.  The
+forward pass records whether any positive value left float64's normal range
+("flushed": a probability or a trellis cell below ``1e-290``).  If nothing was
+flushed, the rescaled forward is exact and its log Z is the loss (should the
+backward's check fail, only the gradient is recomputed in log space).  If
+something was flushed, the backward sweep's per-frame check decides — it also
+runs, without writing a gradient, when no gradient was asked for — and a failed
+check sends loss and gradient to log space.  Long sequences with spread-out
+posteriors (e.g. T = 8000, L = 400) flush cells that race ahead of the bulk;
+before this rule their no-gradient losses were off by up to thousands of nats.
+
 NB: ``log_probs`` need not be normalised (any real scores work).  Frames at or
 beyond ``T_b`` and classes outside the target get zero gradient.  An infeasible
 target (``T_b`` too short) gives ``+inf`` loss and zero gradient (or zero loss
@@ -64,6 +75,9 @@ __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
 # A frame whose total mass (relative to its best class) falls below this is
 # recomputed in log space: float64's range ends near 1e-308.
 _TINY = 1e-200
+# A positive value below this has left (or is about to leave) float64's normal
+# range: the forward records it as "flushed" (see ``_ctc_one``).
+_FLUSH = 1e-290
 # Relative tolerance of the per-frame "posteriors sum to one" check.
 _CHECK_TOL = 1e-7
 # Below this many trellis cells in a batch, a serial loop beats the thread launch.
@@ -219,6 +233,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
     # probs[t, j] = p_t(used[j]) / max_j' p_t(used[j']): one exp per cell, no log.
     probs = np.empty((tb, n_used))
     fmax = np.empty(tb)
+    # Did linear space lose anything?  Set when a positive quantity (a
+    # probability from a finite score, or a cell whose inputs are positive)
+    # comes out below _FLUSH: only then can the rescaled forward differ from the
+    # exact one, and only then does the loss need the backward sweep's verdict.
+    flushed = False
     for t in range(tb):
         m = -np.inf
         for j in range(n_used):
@@ -232,7 +251,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
             m = 0.0
         fmax[t] = m
         for j in range(n_used):
-            probs[t, j] = fast_exp(np.float64(logp[t, b, used[j]]) - m)
+            x = np.float64(logp[t, b, used[j]])
+            p = fast_exp(x - m)
+            probs[t, j] = p
+            if p < _FLUSH and x != -np.inf:
+                flushed = True
 
     # ---- forward in linear space, rescaled per frame -------------------------
     alpha = np.zeros((tb, s_n))
@@ -252,8 +275,12 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                     v += alpha[t - 1, s - 1]
                 if skip[s]:
                     v += alpha[t - 1, s - 2]
-            v *= probs[t, col[s]]
-            alpha[t, s] = v
+            p = probs[t, col[s]]
+            w = v * p
+            if w < _FLUSH and v > 0.0 and p > 0.0:
+                flushed = True
+            alpha[t, s] = w
+            v = w
             c += v
         if c != c or c == np.inf:
             state = 2
@@ -277,7 +304,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
             logz = log_a[tb - 1] + math.log(zfin)
 
     # ---- backward: beta-hat, posteriors, gradient ----------------------------
-    if state == 0 and want_grad:
+    # Without a gradient the sweep still runs when the forward flushed something:
+    # its per-frame check is the verdict on the loss, so a loss is the same number
+    # whether or not a gradient was asked for.
+    linear_loss = state == 0 and not flushed
+    if state == 0 and (want_grad or flushed):
         beta = np.zeros(s_n)
         nb = np.zeros(s_n)
         row = np.zeros(n_cls)
@@ -296,7 +327,8 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 for s in range(lo, hi + 1):
                     ab = alpha[t, s] * beta[s]
                     r += ab
-                    row[lab[s]] += ab
+                    if want_grad:
+                        row[lab[s]] += ab
             else:
                 hi1 = min(s_n - 1, 2 * t + 3)
                 for s in range(lo, hi1 + 1):
@@ -312,7 +344,8 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                     d += v
                     ab = alpha[t, s] * v
                     r += ab
-                    row[lab[s]] += ab
+                    if want_grad:
+                        row[lab[s]] += ab
                 # States above hi are never read again (the window shrinks
                 # going back), those below lo were never written.
                 if not d >= _TINY:
@@ -326,8 +359,9 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 state = 1  # (an underflowed r would also divide by zero below)
                 break
             # row holds alpha * beta as stored: posterior = row / r.
-            _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
-        if state == 1:
+            if want_grad:
+                _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
+        if state == 1 and want_grad:
             _fill_rows(grad, b, 0, tb, 0.0)
 
     if state == 2:
@@ -335,7 +369,11 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
         if want_grad:
             _fill_rows(grad, b, 0, tb, np.nan)
         return
-    if state == 1:
+    if state == 1 and linear_loss:
+        # Nothing was flushed, so the forward's log Z is exact; only the
+        # gradient's sweep lost precision: recompute the gradient alone.
+        _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
+    elif state == 1:
         logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
         if logz != logz:
             losses[b] = np.nan
@@ -577,3 +615,48 @@ def check_ctc_values(fn, targets, input_lengths, target_lengths, t_max, n_cls, b
     v.check_labels(fn, "targets", padded, target_lengths, n_cls, forbidden=blank,
                    forbidden_what="the blank index")
     return padded
+
+
+# ---- the gathered crossing ---------------------------------------------------
+# A sequence's CTC reads only the blank and its own labels.  With a large
+# vocabulary the frontends gather those columns in the framework, on the input's
+# device, into a ``(T, N, S+1)`` array (column 0: the blank; column ``1+i``: the
+# class of label ``i``) and run the same kernel on it with ``blank=0`` and each
+# label replaced by the column of its FIRST occurrence in the target (so repeated
+# labels share a column and the skip rule, which compares labels, is unchanged).
+# The per-sequence arithmetic is then identical — same values, same order — so
+# losses are bit-identical to the full-width call, and the framework's autograd
+# scatters the gathered gradient back (zero for every class the target does not
+# use; for a NaN sequence only its own columns are NaN).
+
+#: Gather when C >= this many times (S+1) ...
+GATHER_MIN_RATIO = 4
+#: ... and the full tensor has at least this many entries (below, a host copy of
+#: the whole tensor is cheaper than the framework ops of the gather).
+GATHER_MIN_SIZE = 1 << 18
+
+
+def ctc_gather_worthwhile(t_max: int, n: int, n_cls: int, s: int) -> bool:
+    """Whether the frontends should gather ``(T, N, C)`` to ``(T, N, S+1)``."""
+    return n_cls >= GATHER_MIN_RATIO * (s + 1) and t_max * n * n_cls >= GATHER_MIN_SIZE
+
+
+def ctc_gather_plan(targets: np.ndarray, target_lengths: np.ndarray, n_cls: int, blank: int):
+    """Host version: ``(columns (N, S+1), column_targets (N, S))`` int64.
+
+    ``columns[b]`` lists the classes to gather (blank first, then the target's
+    labels in order; padding reads the blank); ``column_targets[b, i]`` is the
+    gathered column of label ``i`` (its first occurrence), or -1 for a label
+    that is out of range or the blank (the kernel then returns NaN for that
+    sequence, as it would on the full tensor).
+    """
+    n, s = targets.shape
+    valid = np.arange(s)[None, :] < target_lengths[:, None]
+    labels = np.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = np.argmax(same, axis=2) if s else np.zeros((n, 0), np.int64)
+    column_targets = np.where(bad, -1, first + 1).astype(np.int64)
+    columns = np.concatenate([np.full((n, 1), blank, np.int64),
+                              np.clip(labels, 0, n_cls - 1).astype(np.int64)], axis=1)
+    return columns, column_targets

@@ -40,10 +40,19 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["EPSILON", "Graph", "graph_arrays", "backward"]
+__all__ = ["EPSILON", "MAX_LABEL", "Graph", "graph_arrays", "backward"]
 
 #: The epsilon (empty) label.
 EPSILON = -1
+
+#: The largest label a graph can hold (labels are stored as int64).  Every
+#: label in ``[EPSILON, MAX_LABEL]`` is supported by every operation: the
+#: (node, label) lookup tables of ``compose``/``intersect`` are only built when
+#: ``num_nodes * (max label + 1)`` is small, and that bound is checked without
+#: forming the product (no int64 overflow); otherwise a label-sorted merge is
+#: used.  Larger values raise ``ValueError``.
+MAX_LABEL = 2 ** 63 - 1
+_LABEL_RANGE = "[-1, 2**63 - 1] (-1 = epsilon)"
 
 _GRAD_LOCK = threading.Lock()
 _IDS = itertools.count()
@@ -64,6 +73,12 @@ def _as_index_array(name: str, value, size: Optional[int] = None) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise ValueError(f"Graph.from_arrays: {name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype == object and arr.size and all(isinstance(x, int) for x in arr.tolist()):
+        # Python ints beyond int64 (numpy keeps them as objects)
+        raise ValueError(f"Graph.from_arrays: {name} must fit int64, got values in "
+                         f"[{min(arr.tolist())}, {max(arr.tolist())}]")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > MAX_LABEL:
+        raise ValueError(f"Graph.from_arrays: {name} must fit int64, got {int(arr.max())}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"Graph.from_arrays: {name} must hold integers, got dtype {arr.dtype}")
     if size is not None and arr.shape[0] != size:
@@ -198,7 +213,8 @@ class Graph:
             for name, arr in (("ilabel", il), ("olabel", ol)):
                 if int(arr.min()) < EPSILON:
                     raise ValueError(
-                        f"Graph.from_arrays: {name} must be >= -1 (epsilon), got {int(arr.min())}"
+                        f"Graph.from_arrays: {name} must lie in {_LABEL_RANGE}, "
+                        f"got {int(arr.min())}"
                     )
         flags = []
         for name, f in (("start", start), ("accept", accept)):
@@ -268,18 +284,31 @@ class Graph:
         self._n = n + 1
         return n
 
-    def add_arc(self, src_node: int, dst_node: int, ilabel: int, olabel: Optional[int] = None,
-                weight: float = 0.0) -> int:
+    def add_arc(self, src_node: int, dst_node: int, ilabel: Optional[int] = None,
+                olabel: Optional[int] = None, weight: float = 0.0, *,
+                label: Optional[int] = None) -> int:
         """Add an arc and return its index.
 
-        ``add_arc(src, dst, label)`` adds an acceptor arc (``olabel = ilabel``)
-        with weight 0, as in GTN.  Any accumulated gradient is dropped.
+        ``add_arc(src, dst, label)`` (or ``label=...``) adds an acceptor arc
+        (``olabel = ilabel``) with weight 0, as in GTN;
+        ``add_arc(src, dst, ilabel, olabel, weight=0.0)`` a transducer arc.
+        Any accumulated gradient is dropped.
 
         Raises:
-          ValueError: a node id is out of range or a label is below ``-1``.
+          ValueError: a node id is out of range or a label lies outside
+            ``[-1, MAX_LABEL]`` (``MAX_LABEL = 2**63 - 1``).
+          TypeError: both or neither of ``ilabel`` and ``label`` are given, or
+            ``label`` is combined with ``olabel``/``weight``.
         """
         n = self._n
         fn = "Graph.add_arc"
+        if label is not None:
+            if ilabel is not None or olabel is not None or weight != 0.0:
+                raise TypeError("Graph.add_arc: label= makes an acceptor arc of weight 0; "
+                                "use ilabel=, olabel=, weight= instead of combining them")
+            ilabel = label
+        elif ilabel is None:
+            raise TypeError("Graph.add_arc: missing the label (ilabel or label)")
         s, d = _int_arg(fn, "src_node", src_node), _int_arg(fn, "dst_node", dst_node)
         if not (0 <= s < n and 0 <= d < n):
             raise ValueError(
@@ -288,9 +317,9 @@ class Graph:
         il = _int_arg(fn, "ilabel", ilabel)
         ol = il if olabel is None else _int_arg(fn, "olabel", olabel)
         weight = _float_arg(fn, "weight", weight)
-        if il < EPSILON or ol < EPSILON:
+        if not (EPSILON <= il <= MAX_LABEL and EPSILON <= ol <= MAX_LABEL):
             raise ValueError(
-                f"Graph.add_arc: labels must be >= -1 (epsilon), got ilabel={il}, olabel={ol}"
+                f"Graph.add_arc: labels must lie in {_LABEL_RANGE}, got ilabel={il}, olabel={ol}"
             )
         a = self._na
         if a == self._src.shape[0]:
@@ -546,6 +575,10 @@ class Graph:
     def __len__(self) -> int:  # pragma: no cover - convenience
         return self._na
 
+    def __bool__(self) -> bool:
+        """Always true, as GTN's graphs (``if graph:`` must not test ``len``)."""
+        return True
+
 
 def graph_arrays(g: Graph):
     """The arrays of a graph, as read-only views (no copy).
@@ -576,6 +609,11 @@ def graph_arrays(g: Graph):
     return (n, *out)
 
 
+def _released(gout, inputs):  # pragma: no cover - a marker, never called
+    """Marks an operation whose record a ``backward`` without ``retain_graph`` freed."""
+    raise ValueError("backward: cannot backward twice without retaining the graph")
+
+
 def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False) -> None:
     """Accumulate ``d g / d w`` into every graph ``g`` was computed from.
 
@@ -591,7 +629,9 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
         again; by default it is released as it is consumed (GTN semantics).
 
     Raises:
-      TypeError / ValueError: bad arguments; ``g`` has ``calc_grad=False``.
+      TypeError / ValueError: bad arguments; ``g`` has ``calc_grad=False``;
+        the record behind ``g`` was released by an earlier ``backward``
+        without ``retain_graph=True`` (GTN's rule).
     """
     if not isinstance(g, Graph):
         raise TypeError(f"backward: g must be a Graph, got {type(g).__name__}")
@@ -613,6 +653,9 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
                 f"backward: grad must have {g._na} arc weights (one per arc of g), got {seed.shape[0]}"
             )
     # Topological order of the computation record (iterative DFS post-order).
+    if g._grad_fn is _released:
+        raise ValueError("backward: cannot backward twice without retaining the graph "
+                         "(pass retain_graph=True to the first backward)")
     order: List[Graph] = []
     seen = {g._id}
     stack = [(g, 0)]
@@ -621,6 +664,10 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
         if i < len(node._inputs):
             stack.append((node, i + 1))
             child = node._inputs[i]
+            if child._grad_fn is _released:
+                raise ValueError("backward: cannot backward twice without retaining the graph "
+                                 "(an intermediate result's record was released by an earlier "
+                                 "backward; pass retain_graph=True to it)")
             if child._calc_grad and child._id not in seen:
                 seen.add(child._id)
                 stack.append((child, 0))
@@ -644,6 +691,7 @@ def backward(g: Graph, grad: Optional[Graph] = None, retain_graph: bool = False)
                 inp._add_grad(gi, owned=True)
                 prev = flow.get(inp._id)
                 flow[inp._id] = gi if prev is None else prev + gi
-        if not retain_graph:
+        if not retain_graph and fn is not None:
+            # released: a later backward through ``node`` raises (as GTN)
             node._inputs = ()
-            node._grad_fn = None
+            node._grad_fn = _released

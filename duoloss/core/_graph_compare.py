@@ -15,23 +15,37 @@ def _check(fn, name, g):
         raise TypeError(f"{fn}: {name} must be a Graph, got {type(g).__name__}")
 
 
+def _sorted_arcs(g: Graph):
+    """The arcs as ``(src, dst, ilabel, olabel, weight)`` columns in a canonical order."""
+    A = g._na
+    src, dst, il, ol = g._src[:A], g._dst[:A], g._ilabel[:A], g._olabel[:A]
+    w = g._weight[:A]
+    # weights by value (-0.0 == 0.0, NaN last); integer columns break ties
+    order = np.lexsort((w, ol, il, dst, src))
+    return src[order], dst[order], il[order], ol[order], w[order]
+
+
 def equal(first: Graph, second: Graph) -> bool:
-    """True when both graphs have the same nodes, flags and arcs in the same order
-    (labels equal, weights equal as float32)."""
+    """True when both graphs have the same nodes (same numbering and flags) and
+    the same arcs, in any order (GTN's ``gtn::equal``).
+
+    Each node's outgoing arcs must match one to one in ``(dst, ilabel, olabel,
+    weight)``, weights compared as float32 (``0.0 == -0.0``).
+
+    NB: unlike GTN, NaN weights compare equal to each other, so a graph with NaN
+    weights equals itself.
+    """
     _check("equal", "first", first)
     _check("equal", "second", second)
     if first._n != second._n or first._na != second._na:
         return False
-    n, A = first._n, first._na
-    return bool(
-        np.array_equal(first._start[:n], second._start[:n])
-        and np.array_equal(first._accept[:n], second._accept[:n])
-        and np.array_equal(first._src[:A], second._src[:A])
-        and np.array_equal(first._dst[:A], second._dst[:A])
-        and np.array_equal(first._ilabel[:A], second._ilabel[:A])
-        and np.array_equal(first._olabel[:A], second._olabel[:A])
-        and np.array_equal(first._weight[:A], second._weight[:A], equal_nan=True)
-    )
+    n = first._n
+    if not (np.array_equal(first._start[:n], second._start[:n])
+            and np.array_equal(first._accept[:n], second._accept[:n])):
+        return False
+    a, b = _sorted_arcs(first), _sorted_arcs(second)
+    return bool(all(np.array_equal(x, y) for x, y in zip(a[:4], b[:4]))
+                and np.array_equal(a[4], b[4], equal_nan=True))
 
 
 def _node_sig(g: Graph):

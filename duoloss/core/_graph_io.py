@@ -9,6 +9,17 @@ GTN's text format::
 Weights are written with the shortest decimal that round-trips the float32
 value (GTN writes 6 significant digits, which loses precision).  The node count
 is not stored: it is one more than the largest id mentioned, unless given.
+
+GTN's binary format (:func:`save` / :func:`load`), all little-endian::
+
+    int32  num_nodes, num_arcs, num_start, num_accept
+    int32  start node ids [num_start], accept node ids [num_accept]
+    int32  src, dst, ilabel, olabel   (one quadruple per arc, in arc order)
+    float32 weights [num_arcs]
+
+NB: the binary format stores int32, so :func:`save` accepts only graphs whose
+labels and sizes fit (labels in ``[-1, 2**31 - 1]``); the text format keeps any
+label.
 """
 from __future__ import annotations
 
@@ -18,9 +29,9 @@ from typing import Dict, Optional, Union
 
 import numpy as np
 
-from ._graph import EPSILON, Graph
+from ._graph import EPSILON, MAX_LABEL, Graph
 
-__all__ = ["to_text", "from_text", "savetxt", "loadtxt", "to_dot", "draw"]
+__all__ = ["to_text", "from_text", "savetxt", "loadtxt", "save", "load", "to_dot", "draw"]
 
 
 def _fmt_weight(w: np.float32) -> str:
@@ -57,8 +68,11 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
     if not isinstance(text, str):
         raise TypeError(f"loadtxt: text must be str, got {type(text).__name__}")
     lines = text.split("\n")
-    while len(lines) < 2:
-        lines.append("")
+    if lines and lines[-1] == "":
+        lines.pop()   # the newline ending the last line
+    if len(lines) < 2:
+        raise ValueError("loadtxt: expected a start-node line and an accept-node line "
+                         f"(either may be empty), got {len(lines)} line(s)")
 
     def ids(line: str, what: str):
         try:
@@ -68,6 +82,9 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
 
     starts = ids(lines[0], "start nodes (line 1)")
     accepts = ids(lines[1], "accept nodes (line 2)")
+    for what, lst in (("start", starts), ("accept", accepts)):
+        if len(set(lst)) != len(lst):
+            raise ValueError(f"loadtxt: repeated {what} node id in {lst}")
     src, dst, il, ol, w = [], [], [], [], []
     for k, line in enumerate(lines[2:], start=3):
         parts = line.split()
@@ -83,6 +100,9 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
             wt = float(parts[4]) if len(parts) > 4 else 0.0
         except ValueError:
             raise ValueError(f"loadtxt: cannot parse line {k}: {line!r}") from None
+        if not (EPSILON <= i <= MAX_LABEL and EPSILON <= o <= MAX_LABEL):
+            raise ValueError(f"loadtxt: line {k}: labels must lie in [-1, 2**63 - 1] "
+                             f"(-1 = epsilon), got {line!r}")
         src.append(s)
         dst.append(d)
         il.append(i)
@@ -98,10 +118,25 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
     )
 
 
-def savetxt(g: Graph, file_name: Union[str, os.PathLike, io.TextIOBase]) -> None:
-    """Write ``g`` in GTN's text format to a path or a text file object."""
-    if not isinstance(g, Graph):
-        raise TypeError(f"savetxt: g must be a Graph, got {type(g).__name__}")
+def _file_and_graph(fn: str, first, second):
+    """GTN's ``(file_name, graph)`` order, or duoloss's earlier ``(graph, file_name)``."""
+    if isinstance(first, Graph) and not isinstance(second, Graph):
+        first, second = second, first
+    if not isinstance(second, Graph):
+        raise TypeError(f"{fn}: graph must be a Graph, got {type(second).__name__}")
+    if not (hasattr(first, "write") or isinstance(first, (str, bytes, os.PathLike))):
+        raise TypeError(f"{fn}: file_name must be a path or a file object, "
+                        f"got {type(first).__name__}")
+    return first, second
+
+
+def savetxt(file_name: Union[str, os.PathLike, io.TextIOBase], graph: Graph) -> None:
+    """Write ``graph`` in GTN's text format to a path or a text file object.
+
+    GTN's argument order ``savetxt(file_name, graph)``; the reverse order
+    ``savetxt(graph, file_name)`` (earlier duoloss versions) is accepted too.
+    """
+    file_name, g = _file_and_graph("savetxt", file_name, graph)
     text = to_text(g)
     if hasattr(file_name, "write"):
         file_name.write(text)
@@ -124,6 +159,82 @@ def loadtxt(file_name: Union[str, os.PathLike, io.TextIOBase], num_nodes: Option
         with open(file_name) as f:
             text = f.read()
     return from_text(text, num_nodes, calc_grad=calc_grad)
+
+
+_I32 = np.dtype("<i4")
+_F32 = np.dtype("<f4")
+
+
+def save(file_name: Union[str, os.PathLike, io.BufferedIOBase], graph: Graph) -> None:
+    """Write ``graph`` in GTN's binary format (``gtn.save(file_name, graph)``).
+
+    ``file_name`` is a path or a binary file object; ``save(graph, file_name)``
+    is accepted too.
+
+    Raises:
+      ValueError: a label, node id or count does not fit int32 (the format's
+        storage; use :func:`savetxt` for larger labels).
+    """
+    file_name, g = _file_and_graph("save", file_name, graph)
+    n, A = g._n, g._na
+    lim = 2 ** 31 - 1
+    if n > lim or A > lim:
+        raise ValueError(f"save: the binary format holds at most 2**31 - 1 nodes and arcs, "
+                         f"got {n} nodes and {A} arcs")
+    starts = np.flatnonzero(g._start[:n])
+    accepts = np.flatnonzero(g._accept[:n])
+    quads = np.stack([g._src[:A], g._dst[:A], g._ilabel[:A], g._olabel[:A]], axis=1)
+    if A and int(quads[:, 2:].max()) > lim:
+        raise ValueError(f"save: labels must lie in [-1, 2**31 - 1] for the binary format, "
+                         f"got {int(quads[:, 2:].max())} (savetxt keeps any label)")
+    blob = b"".join([
+        np.array([n, A, starts.size, accepts.size], _I32).tobytes(),
+        starts.astype(_I32).tobytes(), accepts.astype(_I32).tobytes(),
+        quads.astype(_I32).tobytes(), g._weight[:A].astype(_F32).tobytes(),
+    ])
+    if hasattr(file_name, "write"):
+        file_name.write(blob)
+        return
+    with open(file_name, "wb") as f:
+        f.write(blob)
+
+
+def load(file_name: Union[str, os.PathLike, io.BufferedIOBase], calc_grad: bool = True) -> Graph:
+    """Read a graph written by :func:`save` or by GTN's ``gtn.save``.
+
+    Raises:
+      ValueError: the data is truncated or holds out-of-range ids or labels.
+    """
+    if hasattr(file_name, "read"):
+        data = file_name.read()
+    else:
+        with open(file_name, "rb") as f:
+            data = f.read()
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"load: file_name must be opened in binary mode, got {type(data).__name__} data")
+    if len(data) < 16:
+        raise ValueError(f"load: expected at least 16 bytes (the header), got {len(data)}")
+    n, A, ns, nacc = (int(x) for x in np.frombuffer(data, _I32, 4))
+    if min(n, A, ns, nacc) < 0:
+        raise ValueError(f"load: negative count in the header: nodes={n}, arcs={A}, "
+                         f"start={ns}, accept={nacc}")
+    need = 16 + 4 * (ns + nacc) + 16 * A + 4 * A
+    if len(data) != need:
+        raise ValueError(f"load: the header (nodes={n}, arcs={A}, start={ns}, accept={nacc}) "
+                         f"needs {need} bytes, got {len(data)}")
+    o = 16
+    starts = np.frombuffer(data, _I32, ns, o).astype(np.int64)
+    o += 4 * ns
+    accepts = np.frombuffer(data, _I32, nacc, o).astype(np.int64)
+    o += 4 * nacc
+    quads = np.frombuffer(data, _I32, 4 * A, o).astype(np.int64).reshape(A, 4)
+    o += 16 * A
+    w = np.frombuffer(data, _F32, A, o).astype(np.float32)
+    try:
+        return Graph.from_arrays(n, quads[:, 0], quads[:, 1], quads[:, 2], quads[:, 3], w,
+                                 starts, accepts, calc_grad=calc_grad)
+    except ValueError as err:
+        raise ValueError(f"load: {err}") from None
 
 
 def _sym(label: int, table: Optional[Dict[int, str]]) -> str:

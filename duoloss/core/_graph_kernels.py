@@ -378,21 +378,25 @@ def _label_table(n, ptr, slab, enabled):
     """``(K, ok, lo, hi)``: for node ``u`` and label ``0 <= l < K`` its out-arcs
     labelled ``l`` are CSR positions ``lo[u*K+l] : hi[u*K+l]`` (``lo = -1``:
     none).  ``slab`` holds the labels in CSR order, sorted within each node.
-    Built only when ``n * K`` is small next to the graph (``ok``); labels below
-    ``-1`` also disable it (the merge then handles them)."""
+    Built only when ``n * K`` is small next to the graph (``ok``); otherwise,
+    and for labels below ``-1``, the caller merges the label-sorted lists (any
+    int64 label works there)."""
     m = slab.shape[0]
     K = 0
     if not enabled:
         return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # the table may hold ``budget`` entries; ``K <= budget // n`` is checked
+    # label by label *before* ``l + 1`` or ``n * K`` is formed, so neither can
+    # overflow int64 for any stored label (up to 2**63 - 1)
+    budget = 4 * (m + n) + 4096
+    kmax = budget // max(n, 1)
     for k in range(m):
         l = slab[k]
-        if l < -1:
+        if l < -1 or l >= kmax:
             return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
         if l + 1 > K:
             K = l + 1
     size = n * K
-    if size > 4 * (m + n) + 4096:
-        return 0, False, np.zeros(0, np.int64), np.zeros(0, np.int64)
     lo = np.full(size, -1, np.int64)
     hi = np.empty(size, np.int64)
     for u in range(n):
@@ -412,7 +416,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     """Composition / intersection of two graphs with an epsilon filter.
 
     Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
-    ``lab1[a1] == lab2[a2] != -1``.  Epsilons (``-1``) move one side alone; the
+    ``lab1[a1] == lab2[a2] != -1``.  Epsilons (``-1``) move one side alone.  When
+    only one side has epsilons, the interleaving of every pair of input paths is
+    unique and no filter is needed (one state per node pair).  When both do, the
     three-state epsilon-matching filter of Allauzen, Riley & Schalkwyk (2009)
     keeps exactly one output path for every pair of input paths:
 
@@ -457,17 +463,20 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     # (node, label) -> range of its label-sorted out-arcs, when the table is small
     K1, use1, lo1, hi1 = _label_table(n1, p1, sl1, tables)
     K2, use2, lo2, hi2 = _label_table(n2, p2, sl2, tables)
-    eps = False
+    eps1 = False
     for a in range(lab1.shape[0]):
         if lab1[a] == -1:
-            eps = True
+            eps1 = True
             break
-    if not eps:
-        for a in range(lab2.shape[0]):
-            if lab2[a] == -1:
-                eps = True
-                break
-    nf = 3 if eps else 1
+    eps2 = False
+    for a in range(lab2.shape[0]):
+        if lab2[a] == -1:
+            eps2 = True
+            break
+    eps = eps1 or eps2
+    # the filter is needed only when both sides have epsilons: with one side
+    # alone the interleaving of a pair of paths is already unique
+    nf = 3 if (eps1 and eps2) else 1
     dense = table.shape[0] >= n1 * n2 * nf
     cap = hkeys.shape[0]
     if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
@@ -521,7 +530,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 ns += 1
     nstart = ns
     head = 0
-    tight = dense and nf == 1 and use2
+    tight = dense and not eps and use2
     forward_ids = True   # (tracked by the tight loop; checked afterwards otherwise)
     if tight:
         # the common case (no epsilons, small state space, a (node, label) table
@@ -778,6 +787,8 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             t1 = q1
                             t2 = dst2[a2]
                             tf = 2
+                        if nf == 1:
+                            tf = 0   # one-sided epsilons: no filter state
                         key = (t2 * n1 + t1) * nf + tf
                         # state lookup, inlined (a helper call costs ~40% here)
                         if dense:

@@ -38,15 +38,31 @@ Gradients: ``d loss / d emissions[t, b, k]`` = (softmax of frame ``t`` if
 an arc labelled ``k``; ``d loss / d weights[i]`` = minus the expected number of
 uses of the arcs tied to ``i``.
 
-Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
-forward-backward over the arcs with per-frame rescaling, a per-frame check that
-the arc posteriors sum to one, and an exact log-space fallback.  Cost
-``O(T_b * A_b)`` per sequence.
+Epsilon arcs (input label ``-1``) consume no frame, as in ``duoloss.gtn``'s
+epsilon-aware ``compose``: with :math:`\epsilon^*` the closure over the
+epsilon arcs (weights :math:`e^{w_a}`), each :math:`\alpha_t` above is followed
+by :math:`\alpha_t \leftarrow \alpha_t \epsilon^*` (start and accept included,
+so epsilon arcs may leave a start node or enter an accept node, and ``T_b = 0``
+sums the epsilon-only paths).  Cycles of epsilon arcs are rejected (the sum
+would be infinite or need a fixed point).
 
-NB: epsilon arcs (label ``-1``) are rejected by :func:`check_graph_args` (an
-epsilon arc would consume no frame).  ``T_b = 0`` scores the empty path
-(``log`` of the number of nodes that are both start and accept).  A graph
-without an accepting path of ``T_b`` arcs gives ``+inf`` (zero gradient, or the
+Denominators (:data:`GRAPH_MMI_KERNEL`, LF-MMI):
+:math:`\text{loss}_b = -\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`, both
+terms by the kernel above; gradients are differences of posteriors / expected
+counts.
+
+Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
+forward-backward over the arcs with per-frame rescaling (frame arcs relative to
+their largest weight; epsilon arcs, processed in topological order after each
+frame, with absolute weights), a per-frame check that the arc posteriors sum to
+one, and an exact log-space fallback.  The backward pass runs also when no
+gradient is wanted: its check is what detects paths the forward lost to
+underflow, so a loss without gradient (``torch.no_grad``, a jitted loss) is
+bit-identical to the one computed with it.  Cost ``O(T_b * A_b)`` per
+sequence, twice that for the forward-only loss.
+
+NB: ``T_b = 0`` scores the paths without frame arcs.  A graph
+without an accepting path of ``T_b`` frame arcs gives ``+inf`` (zero gradient, or the
 normaliser's gradient with ``normalize``), or 0 and zero gradients with
 ``zero_infinity``.  NaN scores, or invalid runtime values, make that sequence
 NaN.
@@ -69,8 +85,8 @@ from typing import Any, NamedTuple
 from ._spec import LossKernel
 from ._threading import parallel_guard
 
-__all__ = ["GRAPH_LOSS_KERNEL", "PackedGraphs", "graph_loss_and_grad", "pack_graphs",
-           "check_graph_args"]
+__all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
+           "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
 
 _TINY = 1e-200
 _CHECK_TOL = 1e-7
@@ -91,11 +107,17 @@ def _lae(a, b):
 
 
 @numba.njit(cache=True, nogil=True)
-def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax, want,
+def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs, fmax,
                   want_cnt, ge, cnt):
     """Linear-space forward-backward; returns ``(logZ, status)``.
 
-    Adds label posteriors to ``ge`` and (if ``want_cnt``) arc counts to ``cnt``.
+    Arcs ``0 .. a_e-1`` consume a frame (weights ``w`` relative to ``omega``);
+    arcs ``a_e ..`` are epsilon arcs in topological order of their sources
+    (weights ``w`` absolute).  The backward pass always runs: its per-frame
+    check that the arc posteriors sum to one is what detects paths the forward
+    lost to underflow, so a loss without gradient takes the same decision (and
+    has the same value) as one with.  Adds label posteriors to ``ge`` and (if
+    ``want_cnt``) arc counts to ``cnt``.
     """
     a_n = src.shape[0]
     alpha = np.zeros((tb + 1, v_n))
@@ -104,28 +126,37 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
     for n in range(v_n):
         if start[n]:
             alpha[0, n] = 1.0
-            c += 1.0
+    for a in range(a_e, a_n):
+        alpha[0, dst[a]] += alpha[0, src[a]] * w[a]
+    for n in range(v_n):
+        c += alpha[0, n]
     if c == 0.0:
         return _NEG_INF, _OK
+    if not (c >= _TINY and c < np.inf):
+        return 0.0, _FALLBACK
     for n in range(v_n):
         alpha[0, n] /= c
     log_a[0] = math.log(c)
     for t in range(tb):
         pt = probs[t, b]
-        for a in range(a_n):
-            x = alpha[t, src[a]]
+        at = alpha[t]
+        an = alpha[t + 1]
+        for a in range(a_e):
+            x = at[src[a]]
             if x != 0.0:
-                alpha[t + 1, dst[a]] += x * w[a] * pt[lab[a]]
+                an[dst[a]] += x * w[a] * pt[lab[a]]
+        for a in range(a_e, a_n):
+            an[dst[a]] += an[src[a]] * w[a]
         c = 0.0
         for n in range(v_n):
-            c += alpha[t + 1, n]
+            c += an[n]
         if c != c or c == np.inf:
             return np.nan, _NAN
         if c < _TINY:
             return 0.0, _FALLBACK
         inv = 1.0 / c
         for n in range(v_n):
-            alpha[t + 1, n] *= inv
+            an[n] *= inv
         log_a[t + 1] = log_a[t] + math.log(c) + fmax[t, b] + omega
     zf = 0.0
     for n in range(v_n):
@@ -134,30 +165,36 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
     if zf < _TINY:
         return 0.0, _FALLBACK
     logz = log_a[tb] + math.log(zf)
-    if not want:
-        return logz, _OK
     beta = np.zeros(v_n)
     nb = np.zeros(v_n)
     u = np.empty(a_n if want_cnt else 0)
     for n in range(v_n):
         if accept[n]:
             beta[n] = 1.0
+    if a_n > a_e:
+        for a in range(a_n - 1, a_e - 1, -1):
+            beta[src[a]] += w[a] * beta[dst[a]]
+        if want_cnt:
+            inv = 1.0 / zf
+            for a in range(a_e, a_n):
+                cnt[a] += alpha[tb, src[a]] * w[a] * beta[dst[a]] * inv
     log_b = 0.0  # log scale of beta at frame t+1
     n_cls = ge.shape[1]
     for t in range(tb - 1, -1, -1):
         r = 0.0
         pt = probs[t, b]
         get = ge[t]
+        at = alpha[t]
         for n in range(v_n):
             nb[n] = 0.0
         # One pass: unnormalised arc posteriors go straight into row t of ge.
-        for a in range(a_n):
+        for a in range(a_e):
             y = beta[dst[a]]
             q = 0.0
             if y != 0.0:
                 ua = w[a] * pt[lab[a]] * y
                 nb[src[a]] += ua
-                q = alpha[t, src[a]] * ua
+                q = at[src[a]] * ua
                 r += q
                 get[lab[a]] += q
             if want_cnt:
@@ -168,15 +205,20 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
         inv = 1.0 / r
         for k in range(n_cls):
             get[k] *= inv
+        if a_n > a_e:
+            for a in range(a_n - 1, a_e - 1, -1):
+                nb[src[a]] += w[a] * nb[dst[a]]
         if want_cnt:
-            for a in range(a_n):
+            for a in range(a_e):
                 cnt[a] += u[a] * inv
+            for a in range(a_e, a_n):
+                cnt[a] += at[src[a]] * w[a] * nb[dst[a]] * inv
         if t == 0:
             break
         d = 0.0
         for n in range(v_n):
             d += nb[n]
-        if not d >= _TINY:
+        if not (d >= _TINY and d < np.inf):
             return logz, _FALLBACK
         inv_d = 1.0 / d
         for n in range(v_n):
@@ -186,19 +228,24 @@ def _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fma
 
 
 @numba.njit(cache=True, nogil=True)
-def _graph_log(b, tb, v_n, src, dst, lab, lw, start, accept, em, want, ge, cnt):
+def _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ge, cnt):
     """Exact log-space forward-backward (slow fallback); returns logZ."""
     a_n = src.shape[0]
     la = np.full((tb + 1, v_n), _NEG_INF)
     for n in range(v_n):
         if start[n]:
             la[0, n] = 0.0
-    for t in range(tb):
-        for a in range(a_n):
+    for t in range(tb + 1):
+        if t > 0:
+            for a in range(a_e):
+                x = la[t - 1, src[a]]
+                if x != _NEG_INF:
+                    la[t, dst[a]] = _lae(la[t, dst[a]],
+                                         x + lw[a] + np.float64(em[t - 1, b, lab[a]]))
+        for a in range(a_e, a_n):
             x = la[t, src[a]]
             if x != _NEG_INF:
-                la[t + 1, dst[a]] = _lae(la[t + 1, dst[a]],
-                                         x + lw[a] + np.float64(em[t, b, lab[a]]))
+                la[t, dst[a]] = _lae(la[t, dst[a]], x + lw[a])
     logz = _NEG_INF
     for n in range(v_n):
         if accept[n]:
@@ -206,27 +253,87 @@ def _graph_log(b, tb, v_n, src, dst, lab, lw, start, accept, em, want, ge, cnt):
     if not want or logz == _NEG_INF or logz != logz:
         return logz
     lb = np.full(v_n, _NEG_INF)
-    nb = np.full(v_n, _NEG_INF)
     for n in range(v_n):
         if accept[n]:
             lb[n] = 0.0
-    for t in range(tb - 1, -1, -1):
-        for n in range(v_n):
-            nb[n] = _NEG_INF
-        for a in range(a_n):
+    for t in range(tb, -1, -1):
+        if t < tb:
+            nb = np.full(v_n, _NEG_INF)
+            for a in range(a_e):
+                y = lb[dst[a]]
+                if y == _NEG_INF:
+                    continue
+                ua = lw[a] + np.float64(em[t, b, lab[a]]) + y
+                nb[src[a]] = _lae(nb[src[a]], ua)
+                z = la[t, src[a]] + ua - logz
+                if z > -745.0:
+                    p = math.exp(z)
+                    ge[t, lab[a]] += p
+                    cnt[a] += p
+            lb = nb
+        for a in range(a_n - 1, a_e - 1, -1):
             y = lb[dst[a]]
-            if y == _NEG_INF:
-                continue
-            ua = lw[a] + np.float64(em[t, b, lab[a]]) + y
-            nb[src[a]] = _lae(nb[src[a]], ua)
-            z = la[t, src[a]] + ua - logz
+            if y != _NEG_INF:
+                lb[src[a]] = _lae(lb[src[a]], lw[a] + y)
+        for a in range(a_e, a_n):
+            z = la[t, src[a]] + lw[a] + lb[dst[a]] - logz
             if z > -745.0:
-                p = math.exp(z)
-                ge[t, lab[a]] += p
-                cnt[a] += p
-        for n in range(v_n):
-            lb[n] = nb[n]
+                cnt[a] += math.exp(z)
     return logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _eps_order(v_n, src, dst, lab, perm):
+    """Frame arcs first (in graph order), then epsilon arcs in topological order
+    of their sources; writes ``perm`` and returns the number of frame arcs, or -1
+    for a cycle of epsilon arcs."""
+    a_n = src.shape[0]
+    a_e = 0
+    indeg = np.zeros(v_n, np.int64)
+    n_eps = 0
+    for a in range(a_n):
+        if lab[a] >= 0:
+            perm[a_e] = a
+            a_e += 1
+        else:
+            indeg[dst[a]] += 1
+            n_eps += 1
+    if n_eps == 0:
+        return a_e
+    # Kahn's algorithm on the epsilon subgraph (adjacency by a counting sort).
+    out_off = np.zeros(v_n + 1, np.int64)
+    for a in range(a_n):
+        if lab[a] < 0:
+            out_off[src[a] + 1] += 1
+    for n in range(v_n):
+        out_off[n + 1] += out_off[n]
+    fill = out_off[:v_n].copy()
+    out = np.empty(n_eps, np.int64)
+    for a in range(a_n):
+        if lab[a] < 0:
+            out[fill[src[a]]] = a
+            fill[src[a]] += 1
+    queue = np.empty(v_n, np.int64)
+    head = tail = 0
+    for n in range(v_n):
+        if indeg[n] == 0:
+            queue[tail] = n
+            tail += 1
+    k = a_e
+    while head < tail:
+        n = queue[head]
+        head += 1
+        for i in range(out_off[n], out_off[n + 1]):
+            a = out[i]
+            perm[k] = a
+            k += 1
+            indeg[dst[a]] -= 1
+            if indeg[dst[a]] == 0:
+                queue[tail] = dst[a]
+                tail += 1
+    if tail < v_n:
+        return -1
+    return a_e
 
 
 @numba.njit(cache=True, nogil=True)
@@ -258,33 +365,47 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
         return
     v_n = n1 - n0
     a_n = a1 - a0
+    for i in range(a_n):
+        s = src_all[a0 + i]
+        d = dst_all[a0 + i]
+        k = lab_all[a0 + i]
+        j = widx_all[a0 + i]
+        if s < 0 or s >= v_n or d < 0 or d >= v_n or k < -1 or k >= n_cls or j < -1 or j >= k_n:
+            _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+            return
+    perm = np.empty(a_n, np.int64)
+    a_e = _eps_order(v_n, src_all[a0:a1], dst_all[a0:a1], lab_all[a0:a1], perm)
+    if a_e < 0:
+        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+        return
     src = np.empty(a_n, np.int64)
     dst = np.empty(a_n, np.int64)
     lab = np.empty(a_n, np.int64)
     lw = np.empty(a_n)
     omega = _NEG_INF
     for i in range(a_n):
-        s = src_all[a0 + i]
-        d = dst_all[a0 + i]
-        k = lab_all[a0 + i]
-        j = widx_all[a0 + i]
-        if s < 0 or s >= v_n or d < 0 or d >= v_n or k < 0 or k >= n_cls or j < -1 or j >= k_n:
-            _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
-            return
-        src[i] = s
-        dst[i] = d
-        lab[i] = k
-        x = np.float64(gw_all[a0 + i])
+        o = a0 + perm[i]
+        src[i] = src_all[o]
+        dst[i] = dst_all[o]
+        lab[i] = lab_all[o]
+        j = widx_all[o]
+        x = np.float64(gw_all[o])
         if j >= 0:
             x += np.float64(theta[j])
         lw[i] = x
-        if x > omega:
+        if i < a_e and x > omega:
             omega = x
     if omega == _NEG_INF or omega != omega:
         omega = 0.0
     w = np.empty(a_n)
+    eps_ok = True
     for i in range(a_n):
-        w[i] = math.exp(lw[i] - omega)
+        if i < a_e:
+            w[i] = math.exp(lw[i] - omega)
+        else:  # epsilon arcs keep absolute weights (they take no per-frame factor)
+            w[i] = math.exp(lw[i])
+            if lw[i] > 30.0 or (lw[i] < -600.0 and lw[i] != _NEG_INF) or lw[i] != lw[i]:
+                eps_ok = False
     start = np.empty(v_n, np.bool_)
     accept = np.empty(v_n, np.bool_)
     for n in range(v_n):
@@ -309,24 +430,17 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
             inv = 1.0 / s
             for k in range(n_cls):
                 ge[t, k] = probs[t, b, k] * inv
-    if tb == 0:
-        c = 0
-        for n in range(v_n):
-            if start[n] and accept[n]:
-                c += 1
-        if c == 0:
-            losses[b] = 0.0 if zero_inf else np.inf
-        else:
-            losses[b] = -math.log(c)
-        return
     ne = np.zeros((tb, n_cls))
     cnt = np.zeros(a_n)
-    logz, st = _graph_linear(b, tb, v_n, src, dst, lab, w, omega, start, accept, probs, fmax,
-                             want, want_w, ne, cnt)
+    st = _FALLBACK
+    logz = 0.0
+    if eps_ok:
+        logz, st = _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs,
+                                 fmax, want_w, ne, cnt)
     if st == _FALLBACK:
         ne[:, :] = 0.0
         cnt[:] = 0.0
-        logz = _graph_log(b, tb, v_n, src, dst, lab, lw, start, accept, em, want, ne, cnt)
+        logz = _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ne, cnt)
         st = _NAN if (logz != logz or logz == np.inf) else _OK
     if st == _NAN:
         _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
@@ -348,7 +462,7 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
                 g_em[t, b, k] = ge[t, k] - ne[t, k] if normalize else -ne[t, k]
     if want_w:
         for i in range(a_n):
-            j = widx_all[a0 + i]
+            j = widx_all[a0 + perm[i]]
             if j >= 0:
                 g_w[b, j] -= cnt[i]
 
@@ -589,10 +703,9 @@ def _check_packed_values(fn, packed, n_cls, n_w, has_weights):
         return f"{what} at graph {b}, arc {a - int(arc_off[b])}"
 
     lab, src, dst, widx = lab[:a_tot], src[:a_tot], dst[:a_tot], widx[:a_tot]
-    if np.any(lab < 0):
-        raise ValueError(f"{fn}: argument 'graphs' must not contain epsilon arcs (label -1: "
-                         f"every arc consumes one frame), found "
-                         + first(lab < 0, "one").replace("one at ", "at "))
+    if np.any(lab < -1):
+        raise ValueError(f"{fn}: argument 'graphs' must have arc labels >= -1 (-1: epsilon), "
+                         f"got " + first(lab < -1, str(int(lab[lab < -1][0]))))
     if np.any(lab >= n_cls):
         bad = lab >= n_cls
         raise ValueError(f"{fn}: argument 'graphs' must have arc labels in [0, {n_cls}) "
@@ -601,6 +714,14 @@ def _check_packed_values(fn, packed, n_cls, n_w, has_weights):
     if np.any(bad):
         raise ValueError(f"{fn}: argument 'graphs' (PackedGraphs) must have arc ends inside "
                          f"their graph, got a bad node id " + first(bad, "").strip())
+    if np.any(lab == -1):
+        for b in np.unique(owner[lab == -1]):
+            a0, a1 = int(arc_off[b]), int(arc_off[b + 1])
+            if _has_eps_cycle(int(node_off[b + 1] - node_off[b]), src[a0:a1], dst[a0:a1],
+                              lab[a0:a1]):
+                raise ValueError(f"{fn}: argument 'graphs' must not contain a cycle of epsilon "
+                                 f"arcs (a path consuming no frame that returns to its node), "
+                                 f"got one in graph {int(b)}")
     bad = (widx < -1) | (widx >= n_w)
     if np.any(bad):
         if not has_weights:
@@ -608,6 +729,12 @@ def _check_packed_values(fn, packed, n_cls, n_w, has_weights):
                              f"'arc_weight_index' refers to weights, got None")
         raise ValueError(f"{fn}: argument 'arc_weight_index' must be in [-1, {n_w}) "
                          f"(K = {n_w} weights), got " + first(bad, str(int(widx[bad][0]))))
+
+
+def _has_eps_cycle(v_n, src, dst, lab):
+    perm = np.empty(src.shape[0], np.int64)
+    return _eps_order(v_n, np.ascontiguousarray(src, np.int64), np.ascontiguousarray(dst, np.int64),
+                      np.ascontiguousarray(lab, np.int64), perm) < 0
 
 
 def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, normalize=False,
@@ -691,4 +818,112 @@ GRAPH_LOSS_KERNEL = LossKernel(
     run=_graph_run,
     batch_axes=(1, None, 0) + (None,) * 9,
     differentiable=(True, True) + (False,) * 10,
+)
+
+
+# --------------------------------------------------------------------------- #
+# Denominator graphs (LF-MMI)                                                  #
+# --------------------------------------------------------------------------- #
+def check_denominator(fn, emissions, denominator, weights, index, *, graphs_concrete=True):
+    r"""Validate a ``denominator`` argument; returns a :class:`PackedGraphs`.
+
+    ``denominator`` is one ``Graph`` (shared by the batch, packed once: ``G =
+    1``), a list of ``N`` graphs, or a :class:`PackedGraphs` of 1 or ``N``
+    graphs (then ``index``, the ``denominator_arc_weight_index``, must be
+    ``None``).  ``index`` is one integer array (a shared graph) or ``N`` of them.
+    """
+    from ._graph import Graph
+
+    n, n_cls = int(emissions.shape[1]), int(emissions.shape[2])
+    n_w = 0 if weights is None else int(weights.shape[0])
+
+    def rename(err):
+        msg = str(err).replace("pack_graphs: ", f"{fn}: ", 1)
+        msg = msg.replace("argument 'arc_weight_index'", "argument 'denominator_arc_weight_index'")
+        msg = msg.replace("argument 'graphs'", "argument 'denominator'")
+        return type(err)(msg)
+
+    if isinstance(denominator, PackedGraphs):
+        if index is not None:
+            raise ValueError(f"{fn}: argument 'denominator_arc_weight_index' must be None when "
+                             f"'denominator' is a PackedGraphs (it carries its own), got an "
+                             f"index")
+        g = int(denominator.node_off.shape[0]) - 1
+        if g not in (1, n):
+            raise ValueError(f"{fn}: argument 'denominator' (PackedGraphs) must hold 1 or "
+                             f"N = {n} graphs, got {g}")
+        try:
+            _check_packed_static(fn, denominator, g)
+            if graphs_concrete:
+                _check_packed_values(fn, denominator, n_cls, n_w, weights is not None)
+        except (TypeError, ValueError) as err:
+            raise rename(err) from None
+        return denominator
+    if isinstance(denominator, Graph):
+        graphs = [denominator]
+        if index is not None and not isinstance(index, (list, tuple)):
+            index = [index]
+    elif isinstance(denominator, (list, tuple)):
+        graphs = list(denominator)
+        if len(graphs) != n:
+            raise ValueError(f"{fn}: argument 'denominator' must be one Graph or a list of "
+                             f"N = {n} graphs, got a list of {len(graphs)}")
+    else:
+        raise TypeError(f"{fn}: argument 'denominator' must be a duoloss.gtn.Graph, a list of "
+                        f"N graphs or a PackedGraphs, got {type(denominator).__name__}")
+    if index is not None and weights is None:
+        raise ValueError(f"{fn}: argument 'weights' must be given with "
+                         f"'denominator_arc_weight_index', got None")
+    try:
+        packed = pack_graphs(graphs, index)
+        _check_packed_values(fn, packed, n_cls, n_w, True)
+    except (TypeError, ValueError) as err:
+        raise rename(err) from None
+    return packed
+
+
+def _graph_mmi_run(arrays, want_grad, *, zero_infinity=False):
+    emissions, weights, input_lengths = arrays[:3]
+    num, den = arrays[3:12], arrays[12:21]
+    wg = (want_grad[0], want_grad[1])
+    ln, (gen, gwn) = graph_loss_and_grad(emissions, num, input_lengths, weights=weights,
+                                         want_grad=wg)
+    ld, (ged, gwd) = graph_loss_and_grad(emissions, den, input_lengths, weights=weights,
+                                         want_grad=wg)
+    num_inf = np.isposinf(ln)
+    den_inf = np.isposinf(ld) & ~num_inf
+    with np.errstate(invalid="ignore"):
+        losses = ln - ld
+    losses[num_inf] = np.inf
+    losses[den_inf] = -np.inf
+    ge = gw = None
+    if gen is not None:
+        ge = gen - ged
+        ge[:, num_inf] = -ged[:, num_inf]  # only the denominator's (normaliser's) part
+        ge[:, num_inf & np.isposinf(ld)] = 0.0
+        ge[:, den_inf] = gen[:, den_inf]
+    if gwn is not None:
+        gw = gwn - gwd
+        gw[num_inf] = -gwd[num_inf]
+        gw[num_inf & np.isposinf(ld)] = 0.0
+        gw[den_inf] = gwn[den_inf]
+    if zero_infinity:
+        bad = np.isinf(losses)
+        losses[bad] = 0.0
+        if ge is not None:
+            ge[:, bad] = 0.0
+        if gw is not None:
+            gw[bad] = 0.0
+    return losses, (ge, gw) + (None,) * (len(arrays) - 2)
+
+
+#: LF-MMI: arrays are ``(emissions, weights, input_lengths, *numerator (9),
+#: *denominator (9))`` (two :class:`PackedGraphs`; sequence ``b`` uses numerator
+#: ``b % G_num`` and denominator ``b % G_den``); loss
+#: ``-log Z(num_b o E_b) + log Z(den_b o E_b)``; static ``zero_infinity``.
+GRAPH_MMI_KERNEL = LossKernel(
+    name="graph_loss",
+    run=_graph_mmi_run,
+    batch_axes=(1, None, 0) + (None,) * 18,
+    differentiable=(True, True) + (False,) * 19,
 )

@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from . import _graph_kernels as K
-from ._graph import EPSILON, Graph, _float_arg, _int_arg
+from ._graph import EPSILON, MAX_LABEL, Graph, _float_arg, _int_arg
 
 __all__ = [
     "clone", "negate", "add", "subtract", "project_input", "project_output", "concat",
@@ -93,12 +93,13 @@ def _identity_grad(gout, inputs):
 def scalar_graph(weight: float = 0.0, calc_grad: bool = True) -> Graph:
     """A graph with one arc ``0 -> 1`` of weight ``weight`` (node 0 start, 1 accept).
 
-    NB: the arc is labelled 0, like the scalar outputs of GTN's (facebookresearch)
-    ``negate``/``add``/``subtract``.
+    NB: the arc is labelled epsilon (``-1:-1``), as GTN's ``scalarGraph``; the
+    scalar *results* of ``negate``/``add``/``subtract``/``forward_score`` are
+    labelled ``0:0``, as in GTN (facebookresearch).
     """
     weight = _float_arg("scalar_graph", "weight", weight)
     g = Graph._from_trusted(2, np.array([0], np.int64), np.array([1], np.int64),
-                            np.array([0], np.int64), np.array([0], np.int64),
+                            np.array([EPSILON], np.int64), np.array([EPSILON], np.int64),
                             np.array([weight], np.float32), np.array([True, False]),
                             np.array([False, True]), calc_grad)
     return g
@@ -310,6 +311,7 @@ def _scratch(name: str, size: int, dtype) -> np.ndarray:
 _LABEL_TABLES = True  # (node, label) lookup tables in compose (tests turn them off)
 _DENSE_MAX = 1 << 21  # entries of the per-thread dense state table (16 MiB of int64)
 _EMPTY_TABLE = np.zeros(0, np.int64)
+_EMPTY_LABELS = np.zeros(0, np.int64)
 
 
 def _dense_table(size: int) -> np.ndarray:
@@ -389,8 +391,14 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
     n2, s2, d2, _, _, w2, st2, ac2 = _arrays(g2)
     if max(g1._na, g2._na) >= 2 ** 31:
         raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
-    nf = 3 if K.has_label(match1, match2, EPSILON) else 1
-    bound = max(n1 * n2 * nf, 1)
+    # three filter states only when both sides have epsilons (see compose_kernel)
+    nf = 3 if (K.has_label(match1, _EMPTY_LABELS, EPSILON)
+               and K.has_label(_EMPTY_LABELS, match2, EPSILON)) else 1
+    bound = max(n1 * n2 * nf, 1)   # Python ints: exact
+    if bound >= 2 ** 62:
+        # state keys ``(q2 * n1 + q1) * nf`` must fit int64 inside the kernel
+        raise ValueError(f"{fn}: the product of the node counts is too large "
+                         f"({n1} x {n2} nodes; at most 2**62 / {nf} pairs are supported)")
     state_cap, arc_cap = _compose_caps(bound, n1, n2, g1._na, g2._na)
     while True:
         hcap = 64
@@ -440,7 +448,8 @@ def compose(g1: Graph, g2: Graph) -> Graph:
     Output arcs carry ``(g1.ilabel, g2.olabel)`` and weight ``w1 + w2``.  The
     weight of a label pair ``(x, z)`` in the result is
     ``logsumexp over y of w1(x, y) + w2(y, z)`` (epsilons removed from the
-    sequences).  Epsilon moves are handled with a three-state epsilon filter, so
+    sequences).  Epsilon moves are handled with a three-state epsilon filter
+    (only when both sides have epsilons; otherwise none is needed), so
     every pair of input paths yields exactly one output path (GTN's
     facebookresearch build can drop paths here).  Only states that are both
     accessible and co-accessible are kept.
@@ -672,8 +681,8 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     _check("remove", "g", g)
     il_rm = _int_arg("remove", "ilabel", ilabel)
     ol_rm = il_rm if olabel is None else _int_arg("remove", "olabel", olabel)
-    if il_rm < EPSILON or ol_rm < EPSILON:
-        raise ValueError(f"remove: labels must be >= -1 (epsilon), got ilabel={il_rm}, "
+    if not (EPSILON <= il_rm <= MAX_LABEL and EPSILON <= ol_rm <= MAX_LABEL):
+        raise ValueError(f"remove: labels must lie in [-1, 2**63 - 1], got ilabel={il_rm}, "
                          f"olabel={ol_rm}")
     n, src, dst, il, ol, w, st, ac = _arrays(g)
     A = g._na
@@ -729,7 +738,14 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
             other[u] = False
             simple = ac[u] and not other.any()
             final_rho[u] = None if simple else alpha[n]
-    need_f = [u for u, r in final_rho.items() if r is not None]
+    # a sink (no kept out-arcs, not a start node) whose removable paths reach
+    # acceptance with weight exactly 0 simply becomes an accept node (GTN's
+    # result): every path into it ends there, so the in-arcs' gradients are the
+    # flow through rho and the epsilon weights keep their gradient
+    has_out = {u for (u, x, a, wt, uu, v) in out}
+    sinks = {u for u, r in final_rho.items()
+             if r is not None and r == 0.0 and not st[u] and u not in has_out}
+    need_f = [u for u, r in final_rho.items() if r is not None and u not in sinks]
     # start nodes whose empty string has a non-trivial weight get a new start node
     # with one removable arc into F (using the start node itself would let paths
     # that merely pass through it end there as well)
@@ -738,13 +754,14 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     N = kept_ids.size + (1 if need_f else 0) + len(empty_starts)
     accept_new = np.zeros(N, np.bool_)
     for u, r in final_rho.items():
-        if r is None:
+        if r is None or u in sinks:
             accept_new[newid[u]] = True
     if need_f:
         accept_new[F] = True
     rows = []   # (src_new, dst_new, ilabel, olabel, weight, a, deps[(u, v)])
     for (u, x, a, wt, uu, v) in out:
-        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, ((uu, v),)))
+        deps = ((uu, v), (x, n)) if x in sinks else ((uu, v),)
+        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, deps))
     need_set = set(need_f)
     for (u, x, a, wt, uu, v) in out:
         if x in need_set:

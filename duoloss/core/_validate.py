@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "FLOAT_DTYPES",
+    "HALF_DTYPES",
     "INT_DTYPES",
     "REDUCTIONS",
     "check_dtype",
@@ -33,7 +34,10 @@ __all__ = [
     "not_an_array",
 ]
 
-FLOAT_DTYPES = ("float32", "float64")
+# float16/bfloat16 are accepted by the frontends, which run the kernels on float32
+# copies (computing in float64 inside) and return results in the input dtype.
+HALF_DTYPES = ("float16", "bfloat16")
+FLOAT_DTYPES = HALF_DTYPES + ("float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 REDUCTIONS = ("none", "mean", "sum")
 

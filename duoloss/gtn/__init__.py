@@ -5,9 +5,10 @@ acceptors/transducers (:class:`Graph`), differentiable operations, scores in the
 log and tropical semirings, :func:`backward`, text/DOT I/O and
 :func:`parallel_for`.  The engine lives in ``duoloss.core._graph*`` (numpy and
 numba; no torch or jax).  Differences from GTN are listed in
-the README's "Coming from GTN" section.
+the docs page "Coming from GTN" (``docs/coming-from/gtn.md``).
 """
 from duoloss.core._graph import EPSILON as epsilon
+from duoloss.core._graph import MAX_LABEL as max_label
 from duoloss.core._graph import Graph
 from duoloss.core._graph import graph_arrays
 from duoloss.gtn._api import add
@@ -22,6 +23,7 @@ from duoloss.gtn._api import forward_score
 from duoloss.gtn._api import intersect
 from duoloss.gtn._api import isomorphic
 from duoloss.gtn._api import linear_graph
+from duoloss.gtn._api import load
 from duoloss.gtn._api import loadtxt
 from duoloss.gtn._api import negate
 from duoloss.gtn._api import parallel_for
@@ -30,6 +32,7 @@ from duoloss.gtn._api import project_output
 from duoloss.gtn._api import rand_equivalent
 from duoloss.gtn._api import remove
 from duoloss.gtn._api import sample
+from duoloss.gtn._api import save
 from duoloss.gtn._api import savetxt
 from duoloss.gtn._api import scalar_graph
 from duoloss.gtn._api import subtract
@@ -55,7 +58,9 @@ __all__ = [
     "intersect",
     "isomorphic",
     "linear_graph",
+    "load",
     "loadtxt",
+    "max_label",
     "negate",
     "parallel_for",
     "project_input",
@@ -63,6 +68,7 @@ __all__ = [
     "rand_equivalent",
     "remove",
     "sample",
+    "save",
     "savetxt",
     "scalar_graph",
     "subtract",

@@ -157,19 +157,44 @@ def remove(g, ilabel: Any = EPSILON, olabel: Optional[int] = None):
     return _ops.remove(g, ilabel, olabel)
 
 
-def backward(g, grad=None, retain_graph: bool = False) -> None:
+def _broadcast(name: str, what: str, value, count: int) -> list:
+    """GTN's ``parallel_map`` rule: a list of one entry serves every graph."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * count
+    if len(value) == 1:
+        return list(value) * count
+    if len(value) != count:
+        raise ValueError(f"{name}: {what} must have 1 or {count} entries (one per graph), "
+                         f"got {len(value)}")
+    return list(value)
+
+
+def backward(g, grad=None, retain_graph: Any = False) -> None:
     """Accumulate gradients into every input of ``g`` (GTN's ``gtn.backward``).
 
     ``backward(g)``, ``backward(g, retain_graph)``, ``backward(g, grad)`` or
     ``backward(g, grad, retain_graph)``; see :func:`duoloss.core._graph.backward`.
+    With a list of graphs (run in parallel), ``grad`` and ``retain_graph`` may be
+    lists with one entry per graph, or with a single entry that serves all of
+    them (GTN's ``backward(graphs, grads, retain_graphs)``).
+
+    Raises:
+      ValueError: the record of operations was released by an earlier
+        ``backward`` without ``retain_graph=True`` (as GTN).
     """
-    if isinstance(grad, bool):
+    if isinstance(grad, bool) or (isinstance(grad, (list, tuple)) and grad
+                                   and all(isinstance(x, (bool, int)) and not isinstance(x, Graph)
+                                           for x in grad) and isinstance(g, (list, tuple))):
         grad, retain_graph = None, grad
     if isinstance(g, (list, tuple)):
-        grads = grad if isinstance(grad, (list, tuple)) else [grad] * len(g)
-        _run(lambda p: _backward(p[0], p[1], retain_graph), list(zip(g, grads)))
+        for i, x in enumerate(g):
+            if not isinstance(x, Graph):
+                raise TypeError(f"backward: graphs[{i}] must be a Graph, got {type(x).__name__}")
+        grads = _broadcast("backward", "grads", grad, len(g))
+        retains = [bool(r) for r in _broadcast("backward", "retain_graphs", retain_graph, len(g))]
+        _run(lambda p: _backward(p[0], p[1], p[2]), list(zip(g, grads, retains)))
         return
-    _backward(g, grad, retain_graph)
+    _backward(g, grad, bool(retain_graph))
 
 
 def scalar_graph(weight: float = 0.0, calc_grad: bool = True) -> Graph:
@@ -203,14 +228,27 @@ def isomorphic(first: Graph, second: Graph) -> bool:
     return _cmp.isomorphic(first, second)
 
 
-def savetxt(g: Graph, file_name) -> None:
-    """Write ``g`` in GTN's text format."""
-    _io.savetxt(g, file_name)
+def savetxt(file_name, graph) -> None:
+    """Write ``graph`` in GTN's text format (``savetxt(file_name, graph)``, GTN's
+    order; ``savetxt(graph, file_name)`` works too).  ``file_name``: a path or a
+    text file object."""
+    _io.savetxt(file_name, graph)
 
 
 def loadtxt(file_name, num_nodes: Optional[int] = None, calc_grad: bool = True) -> Graph:
     """Read a graph in GTN's text format (empty start/accept lines allowed)."""
     return _io.loadtxt(file_name, num_nodes, calc_grad)
+
+
+def save(file_name, graph) -> None:
+    """Write ``graph`` in GTN's binary format (``save(file_name, graph)``; a path
+    or a binary file object).  Labels must fit int32 there."""
+    _io.save(file_name, graph)
+
+
+def load(file_name, calc_grad: bool = True) -> Graph:
+    """Read a graph in GTN's binary format (from :func:`save` or GTN)."""
+    return _io.load(file_name, calc_grad)
 
 
 def draw(graph: Graph, file_name, isymbols=None, osymbols=None) -> str:

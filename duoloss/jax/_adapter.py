@@ -34,6 +34,7 @@ from duoloss.core import LossKernel
 from jax.sharding import PartitionSpec
 
 from ._sharding import explicit_batch_sharding, mark_varying, varying_axes
+from ._callback import pure_callback
 
 __all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
 
@@ -175,7 +176,7 @@ def _call(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], arrays):
     operands, layout = _pack_operands(kernel, arrays)
     host = functools.partial(_host_run_packed, kernel, dict(static), want, shapes,
                              tuple(s.dtype for s in specs), layout)
-    out = jax.pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
+    out = pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
     axes = varying_axes(*arrays)  # inside shard_map: vary like the inputs
     return tuple(mark_varying(o, axes) for o in out)
 
@@ -190,23 +191,55 @@ def _losses_fwd(kernel, static, *primals):
     want = tuple(bool(d and p.perturbed) for d, p in zip(kernel.differentiable, primals))
     out = iter(_call(kernel, static, want, arrays))
     losses = next(out)
-    # One residual slot per input: its per-sequence gradient, or None.
-    return losses, tuple(next(out) if w else None for w in want)
+    # One residual slot per input: its per-sequence gradient and the input
+    # itself (which links the gradient to it, see _gradient), or None.
+    return losses, tuple((next(out), x) if w else None for w, x in zip(want, arrays))
 
 
-def _losses_bwd(kernel, static, grads, g):
+def _losses_bwd(kernel, static, residuals, g):
     cts = []
     zero = isinstance(g, SymbolicZero)
-    for axis, gr in zip(kernel.batch_axes, grads):
-        if gr is None or zero:
+    for axis, res in zip(kernel.batch_axes, residuals):
+        if res is None or zero:
             cts.append(None)
-        elif axis is None:
-            cts.append(jnp.tensordot(g.astype(gr.dtype), gr, axes=1))
         else:
-            shape = [1] * gr.ndim
-            shape[axis] = -1
-            cts.append(gr * g.astype(gr.dtype).reshape(shape))
+            cts.append(_gradient(kernel.name, axis, *res, g))
     return tuple(cts)
+
+
+def second_order_message(name: str) -> str:
+    """The error of every attempt to differentiate a duoloss gradient."""
+    return (f"{name}: second derivatives are not implemented (the gradient is computed by "
+            f"duoloss's kernel and is not itself differentiable)")
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _gradient(name, axis, grad, x, g):
+    """An input's gradient: its per-sequence gradient ``grad`` scaled by the cotangent ``g``.
+
+    ``x`` (the loss's input) is not read: differentiating the gradient w.r.t. it
+    (``jax.grad`` of ``jax.grad``, ``jax.hessian``, Hessian-vector products)
+    reaches the JVP rule below, which raises instead of returning zeros.
+    """
+    if axis is None:  # shared input: (N, *shape) per-sequence gradients
+        return jnp.tensordot(g.astype(grad.dtype), grad, axes=1)
+    shape = [1] * grad.ndim
+    shape[axis] = -1
+    return grad * g.astype(grad.dtype).reshape(shape)
+
+
+def _gradient_jvp(name, axis, primals, tangents):
+    grad, x, g = primals
+    grad_dot, x_dot, g_dot = tangents
+    if not (isinstance(x_dot, SymbolicZero) and isinstance(grad_dot, SymbolicZero)):
+        raise NotImplementedError(second_order_message(name))
+    out = _gradient(name, axis, grad, x, g)
+    if isinstance(g_dot, SymbolicZero):  # linear in g: the tangent scales the same way
+        return out, jnp.zeros_like(out)
+    return out, _gradient(name, axis, grad, x, g_dot)
+
+
+_gradient.defjvp(_gradient_jvp, symbolic_zeros=True)
 
 
 _losses.defvjp(_losses_fwd, _losses_bwd, symbolic_zeros=True)
@@ -228,6 +261,11 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
       arrays: its array inputs, in order.
       **static: the kernel's static keyword arguments (hashable).
     """
+    half = _half_dtype(arrays)
+    if half is not None:  # float16/bfloat16: float32 in (differentiable casts), loss cast back
+        arrays = tuple(a.astype(jnp.float32) if _is_floating(a) and a.dtype != jnp.float64
+                       else a for a in arrays)
+        return apply_kernel(kernel, arrays, **static).astype(half)
     static = tuple(sorted(static.items()))
     layout = explicit_batch_sharding(arrays, kernel.batch_axes)
     if layout is not None:
@@ -235,11 +273,40 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
     return _local(kernel, static, arrays)
 
 
+_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _is_floating(a) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def _half_dtype(arrays):
+    """float16/bfloat16 when the first floating input (which sets the loss dtype,
+    as in the core) has it, else None."""
+    for a in arrays:
+        if _is_floating(a):
+            return a.dtype if a.dtype in _HALF else None
+    return None
+
+
 def _local(kernel, static, arrays):
     axes = varying_axes(*arrays)
     if axes:
         arrays = tuple(mark_varying(a, axes) for a in arrays)
-    return _losses(kernel, static, *arrays)
+    try:
+        return _losses(kernel, static, *arrays)
+    except TypeError as e:  # jax.jvp / jacfwd / hessian: JAX's message without the loss
+        if "forward-mode" not in str(e):
+            raise
+        raise TypeError(forward_mode_message(kernel.name)) from e
+
+
+def forward_mode_message(name: str) -> str:
+    """The error of forward-mode differentiation (jvp) of a duoloss loss."""
+    return (f"{name}: forward-mode derivatives (jax.jvp, jax.jacfwd) are not implemented "
+            f"(the loss is a jax.custom_vjp); use "
+            f"reverse mode (jax.grad, jax.vjp, jax.jacrev); its gradient is not itself "
+            f"differentiable")
 
 
 def _explicit(kernel, static, arrays, kind, mesh, entry):

@@ -23,6 +23,7 @@ from ._adapter import is_concrete
 from ._asg import _prepare
 from ._ctc import _array, _int_array, _prepare_ctc
 from ._graph_loss import device_graphs
+from ._callback import pure_callback
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -31,17 +32,26 @@ def _label_dtype():
     return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
 
 
+_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
+def _host_floats(x):
+    """A host array; float16/bfloat16 as float32 (the kernels take float32/float64)."""
+    x = np.asarray(x)
+    return x.astype(np.float32) if x.dtype in _HALF else x
+
+
 def _callback(host, t_max, n, score_dtype, *arrays):
     specs = (jax.ShapeDtypeStruct((n, t_max), _label_dtype()),
              jax.ShapeDtypeStruct((n,), score_dtype))
     ldt, sdt = np.dtype(specs[0].dtype), np.dtype(specs[1].dtype)
 
     def run(*xs):
-        labels, scores = host(*(np.asarray(x) for x in xs))
+        labels, scores = host(*(_host_floats(x) for x in xs))
         return labels.astype(ldt), scores.astype(sdt)
 
     arrays = tuple(jax.lax.stop_gradient(a) for a in arrays)
-    return jax.pure_callback(run, specs, *arrays, vmap_method="sequential")
+    return pure_callback(run, specs, *arrays, vmap_method="sequential")
 
 
 def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
@@ -172,9 +182,9 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
     dts = tuple(np.dtype(s.dtype) for s in specs)
 
     def run(e, ww, lengths, *pk):
-        out = _graph_align(np.asarray(e), tuple(np.asarray(x) for x in pk), np.asarray(lengths),
-                           weights=np.asarray(ww))
+        out = _graph_align(_host_floats(e), tuple(np.asarray(x) for x in pk),
+                           np.asarray(lengths), weights=_host_floats(ww))
         return tuple(o.astype(d) for o, d in zip(out, dts))
 
-    return jax.pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
+    return pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
                              il, *(jnp.asarray(x) for x in packed), vmap_method="sequential")

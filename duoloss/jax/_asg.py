@@ -11,7 +11,7 @@ from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_a
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
-from ._ctc import _array, _empty_mean, _concat_to_padded_traced, _int_array
+from ._ctc import _array, _empty_mean, _concat_to_padded_traced, _int_array, _per_sequence
 
 __all__ = ["asg_loss"]
 
@@ -27,8 +27,8 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     transitions = _array(fn, "transitions", transitions, optional=True)
     start_transitions = _array(fn, "start_transitions", start_transitions, optional=True)
     targets = _array(fn, "targets", targets)
-    input_lengths = _int_array(fn, "input_lengths", input_lengths)
-    target_lengths = _int_array(fn, "target_lengths", target_lengths)
+    input_lengths = _per_sequence(_int_array(fn, "input_lengths", input_lengths), emissions)
+    target_lengths = _per_sequence(_int_array(fn, "target_lengths", target_lengths), emissions)
     concrete = is_concrete(targets, input_lengths, target_lengths)
     padded = check_asg_args(fn, emissions, transitions, start_transitions, targets,
                             input_lengths, target_lengths, concrete=concrete)
@@ -55,7 +55,8 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
         w(\pi) = s_{\pi_1} + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}.
 
     Args:
-      emissions: ``(T, N, C)``-array of unnormalised scores, float32 (or float64
+      emissions: ``(T, N, C)``-array of unnormalised scores, float16, bfloat16,
+        float32 (or float64
         with ``jax_enable_x64``).
       transitions: ``(C, C)``-array, ``[i, j]`` = score of ``i`` right after ``j``, or ``None``.
       targets: ``(N, S)`` integer padded targets or 1-D concatenated targets of size

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import _NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
+                               ctc_gather_worthwhile)
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 
@@ -39,6 +40,14 @@ def _int_array(fn, arg, x):
     raise _v.not_an_array(fn, arg, x, "a jax.Array or a tuple/list of ints")
 
 
+def _per_sequence(x, data):
+    """Scalar lengths for a batch of ``N = 1`` (as ``torch.nn.functional.ctc_loss``
+    accepts): as a ``(1,)`` array; else unchanged."""
+    if data.ndim == 3 and data.shape[1] == 1 and x.ndim == 0:
+        return x.reshape(1)
+    return x
+
+
 def _concat_to_padded_traced(targets, target_lengths):
     """jnp version for traced lengths: pad to the static bound ``targets.size``."""
     s = targets.shape[0]
@@ -62,8 +71,8 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     target_lengths (N,), batched)``.  Values are checked when concrete."""
     log_probs = _array(fn, "log_probs", log_probs)
     targets = _array(fn, "targets", targets)
-    input_lengths = _int_array(fn, "input_lengths", input_lengths)
-    target_lengths = _int_array(fn, "target_lengths", target_lengths)
+    input_lengths = _per_sequence(_int_array(fn, "input_lengths", input_lengths), log_probs)
+    target_lengths = _per_sequence(_int_array(fn, "target_lengths", target_lengths), log_probs)
     batched, concatenated = check_ctc_static(
         fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
         input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
@@ -87,10 +96,31 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     return log_probs, targets, input_lengths, target_lengths, batched
 
 
+def _gathered(log_probs, targets, target_lengths, blank):
+    """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
+    the columns each sequence reads, gathered here in jnp on the input's device
+    (see :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged."""
+    t_max, n, n_cls = log_probs.shape
+    s = targets.shape[1]
+    if not ctc_gather_worthwhile(t_max, n, n_cls, s):
+        return log_probs, targets, blank
+    valid = jnp.arange(s)[None, :] < target_lengths[:, None]
+    labels = jnp.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = jnp.argmax(same, axis=2) if s else jnp.zeros((n, 0), labels.dtype)
+    column_targets = jnp.where(bad, -1, first + 1).astype(targets.dtype)
+    columns = jnp.concatenate([jnp.full((n, 1), blank, labels.dtype),
+                               jnp.clip(labels, 0, n_cls - 1)], axis=1)
+    index = jnp.broadcast_to(columns[None], (t_max, n, s + 1))
+    return jnp.take_along_axis(log_probs, index, axis=2), column_targets, 0
+
+
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+    log_probs, targets, blank = _gathered(log_probs, targets, target_lengths, int(blank))
     losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
                           blank=int(blank), zero_infinity=bool(zero_infinity))
     return losses, target_lengths, batched
@@ -106,7 +136,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
 
     Args:
       log_probs: ``(T, N, C)``-array (or unbatched ``(T, C)``) of log-probabilities,
-        float32 (or float64 with ``jax_enable_x64``). ``T`` frames, ``N``
+        float16, bfloat16, float32 (or float64 with ``jax_enable_x64``); half
+        precision is computed in float64 and returned in its dtype. ``T`` frames, ``N``
         sequences, ``C`` classes including the blank.
       targets: ``(N, S)`` padded integer targets or 1-D concatenated targets
         (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
@@ -125,7 +156,10 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     validated whenever they are concrete (eager calls).  Under ``jit`` they are
     traced and cannot be checked: a sequence with an out-of-range label or length
     then gets a NaN loss and gradient (never an out-of-bounds read).  Call once
-    eagerly (outside ``jit``) to get the error message.
+    eagerly (outside ``jit``) to get the error message.  Reverse mode only and
+    first order only: ``jax.jvp``/``jacfwd`` raise ``TypeError``, and ``jax.grad``
+    of ``jax.grad``, ``jax.hessian`` and Hessian-vector products raise
+    ``NotImplementedError`` (never zeros).
     """
     losses, target_lengths, batched = _ctc_losses(
         "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,
@@ -169,7 +203,9 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
         in log space and needs no stand-in for ``log(0)``).
 
     Returns:
-      ``(B,)`` losses; equal to optax's for every feasible sequence.
+      ``(B,)`` losses; equal to optax's for every feasible sequence.  Like
+      optax, float16/bfloat16 ``logits`` give float32 losses (the gradient
+      w.r.t. ``logits`` keeps their dtype).
 
     NB: paddings must be right-aligned (as optax assumes); lengths are
     ``T - sum(logit_paddings)`` and ``N - sum(label_paddings)``.  Deliberate
@@ -208,4 +244,6 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
     losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
                                "none", False)
+    if logits.dtype in (jnp.float16, jnp.bfloat16):
+        losses = losses.astype(jnp.float32)  # as optax: float32 losses for half logits
     return losses

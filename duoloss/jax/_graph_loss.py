@@ -4,9 +4,11 @@ from __future__ import annotations
 from typing import Literal, Optional, Sequence
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
-from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
+from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
+                                      check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
@@ -19,7 +21,8 @@ __all__ = ["graph_loss"]
 def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = False,
                reduction: Literal["none", "sum", "mean"] = "mean", weights=None,
                arc_weight_index: Optional[Sequence] = None, target_lengths=None,
-               zero_infinity: bool = False) -> jax.Array:
+               zero_infinity: bool = False, denominator=None,
+               denominator_arc_weight_index=None) -> jax.Array:
     r"""Loss of one target graph per sequence; see :func:`duoloss.torch.graph_loss`.
 
     .. math::
@@ -46,6 +49,12 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
         ``[-1, K)`` per arc.
       target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
       zero_infinity: sequences without a path get loss 0 and zero gradients.
+      denominator: LF-MMI denominator: one ``Graph`` (shared), ``N`` graphs, or a
+        :class:`PackedGraphs` of 1 or ``N`` graphs (a ``jit`` argument); loss
+        :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`; ``normalize``
+        must be ``False``.
+      denominator_arc_weight_index: with ``weights``: one integer array (shared
+        denominator) or ``N``, an index in ``[-1, K)`` per arc.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
@@ -60,10 +69,26 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     emissions = _array(fn, "emissions", emissions)
     weights = _array(fn, "weights", weights, optional=True)
     input_lengths = _int_array(fn, "input_lengths", input_lengths)
+    if (arc_weight_index is None and denominator_arc_weight_index is not None
+            and denominator is not None and weights is not None
+            and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
+        arc_weight_index = [np.full(g.num_arcs(), -1, np.int64) if hasattr(g, "num_arcs")
+                            else None for g in graphs]
     graphs, graphs_concrete = device_graphs(graphs)
     packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
                               concrete=is_concrete(input_lengths),
                               graphs_concrete=graphs_concrete)
+    den = None
+    if denominator is not None:
+        if normalize:
+            raise ValueError(f"{fn}: argument 'normalize' must be False with a 'denominator' "
+                             f"(the normaliser cancels), got True")
+        den, den_concrete = device_graphs(denominator)
+        den = check_denominator(fn, emissions, den, weights, denominator_arc_weight_index,
+                                graphs_concrete=den_concrete)
+    elif denominator_arc_weight_index is not None:
+        raise ValueError(f"{fn}: argument 'denominator_arc_weight_index' needs a "
+                         f"'denominator', got None")
     n = emissions.shape[1]
     if target_lengths is None:
         target_lengths = jnp.ones(n, jnp.int32)
@@ -75,8 +100,12 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     if weights is None:
         weights = jnp.zeros(0, emissions.dtype)
     arrays = (emissions, weights, input_lengths) + tuple(jnp.asarray(p) for p in packed)
-    losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
-                          zero_infinity=bool(zero_infinity))
+    if den is not None:
+        losses = apply_kernel(GRAPH_MMI_KERNEL, arrays + tuple(jnp.asarray(p) for p in den),
+                              zero_infinity=bool(zero_infinity))
+    else:
+        losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
+                              zero_infinity=bool(zero_infinity))
     return reduce_losses(losses, target_lengths, _empty_mean(losses, reduction))
 
 

@@ -9,10 +9,27 @@ from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 from ._graph_loss import GraphLoss
 from ._graph_loss import graph_loss
+from ._rnnt_k2 import do_rnnt_pruning
+from ._rnnt_k2 import get_rnnt_logprobs
+from ._rnnt_k2 import get_rnnt_logprobs_pruned
+from ._rnnt_k2 import get_rnnt_prune_ranges
+from ._rnnt_k2 import rnnt_loss_pruned
+from ._rnnt_k2 import rnnt_loss_simple
+from ._rnnt_k2 import rnnt_loss_smoothed
+from ._rnnt import RNNTLoss
+from ._rnnt import rnnt_align
+from ._rnnt import rnnt_loss
 from duoloss.core._graph_loss import PackedGraphs
 from duoloss.core._graph_loss import pack_graphs
 
 __all__ = [
+    "do_rnnt_pruning",
+    "get_rnnt_logprobs",
+    "get_rnnt_logprobs_pruned",
+    "get_rnnt_prune_ranges",
+    "rnnt_loss_pruned",
+    "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
     "PackedGraphs",
     "pack_graphs",
     "GraphLoss",
@@ -25,4 +42,7 @@ __all__ = [
     "graph_align",
     "CTCLoss",
     "ctc_loss",
+    "RNNTLoss",
+    "rnnt_align",
+    "rnnt_loss",
 ]

@@ -19,6 +19,14 @@ Three paths, chosen per call by :func:`apply_kernel`:
   (:mod:`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
   no graph break.  (The custom operator is not used eagerly: ``torch.func.grad``
   rejects custom operators with ``register_autograd``, pytorch#168393.)
+
+On every path the gradient is first order only: differentiating it again
+(``create_graph=True`` then a second ``grad``, ``torch.func.grad`` of ``grad``,
+``hessian``, ``jacfwd``/``jvp``) raises ``NotImplementedError`` naming the loss
+instead of silently treating the gradient as a constant.  float16/bfloat16
+inputs run the kernels on float32 copies (float64 inside) and return the loss
+in the input dtype; under ``torch.autocast`` the loss is float32, as for
+``F.ctc_loss`` (on autocast's float32 list).
 """
 from __future__ import annotations
 
@@ -30,11 +38,12 @@ import torch
 from duoloss.core import LossKernel
 
 from ._ops import fold as _fold
-from ._ops import kernel_id, kernel_loss_op, static_json
+from ._ops import kernel_id, kernel_loss_op, second_order_message, static_json
 from ._ops import unfold as _unfold
 from ._ops import weigh_batched
 
-__all__ = ["apply_kernel", "apply_kernel_eager", "is_concrete", "reduction_weights", "to_numpy"]
+__all__ = ["apply_kernel", "apply_kernel_eager", "check_not_torchscript", "is_concrete",
+           "reduction_weights", "to_numpy", "torchscript_error"]
 
 try:  # torch >= 2.0: run plain-tensor code inside functorch transforms
     from torch._functorch.pyfunctorch import (
@@ -48,6 +57,22 @@ try:  # torch >= 2.0: what Function.apply does before running a single-level fun
 except ImportError:  # pragma: no cover
     def _unwrap_dead_wrappers(args):
         return args
+
+
+def torchscript_error(fn: str) -> RuntimeError:
+    """The error of a duoloss function under ``torch.jit.trace`` / ``torch.jit.script``."""
+    return RuntimeError(
+        f"{fn}: TorchScript (torch.jit.trace / torch.jit.script) is not supported: duoloss runs "
+        f"numba kernels on host buffers, which TorchScript can neither trace nor compile. Use "
+        f"torch.compile (fullgraph=True works) or torch.export.export instead, or keep the "
+        f"loss outside the traced/scripted module")
+
+
+def check_not_torchscript(fn: str) -> None:
+    """Raise :func:`torchscript_error` while ``torch.jit.trace`` runs."""
+    # (dynamo cannot trace _is_tracing; under torch.compile it is never true)
+    if not torch.compiler.is_compiling() and torch._C._is_tracing():
+        raise torchscript_error(fn)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -199,37 +224,101 @@ def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss):
     return result
 
 
+def forward_mode_message(name: str) -> str:
+    """The error of forward-mode differentiation (jvp) of a duoloss loss."""
+    return (f"{name}: forward-mode derivatives (torch.func.jvp, jacfwd, hessian, "
+            f"torch.autograd.forward_ad) are not implemented; duoloss losses support reverse "
+            f"mode only (backward, torch.autograd.grad, torch.func.grad/vjp/jacrev), and their "
+            f"gradients are not themselves differentiable")
+
+
+class _GradientNode(torch.autograd.Function):
+    """``grad = scale(per-sequence gradient, cotangent)`` as a node of a
+    ``create_graph=True`` backward (or of a ``torch.func`` transform, whose
+    backward always builds a graph).
+
+    Its inputs are the cotangent *and the loss's input*, so a second
+    differentiation reaches this node (as it reaches ``_ctc_loss_backward`` for
+    torch's own CTC) and raises instead of silently treating the gradient as a
+    constant.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(name, axis, weighted, grad, grad_loss, x):
+        if weighted:
+            return grad * grad_loss.to(grad.dtype)
+        return _scale(grad, grad_loss, axis)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.name = inputs[0]
+
+    @staticmethod
+    def backward(ctx, *unused):
+        raise NotImplementedError(second_order_message(ctx.name))
+
+    @staticmethod
+    def jvp(ctx, *unused):
+        raise NotImplementedError(second_order_message(ctx.name))
+
+
+def _graph_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, inputs):
+    """:func:`_scaled_grads` while grad mode is on: each gradient is a
+    :class:`_GradientNode` linked to its input, so differentiating it raises."""
+    result = []
+    grads = iter(grads)
+    for i, wanted in enumerate(want):
+        if not wanted or grad_loss is None:
+            result.append(None)
+        else:
+            result.append(_GradientNode.apply(kernel.name, kernel.batch_axes[i], weighted,
+                                              next(grads), grad_loss, inputs[i]))
+    return result
+
+
 class _EagerKernelFunction(torch.autograd.Function):
     """Plain eager autograd (no ``torch.func`` transform active, not compiling).
 
     The same core call as :class:`_KernelFunction`, with less bookkeeping: the
-    per-sequence gradients are fresh tensors that stay on ``ctx`` instead of
-    travelling as extra (non-differentiable) outputs through
-    ``save_for_backward``.  That is only valid outside functorch, whose
-    transforms need the ``setup_context`` form; on tiny batches it saves about
-    a fifth of a training step's loss time.
+    per-sequence gradients are saved directly (``save_for_backward`` of
+    intermediate tensors) instead of travelling as extra (non-differentiable)
+    outputs.  That is only valid outside functorch, whose transforms need the
+    ``setup_context`` form; on tiny batches it saves about a fifth of a
+    training step's loss time.  Saving them (rather than keeping them on
+    ``ctx``) makes a second backward without ``retain_graph=True`` raise
+    torch's "Trying to backward through the graph a second time".
+
+    NB: the gradient is not differentiable: a ``create_graph=True`` backward
+    returns it through :class:`_GradientNode`, whose own backward raises, and
+    forward mode (``jvp``) raises too.
     """
 
     @staticmethod
     def forward(ctx, kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights,
                 *tensors):
         out = _host_forward(kernel, static, want, weights, tensors, _host)
-        ctx.state = (kernel, want, weights is not None, out[1:])
+        ctx.state = (kernel, want, weights is not None)
+        # Saved (not kept on ctx) so that a second backward without retain_graph
+        # raises torch's "Trying to backward through the graph a second time".
+        ctx.save_for_backward(*out[1:])
+        # Only a create_graph=True backward uses them (to link the gradient to them).
+        ctx.inputs = tensors
         return out[0]
 
     @staticmethod
     def backward(ctx, grad_loss):
-        # ctx.state stays until the graph is freed: a retain_graph backward may come again.
-        if torch.is_grad_enabled():  # create_graph=True: once_differentiable's delayed error
-            return _EagerKernelFunction._backward_once(ctx, grad_loss)
-        # Otherwise once_differentiable would only add a no_grad block (grad mode
-        # is already off in a plain backward) around the same computation.
-        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
+        grads = ctx.saved_tensors
+        kernel, want, weighted = ctx.state
+        if torch.is_grad_enabled():  # create_graph=True: a gradient that refuses a 2nd one
+            return (None, None, None, None,
+                    *_graph_grads(kernel, want, weighted, grads, grad_loss, ctx.inputs))
+        return (None, None, None, None, *_scaled_grads(kernel, want, weighted, grads, grad_loss))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def _backward_once(ctx, grad_loss):
-        return (None, None, None, None, *_scaled_grads(*ctx.state, grad_loss))
+    def jvp(ctx, *unused):
+        raise NotImplementedError(forward_mode_message(ctx.state[0].name))
 
     @classmethod
     def apply(cls, *args):
@@ -254,15 +343,29 @@ class _KernelFunction(torch.autograd.Function):
         ctx.weighted = weights is not None
         grads = output[1:]
         ctx.mark_non_differentiable(*grads)
-        ctx.save_for_backward(*grads)
+        # The wanted inputs too: a backward that builds a graph (torch.func, or
+        # create_graph=True) links each gradient to its input (_GradientNode).
+        tensors = inputs[4:]
+        ctx.save_for_backward(*grads, *[t for t, w in zip(tensors, want) if w])
         # The gradient outputs never get a cotangent: no zeros to build for them.
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, *unused):
-        grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, ctx.saved_tensors, grad_loss)
+        saved = ctx.saved_tensors
+        k = len(saved) // 2
+        if torch.is_grad_enabled():
+            inputs = iter(saved[k:])
+            inputs = [next(inputs) if w else None for w in ctx.want]
+            grads = _graph_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss,
+                                 inputs)
+        else:
+            grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss)
         return (None, None, None, None, *grads)
+
+    @staticmethod
+    def jvp(ctx, *unused):
+        raise NotImplementedError(forward_mode_message(ctx.kernel.name))
 
     @staticmethod
     def vmap(info, in_dims, kernel, static, want, weights, *tensors):
@@ -343,6 +446,12 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
       **static: the kernel's static keyword arguments (under ``torch.compile``:
         bool, int, float, str or None).
     """
+    check_not_torchscript(kernel.name)
+    half = _half_dtype(tensors)
+    if half is not None:  # float16/bfloat16: float32 in, the loss cast back
+        tensors, dtype = _upcast(tensors, half)
+        out = apply_kernel(kernel, tensors, weights=weights, **static)
+        return out.to(dtype)
     if torch.compiler.is_compiling():
         return _compiled_apply(kernel, tensors, weights, static)
     if torch.is_grad_enabled():
@@ -356,6 +465,50 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
     return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_dtype(tensors) -> Optional[torch.dtype]:
+    """float16/bfloat16 when the first floating input (which sets the loss dtype,
+    as in the core) has it, else None."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.dtype if t.dtype in _HALF else None
+    return None
+
+
+def _upcast(tensors, half: torch.dtype):
+    """Mixed precision: the floating inputs cast to float32, and the loss dtype.
+
+    The loss comes back in ``half``, or in float32 under ``torch.autocast``:
+    like ``F.ctc_loss``, which is on autocast's float32 list, float16, bfloat16
+    and float32 inputs are cast to float32 (float64 stays) and the loss is
+    float32.  The casts are differentiable, so each gradient comes back in its
+    input's dtype.  The kernels compute in float64 either way.
+    """
+    device = next(t.device for t in tensors if isinstance(t, torch.Tensor))
+    if torch.is_autocast_enabled(device.type):
+        half = torch.float32
+    out = tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.dtype != torch.float64 else t for t in tensors)
+    return out, half
+
+
+def autocast_inputs(*tensors):
+    """Under ``torch.autocast`` (for the first tensor's device type): the
+    float16/bfloat16/float32 tensors cast to float32 (float64 and None kept), as
+    autocast's float32 list does for ``F.ctc_loss``; else the tensors unchanged.
+
+    For losses with several floating inputs (emissions and float32 parameters
+    such as ASG transitions), so that their dtypes agree before validation.
+    """
+    first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+    if first is None or not torch.is_autocast_enabled(first.device.type):
+        return tensors
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype != torch.float64 else t for t in tensors)
+
+
 def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, ...], weights,
                        static: dict) -> Optional[torch.Tensor]:
     """:func:`apply_kernel` for a frontend's common case, with the bookkeeping
@@ -366,7 +519,7 @@ def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, 
     active); returns None for anything else, and the caller then uses
     :func:`apply_kernel`.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _half_dtype(tensors) is not None:
         return None
     return _apply_eager(kernel, tensors, want, weights, static)
 

@@ -16,14 +16,25 @@ from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import to_numpy
 from ._asg import _check_tensor, _prepare
-from ._ctc import _as_int_array
+from ._ctc import _as_int_array, _per_sequence
 from ._graph_loss import host_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
 
-def _out(labels, scores, device):
-    return torch.from_numpy(labels).to(device), torch.from_numpy(scores).to(device)
+def _out(labels, scores, like):
+    """Labels and scores as tensors on ``like``'s device, the scores in its dtype."""
+    return (torch.from_numpy(labels).to(like.device),
+            torch.from_numpy(scores).to(like.device, like.dtype))
+
+
+def _floats(t):
+    """A host array of a floating tensor (float16/bfloat16: as float32), or None."""
+    if t is None:
+        return None
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return to_numpy(t)
 
 
 def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, target_lengths, *,
@@ -41,7 +52,8 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
 
     Args:
       log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities,
-        float32/float64.  ``T`` frames, ``N`` sequences, ``C`` classes with the blank.
+        float16/bfloat16/float32/float64.  ``T`` frames, ``N`` sequences, ``C``
+        classes with the blank.
       targets: ``(N, S)`` padded integer targets, or 1-D concatenated targets
         (``(S,)`` for unbatched input); labels in ``[0, C)``, never ``blank``.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
@@ -62,8 +74,8 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     fn = "ctc_align"
     _check_tensor(fn, "log_probs", log_probs)
     _check_tensor(fn, "targets", targets)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank)
@@ -74,8 +86,8 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     il = il.astype(np.int64, copy=False).reshape(-1)
     tl = tl.astype(np.int64, copy=False).reshape(-1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
-    labels, scores = _ctc_align(to_numpy(lp), padded, il, tl, blank=int(blank))
-    labels, scores = _out(labels, scores, log_probs.device)
+    labels, scores = _ctc_align(_floats(lp), padded, il, tl, blank=int(blank))
+    labels, scores = _out(labels, scores, log_probs)
     return (labels, scores) if batched else (labels[0], scores[0])
 
 
@@ -94,8 +106,7 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     consecutive frames (the target paths of :func:`asg_loss`).
 
     Args:
-      emissions, transitions, targets, input_lengths, target_lengths,
-      start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
+      emissions, transitions, targets, input_lengths, target_lengths, start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
         ``(C, C)`` or ``None``, ``(N, S)``, ``(N,)``, ``(N,)``, ``(C,)`` or ``None``).
 
     Returns:
@@ -110,9 +121,9 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
                           input_lengths, target_lengths)
     labels, scores = _asg_align(
-        to_numpy(emissions), None if transitions is None else to_numpy(transitions), tg, il, tl,
-        start_transitions=None if start_transitions is None else to_numpy(start_transitions))
-    return _out(labels, scores, emissions.device)
+        _floats(emissions), _floats(transitions), tg, il, tl,
+        start_transitions=_floats(start_transitions))
+    return _out(labels, scores, emissions)
 
 
 def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], input_lengths, *,
@@ -137,15 +148,14 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "transitions", transitions, optional=True)
     _check_tensor(fn, "start_transitions", start_transitions, optional=True)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
     n = emissions.shape[1] if emissions.dim() == 3 else 0
     check_asg_args(fn, emissions, transitions, start_transitions, np.zeros((n, 0), np.int64),
                    il, np.zeros(n, np.int64))
     labels, scores = _asg_viterbi(
-        to_numpy(emissions), None if transitions is None else to_numpy(transitions),
-        il.astype(np.int64).reshape(-1),
-        start_transitions=None if start_transitions is None else to_numpy(start_transitions))
-    return _out(labels, scores, emissions.device)
+        _floats(emissions), _floats(transitions), il.astype(np.int64).reshape(-1),
+        start_transitions=_floats(start_transitions))
+    return _out(labels, scores, emissions)
 
 
 def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
@@ -168,7 +178,9 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
       are ``-1`` past each sequence.
 
     NB: not differentiable.  Ties: the first arc in the graph's arc order and the
-    lowest accept node win.  No path: score ``-inf``, labels ``-1``.
+    lowest accept node win.  No path: score ``-inf``, labels ``-1``.  Epsilon
+    arcs (label ``-1``) consume no frame: they count in the score and are not
+    listed in ``arcs``.
     """
     fn = "graph_align"
     _check_tensor(fn, "emissions", emissions)
@@ -177,8 +189,6 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     packed = check_graph_args(fn, emissions, host_graphs(graphs), il, weights,
                               arc_weight_index)
     labels, scores, arcs = _graph_align(
-        to_numpy(emissions), packed, il.astype(np.int64).reshape(-1),
-        weights=None if weights is None else to_numpy(weights))
-    dev = emissions.device
-    return (torch.from_numpy(labels).to(dev), torch.from_numpy(scores).to(dev),
-            torch.from_numpy(arcs).to(dev))
+        _floats(emissions), packed, il.astype(np.int64).reshape(-1), weights=_floats(weights))
+    labels, scores = _out(labels, scores, emissions)
+    return labels, scores, torch.from_numpy(arcs).to(emissions.device)

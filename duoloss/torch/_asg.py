@@ -9,8 +9,9 @@ import torch
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import apply_kernel, is_concrete, reduction_weights, to_numpy
-from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced
+from ._adapter import (apply_kernel, autocast_inputs, check_not_torchscript, is_concrete,
+                       reduction_weights, to_numpy, torchscript_error)
+from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced, _per_sequence
 
 __all__ = ["asg_loss", "ASGLoss"]
 
@@ -39,6 +40,7 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
              target_lengths, allow_traced=False):
     """Validate everything before the kernel; return host int arrays (int64 tensors
     when ``allow_traced`` and the values cannot be read: torch.compile, vmap)."""
+    check_not_torchscript(fn)
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "transitions", transitions, optional=True)
     _check_tensor(fn, "start_transitions", start_transitions, optional=True)
@@ -46,8 +48,10 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     if allow_traced and not is_concrete(targets, input_lengths, target_lengths):
         # torch.compile tracing or torch.func.vmap over the ints: shapes and dtypes
         # only; an invalid sequence gets a NaN loss from the kernel.
-        il = _as_int_tensor(input_lengths, fn, "input_lengths", emissions.device)
-        tl = _as_int_tensor(target_lengths, fn, "target_lengths", emissions.device)
+        il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths",
+                                          emissions.device), emissions)
+        tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths",
+                                          emissions.device), emissions)
         check_asg_args(fn, emissions, transitions, start_transitions, targets, il, tl,
                        concrete=False)
         _check_devices(fn, emissions, transitions, start_transitions)
@@ -56,8 +60,8 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
         if tg.dim() == 1:
             tg = _concat_to_padded_traced(tg, tl)
         return tg, il.reshape(-1).to(torch.int64), tl
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
     tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
     _check_devices(fn, emissions, transitions, start_transitions)
     return (tg.astype(np.int64, copy=False), il.astype(np.int64, copy=False).reshape(-1),
@@ -88,7 +92,8 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
 
     Args:
       emissions: ``(T, N, C)``-tensor of unnormalised scores (no softmax is
-        applied, as in GTN), float32 or float64.
+        applied, as in GTN), float32 or float64; float16/bfloat16 are computed in
+        float64 and returned in their dtype (float32 under ``torch.autocast``).
       transitions: ``(C, C)``-tensor, ``transitions[i, j]`` = score of token ``i``
         right after token ``j`` (row = to, column = from), or ``None``.
       targets: ``(N, S)`` integer tensor of padded targets, or 1-D concatenated
@@ -123,6 +128,9 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     fn = "asg_loss"
     check_reduction(fn, reduction)
     _check_bool(fn, "zero_infinity", zero_infinity)
+    if isinstance(emissions, torch.Tensor):  # autocast: bfloat16 emissions, float32 parameters
+        emissions, transitions, start_transitions = autocast_inputs(
+            emissions, transitions, start_transitions)
     tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
                           input_lengths, target_lengths, allow_traced=True)
     start = start_transitions
@@ -172,6 +180,9 @@ class ASGLoss(torch.nn.Module):
         return asg_loss(emissions, self.transitions, targets, input_lengths, target_lengths,
                         start_transitions=self.start_transitions, reduction=self.reduction,
                         zero_infinity=self.zero_infinity)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("ASGLoss")
 
     def extra_repr(self) -> str:
         learn_start = self.start_transitions is not None

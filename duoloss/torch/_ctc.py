@@ -5,21 +5,44 @@ import numpy as np
 import torch
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
+                               ctc_gather_plan, ctc_gather_worthwhile)
 
-from ._adapter import apply_kernel, apply_kernel_eager, is_concrete, reduction_weights, to_numpy
+from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
+                       reduction_weights, to_numpy, torchscript_error)
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
 
+def _ints_of(x):
+    """A tuple/list of lengths with 0-d integer tensors (``F.ctc_loss`` accepts them,
+    e.g. ``(torch.tensor(5),)``) turned into ints; anything else unchanged."""
+    if any(isinstance(v, torch.Tensor) for v in x):
+        out = [int(v) if isinstance(v, torch.Tensor) and v.dim() == 0
+               and not v.is_floating_point() and not v.is_complex()
+               and v.dtype != torch.bool else v for v in x]
+        return tuple(out) if isinstance(x, tuple) else out
+    return x
+
+
+def _per_sequence(x, data, batch_dim=1):
+    """Lengths given as a scalar (a 0-d tensor or array, an int) for a batch of
+    ``N = 1`` (``F.ctc_loss`` accepts them): as a ``(1,)`` array; else unchanged."""
+    if data.dim() == 3 and data.shape[batch_dim] == 1 and x.ndim == 0:
+        return x.reshape(1)
+    return x
+
+
 def _as_int_array(x, fn, arg):
-    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints."""
+    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints
+    (or of 0-d integer tensors)."""
+    check_not_torchscript(fn)
     if isinstance(x, torch.Tensor):
         return to_numpy(x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return np.asarray(x, np.int64)
     if isinstance(x, (list, tuple)):
-        return _v.int_list(fn, arg, x, "a torch.Tensor")
+        return _v.int_list(fn, arg, _ints_of(x), "a torch.Tensor")
     if isinstance(x, np.ndarray):
         return x
     raise _v.not_an_array(fn, arg, x, "a torch.Tensor or a tuple/list of ints")
@@ -33,6 +56,9 @@ def _as_int_tensor(x, fn, arg, device):
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return torch.tensor(int(x), dtype=torch.int64, device=device)
     if isinstance(x, (list, tuple)):
+        if any(isinstance(v, torch.Tensor) for v in x) and all(
+                isinstance(v, torch.Tensor) and v.dim() == 0 for v in x):
+            return torch.stack(list(x)).to(device)
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
             raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
                             f"got a {type(x).__name__} with non-int entries")
@@ -55,13 +81,49 @@ def _concat_to_padded_traced(targets, target_lengths):
     return torch.where(valid, targets[idx.clamp(0, s - 1)], torch.zeros_like(idx))
 
 
+def _gather_plan_traced(targets, target_lengths, n_cls, blank):
+    """:func:`duoloss.core._ctc.ctc_gather_plan` in torch ops, for values that
+    cannot be read (torch.compile tracing, vmap)."""
+    n, s = targets.shape
+    valid = torch.arange(s, device=targets.device)[None, :] < target_lengths[:, None]
+    labels = torch.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = (torch.argmax(same.to(torch.int8), dim=2) if s
+             else torch.zeros((n, 0), dtype=torch.int64, device=targets.device))
+    column_targets = torch.where(bad, -1, first + 1)
+    columns = torch.cat([torch.full((n, 1), blank, dtype=torch.int64, device=targets.device),
+                         labels.clamp(0, n_cls - 1)], dim=1)
+    return columns, column_targets
+
+
+def _gathered(log_probs, targets, target_lengths, blank):
+    """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
+    the columns each sequence reads, gathered here on the input's device (see
+    :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged.
+    ``targets``/``target_lengths``: host int64 arrays, or tensors when traced."""
+    t_max, n, n_cls = log_probs.shape
+    s = targets.shape[1]
+    if not ctc_gather_worthwhile(t_max, n, n_cls, s):
+        return log_probs, targets, blank
+    if isinstance(targets, np.ndarray):
+        columns, column_targets = ctc_gather_plan(targets, target_lengths, n_cls, blank)
+        columns = torch.from_numpy(columns).to(log_probs.device)
+    else:
+        columns, column_targets = _gather_plan_traced(targets, target_lengths, n_cls, blank)
+    index = columns.unsqueeze(0).expand(t_max, n, s + 1)
+    return log_probs.gather(2, index), column_targets, 0
+
+
 def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
     """ctc_loss when target/length values cannot be read on the host (torch.compile
     tracing, or a torch.func.vmap over them): shapes and dtypes are checked here, an
     invalid sequence gets a NaN loss from the kernel instead of a ValueError."""
-    il = _as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device)
-    tl = _as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device)
+    il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device),
+                       log_probs)
+    tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device),
+                       log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction,
@@ -77,6 +139,7 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         tg = _concat_to_padded_traced(tg, tl)
     elif not batched:
         tg = tg.reshape(1, -1)
+    lp, tg, blank = _gathered(lp, tg, tl, int(blank))
     out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
                        blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
@@ -92,13 +155,16 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
 
     Args:
       log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities
-        (e.g. ``log_softmax`` outputs), float32 or float64, any device.  ``T``
+        (e.g. ``log_softmax`` outputs), float32 or float64, any device; float16 and
+        bfloat16 are computed in float64 and the loss and gradient returned in
+        their dtype (under ``torch.autocast``: float32, as ``F.ctc_loss``).  ``T``
         frames, ``N`` sequences, ``C`` classes including the blank.
       targets: ``(N, S)`` padded integer targets, or 1-D concatenated targets of size
         ``sum(target_lengths)``; ``(S,)`` for unbatched input.  Labels in ``[0, C)``,
         never ``blank``.
-      input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
-      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
+      input_lengths: ``(N,)`` tensor or tuple of ints (or of 0-d tensors) in
+        ``[0, T]``; a 0-d tensor or int when ``N = 1``, as ``F.ctc_loss`` accepts.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]`` (same forms).
       blank: index of the blank class.
       reduction: ``'none'`` (``(N,)`` losses), ``'sum'``, or ``'mean'`` (each loss
         divided by its target length clamped to >= 1, then averaged).
@@ -116,12 +182,17 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     ``+inf`` with a zero gradient; a NaN in a sequence's frames makes only that
     sequence NaN.  Inputs are validated (label range, blank inside targets,
     lengths, dtypes) with a ``ValueError``/``TypeError`` before any computation.
+    The gradient is first order only: differentiating it again (a second
+    ``grad`` after ``create_graph=True``, ``torch.func.hessian``, ``jvp``)
+    raises ``NotImplementedError``, as torch's own CTC does.  TorchScript is not
+    supported (``RuntimeError``); ``torch.compile`` and ``torch.export`` are.
     The math: see :mod:`duoloss.core._ctc`.
 
     References:
       Graves et al., "Connectionist Temporal Classification", ICML 2006.
     """
     fn = "ctc_loss"
+    check_not_torchscript(fn)
     if not isinstance(log_probs, torch.Tensor):
         raise TypeError(f"{fn}: argument 'log_probs' must be a torch.Tensor, "
                         f"got {type(log_probs).__name__}")
@@ -132,13 +203,14 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
                            reduction, zero_infinity)
     if (isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
-            and targets.dim() == 2 and log_probs.dim() == 3):
+            and targets.dim() == 2 and log_probs.dim() == 3 and input_lengths.dim() == 1
+            and target_lengths.dim() == 1):
         out = _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank,
                           reduction, zero_infinity)
         if out is not None:
             return out
-    il = _as_int_array(input_lengths, fn, "input_lengths")
-    tl = _as_int_array(target_lengths, fn, "target_lengths")
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
+    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank, reduction)
@@ -153,6 +225,7 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         tg = tg.reshape(1, -1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
     weights = reduction_weights(reduction, tl)
+    lp, padded, blank = _gathered(lp, padded, tl, int(blank))
     out = apply_kernel(
         CTC_KERNEL,
         (lp, padded, il, tl),
@@ -184,6 +257,7 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     if _first_invalid(tg, il, tl, t_max, n_cls, blank)[0]:
         return None
     want = (torch.is_grad_enabled() and log_probs.requires_grad, False, False, False)
+    log_probs, tg, blank = _gathered(log_probs, tg, tl, int(blank))
     return apply_kernel_eager(CTC_KERNEL, (log_probs, tg, il, tl), want,
                               reduction_weights(reduction, tl),
                               {"blank": int(blank), "zero_infinity": bool(zero_infinity)})
@@ -201,6 +275,9 @@ class CTCLoss(torch.nn.Module):
     def forward(self, log_probs, targets, input_lengths, target_lengths):
         return ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
                         self.reduction, self.zero_infinity)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("CTCLoss")
 
     def extra_repr(self) -> str:
         return f"blank={self.blank}, reduction={self.reduction!r}, zero_infinity={self.zero_infinity}"

@@ -6,12 +6,14 @@ from typing import Literal, Optional, Sequence
 import numpy as np
 import torch
 
-from duoloss.core._graph_loss import GRAPH_LOSS_KERNEL, PackedGraphs, check_graph_args
+from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
+                                      check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
-from ._adapter import apply_kernel, reduction_weights, to_numpy
+from ._adapter import (apply_kernel, autocast_inputs, reduction_weights, to_numpy,
+                       torchscript_error)
 from ._asg import _check_bool, _check_tensor
-from ._ctc import _as_int_array
+from ._ctc import _as_int_array, _per_sequence
 
 __all__ = ["graph_loss", "GraphLoss"]
 
@@ -20,7 +22,8 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
                normalize: bool = False, reduction: Literal["none", "sum", "mean"] = "mean",
                weights: Optional[torch.Tensor] = None,
                arc_weight_index: Optional[Sequence] = None, target_lengths=None,
-               zero_infinity: bool = False) -> torch.Tensor:
+               zero_infinity: bool = False, denominator=None,
+               denominator_arc_weight_index=None) -> torch.Tensor:
     r"""Loss of one target graph per sequence: ``-forward_score(intersect(G_b, E_b))``.
 
     ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` shared arc weights.  Each
@@ -42,7 +45,8 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     Args:
       emissions: ``(T, N, C)``-tensor of scores (e.g. log-probabilities), float32/float64.
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors over ``[0, C)`` (matched on their
-        input labels; no epsilon arcs), or the same already packed by
+        input labels; epsilon arcs, label ``-1``, consume no frame and must not form
+        a cycle), or the same already packed by
         :func:`pack_graphs` (then ``arc_weight_index`` is inside it).  Their own
         arc weights are constants.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
@@ -55,6 +59,13 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
         ``[-1, K)`` per arc of each graph (``-1``: the arc has no learnable part).
       target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
       zero_infinity: sequences without a path get loss 0 and zero gradients.
+      denominator: LF-MMI: one ``Graph`` shared by the batch (packed once), a list
+        of ``N`` graphs, or a :class:`PackedGraphs` of 1 or ``N`` graphs; the loss
+        becomes :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`
+        (``normalize`` must then be ``False``: it cancels).  Its arcs may be tied
+        to the same ``weights``.
+      denominator_arc_weight_index: with ``weights``: one integer array (a shared
+        denominator) or ``N`` of them, an index in ``[-1, K)`` per arc.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
@@ -76,14 +87,32 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     _check_bool(fn, "zero_infinity", zero_infinity)
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "weights", weights, optional=True)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
+    # autocast: bfloat16 emissions with float32 tied weights, as asg_loss.
+    emissions, weights = autocast_inputs(emissions, weights)
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
+    if (arc_weight_index is None and denominator_arc_weight_index is not None
+            and denominator is not None and weights is not None
+            and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
+        arc_weight_index = [np.full(g.num_arcs(), -1, np.int64) if hasattr(g, "num_arcs")
+                            else None for g in graphs]
     packed = check_graph_args(fn, emissions, host_graphs(graphs), il, weights, arc_weight_index)
+    den = None
+    if denominator is not None:
+        if normalize:
+            raise ValueError(f"{fn}: argument 'normalize' must be False with a 'denominator' "
+                             f"(the normaliser cancels), got True")
+        den = check_denominator(fn, emissions, host_graphs(denominator), weights,
+                                denominator_arc_weight_index)
+    elif denominator_arc_weight_index is not None:
+        raise ValueError(f"{fn}: argument 'denominator_arc_weight_index' needs a "
+                         f"'denominator', got None")
     il = il.astype(np.int64, copy=False).reshape(-1)
     n = il.shape[0]
     if target_lengths is None:
         tl = np.ones(n, np.int64)
     else:
-        tl = _as_int_array(target_lengths, fn, "target_lengths").astype(np.int64).reshape(-1)
+        tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
+        tl = tl.astype(np.int64).reshape(-1)
         if tl.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
                              f"N = {n}, got shape {shape_str(tl.shape)}")
@@ -92,6 +121,10 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     elif weights.device != emissions.device:
         raise ValueError(f"{fn}: argument 'weights' must be on the device of 'emissions' "
                          f"({emissions.device}), got {weights.device}")
+    if den is not None:
+        return apply_kernel(GRAPH_MMI_KERNEL, (emissions, weights, il) + tuple(packed)
+                            + tuple(den), weights=reduction_weights(reduction, tl),
+                            zero_infinity=bool(zero_infinity))
     return apply_kernel(GRAPH_LOSS_KERNEL, (emissions, weights, il) + tuple(packed),
                         weights=reduction_weights(reduction, tl), normalize=bool(normalize),
                         zero_infinity=bool(zero_infinity))
@@ -132,12 +165,18 @@ class GraphLoss(torch.nn.Module):
         self.zero_infinity = zero_infinity
 
     def forward(self, emissions, graphs, input_lengths, arc_weight_index=None,
-                target_lengths=None):
-        use = arc_weight_index is not None or isinstance(graphs, PackedGraphs)
+                target_lengths=None, denominator=None, denominator_arc_weight_index=None):
+        use = (arc_weight_index is not None or isinstance(graphs, PackedGraphs)
+               or denominator_arc_weight_index is not None
+               or isinstance(denominator, PackedGraphs))
         return graph_loss(emissions, graphs, input_lengths, normalize=self.normalize,
                           reduction=self.reduction, weights=self.weights if use else None,
                           arc_weight_index=arc_weight_index, target_lengths=target_lengths,
-                          zero_infinity=self.zero_infinity)
+                          zero_infinity=self.zero_infinity, denominator=denominator,
+                          denominator_arc_weight_index=denominator_arc_weight_index)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("GraphLoss")
 
     def extra_repr(self) -> str:
         return (f"num_weights={self.weights.shape[0]}, normalize={self.normalize}, "

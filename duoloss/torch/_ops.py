@@ -39,16 +39,33 @@ import torch
 
 from duoloss.core import LossKernel
 
-__all__ = ["OP_NAME", "fold", "kernel_id", "kernel_loss_op", "static_json", "unfold",
-           "weigh_batched"]
+__all__ = ["GRAD_OP_NAME", "OP_NAME", "fold", "kernel_grad_op", "kernel_id", "kernel_loss_op",
+           "second_order_message", "static_json", "unfold", "weigh_batched"]
 
 OP_NAME = "duoloss::kernel_loss"
 
 
-@torch.compiler.assume_constant_result  # dynamo misreads function.__qualname__
+def _assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo``.
+
+    That decorator imports dynamo (1.7-4 s) only to set this attribute; setting
+    it here keeps ``import duoloss.torch`` free of dynamo until compile is used
+    (tests/test_compile_torch.py checks that compiling still works).
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+# Kernel names by kernel id, for the operators' error messages.
+_NAMES: dict = {}
+
+
+@_assume_constant_result  # dynamo misreads function.__qualname__
 def kernel_id(kernel: LossKernel) -> str:
     """``"module:qualname"`` of ``kernel.run``: how the operator names a kernel."""
-    return f"{kernel.run.__module__}:{kernel.run.__qualname__}"
+    run_id = f"{kernel.run.__module__}:{kernel.run.__qualname__}"
+    _NAMES[run_id] = kernel.name
+    return run_id
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,33 +174,77 @@ def _fake(run, static, batch_axes, want, weights, inputs):
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, batch_axes, want, weights, _ = inputs
+    run, _, batch_axes, want, weights, tensors = inputs
+    ctx.name = _NAMES.get(run, run)
     ctx.batch_axes = tuple(batch_axes)
     ctx.want = tuple(want)
     ctx.weighted = weights is not None
-    ctx.save_for_backward(*output[1:])
+    # The wanted inputs too: the backward passes them to kernel_grad_op, so a
+    # compiled create_graph=True backward stays linked to them and a second
+    # differentiation raises instead of treating the gradient as a constant.
+    ctx.save_for_backward(*output[1:], *[t for t, w in zip(tensors, want) if w])
 
 
 def _backward(ctx, grads):
     g = grads[0]
-    saved = iter(ctx.saved_tensors)
+    saved = ctx.saved_tensors
+    k = len(saved) // 2
+    grads_in, inputs = iter(saved[:k]), iter(saved[k:])
     result = []
     for wanted, axis in zip(ctx.want, ctx.batch_axes):
         if not wanted:
             result.append(None)
             continue
-        gr = next(saved)
+        gr, x = next(grads_in), next(inputs)
         if g is None:
             result.append(None)
-        elif ctx.weighted:
-            result.append(gr * g.to(gr.dtype))
-        elif axis < 0:
-            result.append(torch.tensordot(g.to(gr.dtype), gr, dims=1))
         else:
-            shape = [1] * gr.dim()
-            shape[axis] = -1
-            result.append(gr * g.to(gr.dtype).reshape(shape))
+            result.append(kernel_grad_op(ctx.name, gr, g, x, axis, ctx.weighted))
     return None, None, None, None, None, result
+
+
+GRAD_OP_NAME = "duoloss::kernel_grad"
+
+
+@torch.library.custom_op(GRAD_OP_NAME, mutates_args=())
+def kernel_grad_op(name: str, grad: torch.Tensor, grad_loss: torch.Tensor, x: torch.Tensor,
+                   axis: int, weighted: bool) -> torch.Tensor:
+    """An input's gradient: its per-sequence gradient ``grad`` scaled by the cotangent.
+
+    ``x`` (the loss's input) is not read: it links the gradient to the input, so
+    differentiating the gradient raises (AOTAutograd's "does not currently
+    support double backward", or this operator's own error) instead of silently
+    returning a Hessian without the loss's term.
+    """
+    if weighted:  # scalar loss, weights already applied
+        return grad * grad_loss.to(grad.dtype)
+    if axis < 0:  # shared input: (N, *shape) per-sequence gradients
+        return torch.tensordot(grad_loss.to(grad.dtype), grad, dims=1)
+    shape = [1] * grad.dim()
+    shape[axis] = -1
+    return grad * grad_loss.to(grad.dtype).reshape(shape)
+
+
+@kernel_grad_op.register_fake
+def _grad_fake(name, grad, grad_loss, x, axis, weighted):
+    return grad.new_empty(x.shape)
+
+
+def _grad_setup_context(ctx, inputs, output):
+    ctx.name = inputs[0]
+
+
+def second_order_message(name: str) -> str:
+    """The error of every attempt to differentiate a duoloss gradient."""
+    return (f"{name}: second derivatives are not implemented (the gradient is computed by "
+            f"duoloss's kernel and is not itself differentiable)")
+
+
+def _grad_backward(ctx, *unused):
+    raise NotImplementedError(second_order_message(ctx.name))
+
+
+kernel_grad_op.register_autograd(_grad_backward, setup_context=_grad_setup_context)
 
 
 kernel_loss_op.register_autograd(_backward, setup_context=_setup_context)

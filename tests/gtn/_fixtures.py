@@ -1,42 +1,53 @@
-"""Loader for the GTN golden fixtures in ``../shared/fixtures/gtn/public``.
+"""Loader for GTN's golden fixtures, vendored in ``tests/data/gtn/public``.
 
-Tests that need them are skipped, with the reason, when the directory is absent.
+The files are GTN's own outputs (see ``tests/data/gtn/PROVENANCE.md``). They ship with every
+clone and with the sdist, so a missing file is an error, not a reason to skip:
+``DUOLOSS_GTN_FIXTURES`` may point at another copy (a directory holding ``public/``).
 """
 from __future__ import annotations
 
+import copy
 import json
+import os
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-FIXTURE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gtn"
+FIXTURE_DIR = Path(os.environ.get("DUOLOSS_GTN_FIXTURES")
+                   or Path(__file__).resolve().parents[1] / "data" / "gtn")
 PUBLIC = FIXTURE_DIR / "public"
 
 
-def load_family(family: str) -> list:
-    """The list of cases of ``public/<family>.json`` (skips the test if missing)."""
+@lru_cache(maxsize=None)
+def _read(family: str) -> tuple:
     path = PUBLIC / f"{family}.json"
     if not path.exists():
-        pytest.skip(f"GTN fixtures not found at {path} (the shared fixtures directory is absent)")
+        raise FileNotFoundError(
+            f"GTN fixture file {path} is missing: it is part of the repository "
+            f"(tests/data/gtn/public/); restore it or set DUOLOSS_GTN_FIXTURES")
     with open(path) as f:
-        return json.load(f)["cases"]
+        return tuple(json.load(f)["cases"])
+
+
+def load_family(family: str) -> list:
+    """The list of cases of ``public/<family>.json`` (each call gets fresh copies)."""
+    return copy.deepcopy(list(_read(family)))
 
 
 def case_ids(family: str) -> list:
-    """Case ids for parametrisation (empty if the fixtures are absent)."""
-    path = PUBLIC / f"{family}.json"
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return [c["id"] for c in json.load(f)["cases"]]
+    """Case ids for parametrisation (raises if the fixtures are missing)."""
+    return [c["id"] for c in _read(family)]
+
+
+@lru_cache(maxsize=None)
+def _by_id(family: str) -> dict:
+    return {c["id"]: c for c in _read(family)}
 
 
 def get_case(family: str, case_id: str) -> dict:
-    for c in load_family(family):
-        if c["id"] == case_id:
-            return c
-    raise KeyError(case_id)
+    """A fresh copy of one case (``KeyError`` if the id is unknown)."""
+    return copy.deepcopy(_by_id(family)[case_id])
 
 
 def parse_graph(text: str, num_nodes: int):

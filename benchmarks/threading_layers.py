@@ -1,0 +1,229 @@
+"""Cost of numba's threading layers for duoloss's parallel kernels (CTC and ASG fwd+bwd).
+
+numba picks one threading layer per process (``omp``, ``tbb`` or ``workqueue``), so
+every configuration runs in its own worker process with ``NUMBA_THREADING_LAYER``
+set; the workers take turns on each case, round after round, so that load from
+other jobs falls on all layers alike.
+For each layer and size this prints the median milliseconds of one core call
+(forward + backward, float32) from a single Python thread, and the wall time per
+call when 4 Python threads call at once (on ``workqueue`` duoloss serialises the
+launches with a lock), plus whether a forked child can still run a parallel kernel
+after the parent did (``fork ok``; a killed or hung child reads ``no``).
+
+``tbb`` needs ``libtbb.so.12`` (``pip install tbb``) where the dynamic loader finds
+it; pass its folder with ``--tbb-lib`` (default: ``<sys.prefix>/lib``), which is
+put on ``LD_LIBRARY_PATH`` for that subprocess only.
+
+    python benchmarks/threading_layers.py                          # all layers, default sizes
+    python benchmarks/threading_layers.py --layers omp,workqueue --sizes 8,200,30,40 --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+DEFAULT_SIZES = "8,200,30,40;32,500,50,100"
+
+
+def _inputs(b, t, c, l):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t, b, c)).astype(np.float32)
+    lp = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
+    tg = rng.integers(1, c, (b, l))
+    il = np.full(b, t)
+    tl = np.full(b, l)
+    tr = (0.5 * rng.standard_normal((c, c))).astype(np.float32)
+    return x, lp, tg, il, tl, tr
+
+
+def _kernels(size):
+    from duoloss.core import asg_loss_and_grad, ctc_loss_and_grad
+
+    x, lp, tg, il, tl, tr = _inputs(*size)
+    return {
+        "ctc": lambda: ctc_loss_and_grad(lp, tg, il, tl),
+        "asg": lambda: asg_loss_and_grad(x, tr, tg, il, tl),
+    }
+
+
+def _single(fn, calls):
+    """Milliseconds of each of ``calls`` back-to-back calls from one thread."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return times
+
+
+def _concurrent(fn, callers, calls):
+    """Wall milliseconds per call while ``callers`` Python threads each make ``calls`` calls."""
+    barrier = threading.Barrier(callers + 1)
+
+    def work():
+        barrier.wait()
+        for _ in range(calls):
+            fn()
+
+    threads = [threading.Thread(target=work) for _ in range(callers)]
+    for th in threads:
+        th.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for th in threads:
+        th.join()
+    return [1e3 * (time.perf_counter() - t0) / (callers * calls)]
+
+
+def _quiet(fn):
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)  # the child's error (or numba's "Terminating: ...") is expected
+    fn()
+
+
+def _child_runs_kernel(fn, timeout):
+    """Fork; the child runs ``fn``.  True if it exits cleanly within ``timeout`` s."""
+    proc = multiprocessing.get_context("fork").Process(target=_quiet, args=(fn,))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return False
+    return proc.exitcode == 0
+
+
+def _worker(fork_timeout):
+    """Serve timing requests (one JSON line each on stdin) in this process's layer."""
+    from duoloss.core import threading_layer
+
+    kernels = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "hello":
+            out = {"layer": None}
+        elif req["op"] == "fork":
+            fn = next(iter(kernels.values()))
+            out = {"fork_ok": _child_runs_kernel(fn, fork_timeout)}
+        else:
+            size = tuple(req["size"])
+            if size not in kernels:
+                for name, fn in _kernels(size).items():
+                    fn()  # compile or load from the cache; start the thread pool
+                    kernels[size, name] = fn
+            fn = kernels[size, req["kernel"]]
+            fn()
+            callers, calls = req["callers"], req["calls"]
+            out = {"ms": _single(fn, calls) if callers == 1 else _concurrent(fn, callers, calls)}
+            out["layer"] = threading_layer()
+        print(json.dumps(out), flush=True)
+
+
+class _Layer:
+    """A long-lived worker process running one numba threading layer."""
+
+    def __init__(self, layer, args):
+        env = dict(os.environ, NUMBA_THREADING_LAYER=layer,
+                   NUMBA_NUM_THREADS=str(args.threads))
+        # Time this checkout's duoloss, not whichever one is installed.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        if layer == "tbb":
+            lib = args.tbb_lib or os.path.join(sys.prefix, "lib")
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (lib, os.environ.get("LD_LIBRARY_PATH")) if p)
+        self.name = layer
+        self.loaded = None
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker",
+             "--fork-timeout", str(args.fork_timeout)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **req):
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} worker died (see its stderr above)")
+        out = json.loads(line)
+        self.loaded = out.get("layer") or self.loaded
+        return out
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", default="omp,workqueue,tbb")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="B,T,C,L;B,T,C,L;...")
+    p.add_argument("--threads", type=int, default=2, help="NUMBA_NUM_THREADS")
+    p.add_argument("--callers", default="1,4", help="numbers of concurrent Python threads")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="rounds; each times every layer in turn (interleaved)")
+    p.add_argument("--calls", type=int, default=10, help="calls per caller per round")
+    p.add_argument("--fork-timeout", type=float, default=60.0)
+    p.add_argument("--tbb-lib", default=None, help="folder holding libtbb.so.12")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        _worker(args.fork_timeout)
+        return
+    sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes.split(";")]
+    callers = [int(v) for v in args.callers.split(",")]
+    cases = [(size, kernel, c) for size in sizes for kernel in ("ctc", "asg") for c in callers]
+
+    layers = [_Layer(name, args) for name in args.layers.split(",")]
+    times = {(layer.name, case): [] for layer in layers for case in cases}
+    try:
+        for layer in layers:
+            layer.ask(op="hello")
+        for r in range(args.rounds):
+            for case in cases:
+                # Every layer in turn on the same case, in rotating order, so that
+                # the other jobs on a shared machine hit all layers alike.
+                for layer in layers[r % len(layers):] + layers[:r % len(layers)]:
+                    size, kernel, c = case
+                    out = layer.ask(op="time", size=size, kernel=kernel, callers=c,
+                                    calls=args.calls)
+                    times[layer.name, case] += out["ms"]
+        fork_ok = {layer.name: layer.ask(op="fork")["fork_ok"] for layer in layers}
+    finally:
+        for layer in layers:
+            layer.close()
+
+    for layer in layers:
+        if layer.loaded != layer.name:
+            print(f"# asked for {layer.name}, numba loaded {layer.loaded}", file=sys.stderr)
+    base = layers[0].name
+    print(f"numba threading layers, NUMBA_NUM_THREADS={args.threads}, float32 fwd+bwd, "
+          f"median ms per call over {args.rounds} interleaved rounds (ratio to {base}); "
+          f"N callers: wall time / calls with N Python threads calling at once")
+    cols = ["1 caller" if c == 1 else f"{c} callers" for c in callers]
+    print("| kernel (B,T,C,L) | layer | " + " | ".join(cols) + " | fork ok |")
+    print("|" + "---|" * (len(cols) + 3))
+    for size in sizes:
+        for kernel in ("ctc", "asg"):
+            for layer in layers:
+                cells = []
+                for c in callers:
+                    ms = statistics.median(times[layer.name, (size, kernel, c)])
+                    ref = statistics.median(times[base, (size, kernel, c)])
+                    cells.append(f"{ms:.2f} ({ms / ref:.2f}x)")
+                print(f"| {kernel} ({','.join(map(str, size))}) | {layer.loaded} | "
+                      + " | ".join(cells) + f" | {'yes' if fork_ok[layer.name] else 'no'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Where numba caches duoloss's compiled kernels, settled before any kernel is defined.
+
+Every kernel is an ``@njit(cache=True)`` function, and numba picks the cache
+location when the decorator runs, at import.  Its choices are ``NUMBA_CACHE_DIR``
+(when set), the ``__pycache__`` folder next to the source, then a user-wide folder
+(``$XDG_CACHE_HOME/numba`` or ``~/.cache/numba`` on Linux); when none is writable
+(a read-only ``site-packages`` and no writable home, as in locked-down containers)
+the decorator raises ``RuntimeError: cannot cache function ...: no locator
+available``, and ``import duoloss.torch`` fails.
+
+This module runs first in ``duoloss.core`` (whose ``__init__`` imports it before
+any kernel module, and every ``duoloss.core._x`` import runs that ``__init__``
+first).  It leaves numba alone when the user set a cache folder or one of numba's
+own locations works.  Otherwise it sets ``numba.config.CACHE_DIR`` to a private
+per-user folder in the temporary directory (``<tmp>/numba-cache-<uid>``, mode
+0700, used only if this user owns it and nobody else can write to it; else a fresh
+``mkdtemp`` folder).  ``numba.config.CACHE_DIR`` is process-wide: other numba code
+in the process then caches there too.  If not even the temporary directory is
+writable, duoloss's kernels are compiled without a disk cache (about 5–10 s per
+kernel on first use in every process), with exactly one warning.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import warnings
+
+import numba
+
+__all__ = []
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CORE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+#: Where duoloss's kernels are cached: "NUMBA_CACHE_DIR", "in-tree", "user-wide",
+#: "temporary" or "none" (set at import; for tests and diagnostics).
+cache_choice = None
+
+
+def _writable(path):
+    """numba's own test for a cache folder: create it, then a temporary file in it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError:
+        return False
+    return True
+
+
+def _numba_user_cache_dir():
+    try:
+        from numba.misc.appdirs import AppDirs
+    except ImportError:  # pragma: no cover - numba moved it
+        return os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                            os.path.expanduser("~/.cache"), "numba")
+    return AppDirs(appname="numba", appauthor=False).user_cache_dir
+
+
+def _private_dir(path):
+    """Create ``path`` (0700) or accept it only if it is this user's and private."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        # Someone else made it, or others may write to it: cache files are
+        # pickles that numba loads, so do not trust them.
+        return False
+    return _writable(path)
+
+
+def _temporary_cache_dir():
+    """A private, writable folder under the temporary directory, or None."""
+    try:
+        base = tempfile.gettempdir()
+    except OSError:  # no usable temporary directory at all
+        return None
+    user = str(os.getuid()) if hasattr(os, "getuid") else (
+        os.environ.get("USERNAME") or os.environ.get("USER") or "user")
+    shared = os.path.join(base, f"numba-cache-{user}")
+    if _private_dir(shared):
+        return shared
+    try:
+        fresh = tempfile.mkdtemp(prefix="numba-cache-")
+    except OSError:
+        return None
+    return fresh if _writable(fresh) else None
+
+
+def _disable_cache_for_duoloss():
+    """Make ``cache=True`` a no-op for duoloss's own kernels (other code unchanged)."""
+    from numba.core import caching as _caching
+    from numba.core import dispatcher as _dispatcher
+
+    original = _dispatcher.Dispatcher.enable_caching
+    if getattr(original, "_duoloss_no_cache", False):
+        return
+
+    def enable_caching(self):
+        module = getattr(self.py_func, "__module__", "") or ""
+        if module == "duoloss" or module.startswith("duoloss."):
+            self._cache = _caching.NullCache()
+        else:
+            original(self)
+
+    enable_caching._duoloss_no_cache = True
+    _dispatcher.Dispatcher.enable_caching = enable_caching
+
+
+def _setup_cache():
+    global cache_choice
+    if numba.config.CACHE_DIR:
+        cache_choice = "NUMBA_CACHE_DIR"
+    elif _writable(os.path.join(_CORE_DIR, "__pycache__")):
+        cache_choice = "in-tree"
+    elif _writable(_numba_user_cache_dir()):
+        cache_choice = "user-wide"
+    else:
+        folder = _temporary_cache_dir()
+        if folder is not None:
+            numba.config.CACHE_DIR = folder
+            cache_choice = "temporary"
+        else:
+            _disable_cache_for_duoloss()
+            cache_choice = "none"
+            warnings.warn(
+                "duoloss: no writable folder for numba's kernel cache (the package folder "
+                f"{_PACKAGE_DIR!r}, the user cache folder and the temporary directory are "
+                "all read-only): kernels compile on first use in every process. Set "
+                "NUMBA_CACHE_DIR to a writable folder to keep compiled kernels.",
+                RuntimeWarning, stacklevel=2)
+
+
+_setup_cache()

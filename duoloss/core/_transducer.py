@@ -1,0 +1,541 @@
+r"""The transducer lattice recursion (RNN-T and its variants) on numpy buffers.
+
+Every transducer loss here is one recursion over an ``(S + 1) x (T + 1)``
+lattice whose two kinds of moves carry log-probabilities that the *framework*
+has already gathered from the joiner's output (k2's formulation): the host
+never sees the ``V`` axis.
+
+Shapes: ``N`` sequences, ``S`` padded symbol positions, ``T`` padded frames.
+
+* ``px``: ``(N, S, T + 1)`` for ``rnnt_type='regular'``, ``(N, S, T)`` for
+  ``'modified'`` and ``'constrained'``; ``px[b, s, t]`` is the log-probability
+  of the move that emits symbol ``s`` (0-based) from lattice node ``(s, t)``;
+* ``py``: ``(N, S + 1, T)``; ``py[b, s, t]`` is the log-probability of the move
+  ``(s, t) -> (s, t + 1)`` (the blank / termination symbol: next frame);
+* ``boundary``: ``(N, 4)`` int64 rows ``[s_begin, t_begin, s_end, t_end]``
+  with ``0 <= s_begin <= s_end <= S`` and ``0 <= t_begin <= t_end <= T``.
+
+The recursion is exactly k2's ``mutual_information_recursion``:
+
+.. math::
+
+    p_{s_0, t_0} = 0, \qquad
+    p_{s,t} = \operatorname{logaddexp}\left(p_{s-1,t} + px_{s-1,t},\;
+        p_{s,t-1} + py_{s,t-1}\right) \quad \text{(regular)},
+
+    p_{s,t} = \operatorname{logaddexp}\left(p_{s-1,t-1} + px_{s-1,t-1},\;
+        p_{s,t-1} + py_{s,t-1}\right) \quad \text{(modified, constrained)},
+
+over ``s_begin <= s <= s_end``, ``t_begin <= t <= t_end`` (terms outside the
+box are ``-inf``), and the loss is the per-sequence NEGATIVE log-likelihood
+
+.. math::
+
+    \text{loss}_b = -p_{s_{end}, t_{end}}.
+
+(k2 returns :math:`+p`; its ``rnnt_loss`` negates it.)  ``'constrained'``
+differs from ``'modified'`` only in how k2 builds ``px`` (it adds the next
+context's blank, ``px += py[:, 1:]``); the recursion is the same.
+
+NB: as in k2, nothing here forbids a regular path from using
+``px[b, :, t_end]`` (a symbol emitted on the "one-past-the-last" frame): an
+RNN-T frontend sets that column to ``-inf`` (k2's ``fix_for_boundary``).
+
+Gradients: ``d loss_b / d px[b, s, t]`` is minus the posterior probability
+(occupation) of that move,
+``-exp(p[s, t] + px[s, t] + q[s+1, t'] - p[s_end, t_end])`` with ``q`` the
+backward (suffix) scores and ``t' = t`` (regular) or ``t + 1`` (modified);
+likewise for ``py``.  They are exactly zero outside each sequence's box.
+
+NB (NaN/inf policy): ``-inf`` log-probabilities are valid (probability zero)
+and never produce NaN.  A sequence with no path of finite score (e.g. a
+modified lattice with ``s_end - s_begin > t_end - t_begin``) gets loss
+``+inf`` and zero gradients.  A NaN inside a sequence's box makes its loss and
+its gradients (inside the box) NaN and leaves the other sequences unchanged;
+entries outside the box are never read.  An invalid ``boundary`` row (possible
+only for traced values) gives that sequence a NaN loss and NaN gradients,
+never an out-of-bounds read.
+
+Implementation: exact log space in float64 (inputs are read in their own
+float32/float64 dtype), one ``log1p`` and one inlined :func:`fast_exp` per
+lattice cell and move; the forward pass is the same code with or without
+gradients, so the loss does not depend on whether a gradient was asked for.
+The lattice is tiny next to the joiner output (``S T`` versus ``S T V``), so
+the framework's ``log_softmax`` dominates the cost of a full RNN-T loss.
+Parallel over the batch.
+
+References:
+  Graves, "Sequence Transduction with Recurrent Neural Networks",
+  arXiv:1211.3711, 2012.
+  Kuang, Guo, Kang, Lin, Luo, Povey, "Pruned RNN-T for fast, memory-efficient
+  ASR training", arXiv:2206.13236, 2022 (k2's formulation and ``boundary``).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# NB: the kernels inline fast_exp; numba's on-disk cache is keyed on this
+# file's mtime only, so touch it after editing _fastmath.py.
+from ._fastmath import fast_exp
+from ._spec import LossKernel
+from ._threading import parallel_guard
+
+__all__ = [
+    "RNNT_FLOAT_DTYPES",
+    "RNNT_TYPES",
+    "check_rnnt_args",
+    "check_rnnt_options",
+    "rnnt_alignment",
+    "TRANSDUCER_KERNEL",
+    "transducer_loss_and_grad",
+    "transducer_viterbi",
+]
+
+#: The lattice topologies (k2's names).
+RNNT_TYPES = ("regular", "modified", "constrained")
+
+_NEG_INF = -np.inf
+_PARALLEL_MIN_CELLS = 20_000
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lae(a, b):
+    """log(exp(a) + exp(b)); -inf is the identity, NaN propagates."""
+    if a < b:
+        a, b = b, a
+    if b == _NEG_INF:
+        return a
+    return a + math.log1p(fast_exp(b - a))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _box_ok(bd, b, n_s, n_t):
+    s0 = bd[b, 0]
+    t0 = bd[b, 1]
+    s1 = bd[b, 2]
+    t1 = bd[b, 3]
+    return 0 <= s0 and s0 <= s1 and s1 <= n_s and 0 <= t0 and t0 <= t1 and t1 <= n_t
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_box(g, b, s0, s1, t0, t1, value):
+    for s in range(s0, s1):
+        for t in range(t0, t1):
+            g[b, s, t] = value
+
+
+@numba.njit(cache=True, nogil=True)
+def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
+    """Loss (and gradients) of sequence ``b``; ``gx``/``gy`` are zero on entry."""
+    n_s = py.shape[1] - 1
+    n_t = py.shape[2]
+    if not _box_ok(bd, b, n_s, n_t):
+        losses[b] = np.nan
+        if want_x:
+            _fill_box(gx, b, 0, gx.shape[1], 0, gx.shape[2], np.nan)
+        if want_y:
+            _fill_box(gy, b, 0, gy.shape[1], 0, gy.shape[2], np.nan)
+        return
+    s0 = bd[b, 0]
+    t0 = bd[b, 1]
+    s1 = bd[b, 2]
+    t1 = bd[b, 3]
+    ns = s1 - s0 + 1
+    nt = t1 - t0 + 1
+    # alpha[i, j] = p[s0 + i, t0 + j]
+    alpha = np.empty((ns, nt))
+    for i in range(ns):
+        s = s0 + i
+        for j in range(nt):
+            t = t0 + j
+            if i == 0 and j == 0:
+                v = 0.0
+            else:
+                v = _NEG_INF
+                if j > 0:
+                    v = alpha[i, j - 1] + np.float64(py[b, s, t - 1])
+                if i > 0:
+                    if not modified:
+                        v = _lae(v, alpha[i - 1, j] + np.float64(px[b, s - 1, t]))
+                    elif j > 0:
+                        v = _lae(v, alpha[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1]))
+            alpha[i, j] = v
+    total = alpha[ns - 1, nt - 1]
+    losses[b] = -total
+    if not (want_x or want_y):
+        return
+    if total != total:
+        if want_x:
+            _fill_box(gx, b, s0, s1, t0, min(t1 + 1, gx.shape[2]), np.nan)
+        if want_y:
+            _fill_box(gy, b, s0, s1 + 1, t0, t1, np.nan)
+        return
+    if total == _NEG_INF:
+        return  # infeasible: loss +inf, zero gradients
+    # Backward (suffix) scores, two rows: nxt = q[s + 1, :], cur = q[s, :].
+    nxt = np.full(nt + 1, _NEG_INF)
+    cur = np.full(nt + 1, _NEG_INF)
+    for i in range(ns - 1, -1, -1):
+        s = s0 + i
+        cur[nt] = _NEG_INF
+        for j in range(nt - 1, -1, -1):
+            t = t0 + j
+            a = alpha[i, j]
+            if i == ns - 1 and j == nt - 1:
+                q = 0.0
+            else:
+                q = _NEG_INF
+                if j < nt - 1:
+                    w = np.float64(py[b, s, t]) + cur[j + 1]
+                    if want_y:
+                        gy[b, s, t] = -fast_exp(a + w - total)
+                    q = w
+                if i < ns - 1:
+                    if not modified:
+                        w = np.float64(px[b, s, t]) + nxt[j]
+                        if want_x:
+                            gx[b, s, t] = -fast_exp(a + w - total)
+                        q = _lae(q, w)
+                    elif j < nt - 1:
+                        w = np.float64(px[b, s, t]) + nxt[j + 1]
+                        if want_x:
+                            gx[b, s, t] = -fast_exp(a + w - total)
+                        q = _lae(q, w)
+            cur[j] = q
+        for j in range(nt + 1):
+            nxt[j] = cur[j]
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _batch_parallel(px, py, bd, modified, want_x, want_y, losses, gx, gy):
+    for b in numba.prange(bd.shape[0]):
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+
+
+@numba.njit(cache=True, nogil=True)
+def _batch_serial(px, py, bd, modified, want_x, want_y, losses, gx, gy):
+    for b in range(bd.shape[0]):
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+
+
+def _check_rnnt_type(fn, rnnt_type):
+    if not isinstance(rnnt_type, str) or rnnt_type not in RNNT_TYPES:
+        raise ValueError(f"{fn}: argument 'rnnt_type' must be one of {RNNT_TYPES}, "
+                         f"got {rnnt_type!r}")
+    return rnnt_type != "regular"
+
+
+def _prepare(fn, px, py, boundary, rnnt_type):
+    """Shape checks (ValueError naming ``fn``) and contiguous host buffers."""
+    modified = _check_rnnt_type(fn, rnnt_type)
+    px = np.asarray(px)
+    py = np.asarray(py)
+    if py.ndim != 3:
+        raise ValueError(f"{fn}: argument 'py' must be an (N, S + 1, T)-array, "
+                         f"got shape {tuple(py.shape)}")
+    n, s1, n_t = py.shape
+    want_px = (n, s1 - 1, n_t if modified else n_t + 1)
+    if px.shape != want_px:
+        raise ValueError(f"{fn}: argument 'px' must have shape {want_px} for rnnt_type "
+                         f"{rnnt_type!r} (from py {tuple(py.shape)}), got {tuple(px.shape)}")
+    if px.dtype != py.dtype:
+        raise TypeError(f"{fn}: arguments 'px' and 'py' must have the same dtype, "
+                        f"got {px.dtype} and {py.dtype}")
+    if px.dtype not in (np.float32, np.float64):
+        px = px.astype(np.float64)
+        py = py.astype(np.float64)
+    if boundary is None:
+        bd = np.zeros((n, 4), np.int64)
+        bd[:, 2] = s1 - 1
+        bd[:, 3] = n_t
+    else:
+        bd = np.asarray(boundary)
+        if bd.shape != (n, 4) or bd.dtype.kind not in "iu":
+            raise ValueError(f"{fn}: argument 'boundary' must be an integer ({n}, 4)-array "
+                             f"of rows [s_begin, t_begin, s_end, t_end], got shape "
+                             f"{tuple(bd.shape)} and dtype {bd.dtype}")
+        bd = bd.astype(np.int64)
+    return (np.ascontiguousarray(px), np.ascontiguousarray(py),
+            np.ascontiguousarray(bd), modified)
+
+
+def transducer_loss_and_grad(px, py, boundary=None, *, rnnt_type="regular",
+                             want_grad=(True, True)):
+    """Per-sequence transducer losses ``-p[s_end, t_end]`` and their gradients.
+
+    Args:
+      px: ``(N, S, T + 1)`` (regular) or ``(N, S, T)`` (modified, constrained)
+        float array: symbol-emission log-probabilities (see the module doc).
+      py: ``(N, S + 1, T)`` float array: blank (next-frame) log-probabilities.
+      boundary: ``(N, 4)`` integer rows ``[s_begin, t_begin, s_end, t_end]``,
+        or ``None`` for ``[0, 0, S, T]``.
+      rnnt_type: ``'regular'``, ``'modified'`` or ``'constrained'``.
+      want_grad: booleans ``(px, py)``.
+
+    Returns:
+      ``(losses, (g_px, g_py))``: ``(N,)`` negative log-likelihoods in
+      ``px``'s dtype and the gradient of each sequence's loss w.r.t. its own
+      ``px``/``py`` (minus the move posteriors; ``None`` when not wanted).
+    """
+    px, py, bd, modified = _prepare("transducer_loss", px, py, boundary, rnnt_type)
+    dtype = px.dtype
+    n = py.shape[0]
+    want_x, want_y = (bool(w) for w in want_grad)
+    losses = np.empty(n, np.float64)
+    gx = np.zeros(px.shape if want_x else (0, 0, 0), dtype)
+    gy = np.zeros(py.shape if want_y else (0, 0, 0), dtype)
+    if n > 0:
+        args = (px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        cells = n * py.shape[1] * (py.shape[2] + 1)
+        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
+            with parallel_guard():
+                old = numba.set_parallel_chunksize(1)
+                try:
+                    _batch_parallel(*args)
+                finally:
+                    numba.set_parallel_chunksize(old)
+        else:
+            _batch_serial(*args)
+    return losses.astype(dtype, copy=False), (gx if want_x else None, gy if want_y else None)
+
+
+def _transducer_run(arrays, want_grad, *, rnnt_type="regular"):
+    px, py, boundary = arrays
+    losses, (gx, gy) = transducer_loss_and_grad(px, py, boundary, rnnt_type=rnnt_type,
+                                                want_grad=tuple(want_grad[:2]))
+    return losses, (gx, gy, None)
+
+
+#: The transducer lattice loss for the frontends' adapters: arrays are
+#: ``(px, py, boundary)`` (see the module doc), static ``rnnt_type``.
+TRANSDUCER_KERNEL = LossKernel(
+    name="transducer_loss",
+    run=_transducer_run,
+    batch_axes=(0, 0, 0),
+    differentiable=(True, True, False),
+)
+
+
+# --------------------------------------------------------------------------- #
+# Viterbi                                                                      #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True, inline="always")
+def _max_nan(a, b):
+    """max(a, b) with NaN propagating."""
+    if a != a or b != b:
+        return np.nan
+    return a if a >= b else b
+
+
+@numba.njit(cache=True, nogil=True)
+def _viterbi_one(b, px, py, bd, modified, scores, frames):
+    n_s = py.shape[1] - 1
+    n_t = py.shape[2]
+    if not _box_ok(bd, b, n_s, n_t):
+        scores[b] = np.nan
+        return
+    s0 = bd[b, 0]
+    t0 = bd[b, 1]
+    s1 = bd[b, 2]
+    t1 = bd[b, 3]
+    ns = s1 - s0 + 1
+    nt = t1 - t0 + 1
+    v = np.empty((ns, nt))
+    for i in range(ns):
+        s = s0 + i
+        for j in range(nt):
+            t = t0 + j
+            if i == 0 and j == 0:
+                x = 0.0
+            else:
+                x = _NEG_INF
+                if j > 0:
+                    x = v[i, j - 1] + np.float64(py[b, s, t - 1])
+                if i > 0:
+                    if not modified:
+                        x = _max_nan(x, v[i - 1, j] + np.float64(px[b, s - 1, t]))
+                    elif j > 0:
+                        x = _max_nan(x, v[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1]))
+            v[i, j] = x
+    best = v[ns - 1, nt - 1]
+    scores[b] = best
+    if best != best or best == _NEG_INF:
+        return
+    # Backtrace; ties go to the symbol move.
+    i = ns - 1
+    j = nt - 1
+    while i > 0 or j > 0:
+        s = s0 + i
+        t = t0 + j
+        cx = _NEG_INF
+        if i > 0:
+            if not modified:
+                cx = v[i - 1, j] + np.float64(px[b, s - 1, t])
+            elif j > 0:
+                cx = v[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1])
+        cy = _NEG_INF
+        if j > 0:
+            cy = v[i, j - 1] + np.float64(py[b, s, t - 1])
+        if i > 0 and cx >= cy and cx > _NEG_INF:
+            if modified:
+                frames[b, s - 1] = t - 1
+                j -= 1
+            else:
+                frames[b, s - 1] = t
+            i -= 1
+        else:
+            j -= 1
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _viterbi_parallel(px, py, bd, modified, scores, frames):
+    for b in numba.prange(bd.shape[0]):
+        _viterbi_one(b, px, py, bd, modified, scores, frames)
+
+
+@numba.njit(cache=True, nogil=True)
+def _viterbi_serial(px, py, bd, modified, scores, frames):
+    for b in range(bd.shape[0]):
+        _viterbi_one(b, px, py, bd, modified, scores, frames)
+
+
+def transducer_viterbi(px, py, boundary=None, rnnt_type="regular"):
+    """Best path through the transducer lattice (max instead of logaddexp).
+
+    Args: as :func:`transducer_loss_and_grad`.
+
+    Returns:
+      ``(scores, frames)``: ``(N,)`` float64 best path scores (the max over
+      paths of the summed move log-probabilities; ``-inf`` if no path has a
+      finite score, NaN for a NaN on the best path or an invalid boundary row)
+      and ``(N, S)`` int64 ``frames``: ``frames[b, s]`` is the frame ``t`` at
+      which symbol ``s`` is emitted on the best path (the move reads
+      ``px[b, s, t]``), for ``s_begin <= s < s_end``; ``-1`` elsewhere and for
+      sequences without a finite best path.  Blank moves are implied: on a
+      regular lattice frame ``t`` emits the symbols with ``frames == t`` and
+      then one blank (``py``); on a modified lattice each frame emits either one
+      symbol or one blank.
+
+    NB: ties go to the symbol move at the later position of the backtrace
+    (i.e. symbols are emitted as late as possible among equal-score paths).
+    """
+    px, py, bd, modified = _prepare("transducer_viterbi", px, py, boundary, rnnt_type)
+    n = py.shape[0]
+    scores = np.empty(n, np.float64)
+    frames = np.full((n, py.shape[1] - 1), -1, np.int64)
+    if n > 0:
+        cells = n * py.shape[1] * (py.shape[2] + 1)
+        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
+            with parallel_guard():
+                _viterbi_parallel(px, py, bd, modified, scores, frames)
+        else:
+            _viterbi_serial(px, py, bd, modified, scores, frames)
+    return scores, frames
+
+
+# --------------------------------------------------------------------------- #
+# Frontend validation (RNN-T on joiner logits)                                 #
+# --------------------------------------------------------------------------- #
+#: Joiner-output dtypes the RNN-T frontends take (halves are upcast to float32).
+RNNT_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *,
+                    concrete=True):
+    """Validate RNN-T arguments; raise ``TypeError``/``ValueError`` naming ``fn``.
+
+    Arguments are anything with ``.shape``/``.dtype`` (numpy, torch, JAX,
+    tracers when ``concrete=False``): ``logits`` ``(N, T, U + 1, V)``, ``targets``
+    ``(N, U)`` integers, lengths ``(N,)`` integers, ``blank`` a Python int in
+    ``[-V, V)``.  With ``concrete``, also the values: ``0 <= logit_lengths <= T``,
+    ``0 <= target_lengths <= U``, labels in ``[0, V)`` and never the blank.
+
+    Returns:
+      The blank index in ``[0, V)``.
+    """
+    from . import _validate as v
+
+    v.check_ndim(fn, "logits", logits.shape, (4,), "an (N, T, U + 1, V)-array")
+    v.check_dtype(fn, "logits", logits.dtype, RNNT_FLOAT_DTYPES, "a floating")
+    n, t_max, u1, n_cls = (int(s) for s in logits.shape)
+    if u1 < 1 or n_cls < 1:
+        raise ValueError(f"{fn}: argument 'logits' must have U + 1 >= 1 and V >= 1, "
+                         f"got shape {v.shape_str(logits.shape)}")
+    blank = v.check_int_scalar(fn, "blank", blank, -n_cls, n_cls)
+    if blank < 0:
+        blank += n_cls
+    v.check_ndim(fn, "targets", targets.shape, (2,), f"an (N, U) = ({n}, {u1 - 1})-array")
+    v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
+    if tuple(int(s) for s in targets.shape) != (n, u1 - 1):
+        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = ({n}, {u1 - 1}) "
+                         f"(from logits {v.shape_str(logits.shape)}), "
+                         f"got {v.shape_str(targets.shape)}")
+    for arg, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
+        v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
+        if int(x.shape[0]) != n:
+            raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
+                             f"got shape {v.shape_str(x.shape)}")
+    if concrete:
+        il = np.asarray(logit_lengths).astype(np.int64)
+        tl = np.asarray(target_lengths).astype(np.int64)
+        v.check_lengths(fn, "logit_lengths", il, t_max, "T, the number of frames")
+        v.check_lengths(fn, "target_lengths", tl, u1 - 1, "U, the padded target length")
+        v.check_labels(fn, "targets", np.asarray(targets).astype(np.int64), tl, n_cls,
+                       forbidden=blank, forbidden_what="the blank")
+    return blank
+
+
+def check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda,
+                       delay_penalty):
+    """The scalar options of ``rnnt_loss`` (plain Python values)."""
+    from . import _validate as v
+
+    v.check_reduction(fn, reduction)
+    for arg, x in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda),
+                   ("delay_penalty", delay_penalty)):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer,
+                                                                 np.floating)):
+            raise TypeError(f"{fn}: argument '{arg}' must be a float, got {type(x).__name__}")
+        if not math.isfinite(float(x)):
+            raise ValueError(f"{fn}: argument '{arg}' must be finite, got {x!r}")
+    for arg, x in (("fastemit_lambda", fastemit_lambda), ("delay_penalty", delay_penalty)):
+        if float(x) < 0:
+            raise ValueError(f"{fn}: argument '{arg}' must be >= 0, got {x!r}")
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
+                        f"got {type(fused_log_softmax).__name__}")
+
+
+def rnnt_alignment(scores, frames, targets, logit_lengths, target_lengths, blank, t_max):
+    """Token sequence of a regular RNN-T lattice path from its symbol frames.
+
+    Args:
+      scores, frames: ``(N,)`` and ``(N, U)`` from :func:`transducer_viterbi`.
+      targets: ``(N, U)`` labels; lengths: ``(N,)``; blank: the blank index;
+      t_max: ``T``, the padded number of frames.
+
+    Returns:
+      ``(N, T + U)`` int64: for each frame ``t < T_b`` in order, the labels
+      emitted on frame ``t`` followed by one blank (``T_b + U_b`` tokens), then
+      ``-1``.  All ``-1`` for a sequence without a finite best path.
+    """
+    n, u_max = frames.shape
+    out = np.full((n, u_max + t_max), -1, np.int64)
+    for b in range(n):
+        if not np.isfinite(scores[b]):
+            continue
+        tb, ub = int(logit_lengths[b]), int(target_lengths[b])
+        fr = frames[b, :ub]
+        k, s = 0, 0
+        for t in range(tb):
+            while s < ub and fr[s] == t:
+                out[b, k] = targets[b, s]
+                k += 1
+                s += 1
+            out[b, k] = blank
+            k += 1
+    return out

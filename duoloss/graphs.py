@@ -1,0 +1,418 @@
+r"""Graph builders for the WFST losses (framework-free).
+
+Every builder returns ``duoloss.gtn.Graph`` objects usable by
+``duoloss.torch.graph_loss`` / ``duoloss.jax.graph_loss``, the aligners and the
+graph operations of :mod:`duoloss.gtn` (``compose``, ``intersect``,
+``forward_score``...).  Labels are class ids in ``[0, C)``; ``-1``
+(:data:`duoloss.gtn.EPSILON`) is the empty label, and an arc with input label
+``-1`` consumes no frame.
+
+* :func:`ctc_graph` — the CTC acceptor of one target (standard or modified).
+* :func:`ctc_topo` — the CTC topology over ``C`` classes, a transducer from
+  frame labels to tokens (standard: ``C**2`` arcs; modified: ``3C - 2`` arcs and
+  epsilon arcs).
+* :func:`asg_graph` — the ASG force-alignment graph of one target with the
+  indices of its tied transition weights.
+* :func:`token_ngram_graph` — a back-off token n-gram estimated from token
+  sequences (interpolated absolute discounting; back-off arcs are epsilon).
+* :func:`wordpiece_graph` — every decomposition of a word (or a sentence) into
+  pieces of a vocabulary (Hannun et al., 2020, Sec. 5).
+
+References:
+  Graves et al., "Connectionist Temporal Classification", ICML 2006.
+  Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
+  Hannun, Pratap, Kahn, Hsu, "Differentiable Weighted Finite-State
+  Transducers", arXiv:2010.01003, 2020.
+  Ney, Essen, Kneser, "On structuring probabilistic dependences in stochastic
+  language modelling", Computer Speech & Language, 1994 (absolute discounting).
+  k2: ``k2.ctc_graph`` and ``k2.ctc_topo`` (``modified=True``: no blank needed
+  between repeated tokens).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections import Counter, defaultdict
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from duoloss.core._graph import EPSILON, Graph
+
+__all__ = ["ctc_graph", "ctc_topo", "asg_graph", "token_ngram_graph", "wordpiece_graph"]
+
+
+def _int(fn, arg, value, lo=None, hi=None):
+    if isinstance(value, bool):
+        raise TypeError(f"{fn}: argument '{arg}' must be an int, got bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: argument '{arg}' must be an int, got "
+                        f"{type(value).__name__}") from None
+    if (lo is not None and v < lo) or (hi is not None and v >= hi):
+        rng = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
+        raise ValueError(f"{fn}: argument '{arg}' must be in {rng}, got {v}")
+    return v
+
+
+def _bool(fn, arg, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def _seq(fn, arg, value, lo=0, hi=None, what="token ids"):
+    """A 1-D sequence of ints (list, tuple or integer array) -> list of ints."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{fn}: argument '{arg}' must be a sequence of {what}, got "
+                        f"{type(value).__name__}")
+    arr = np.asarray(value)
+    if arr.size == 0:
+        return []
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: argument '{arg}' must be a 1-D sequence of {what} (ints), got "
+                        f"dtype {arr.dtype} and shape {arr.shape}")
+    out = [int(x) for x in arr]
+    bad = [x for x in out if x < lo or (hi is not None and x >= hi)]
+    if bad:
+        rng = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
+        raise ValueError(f"{fn}: argument '{arg}' must hold {what} in {rng}, got {bad[0]}")
+    return out
+
+
+def _is_batch(targets):
+    return (isinstance(targets, (list, tuple)) and len(targets) > 0
+            and all(hasattr(t, "__len__") and not isinstance(t, (str, bytes)) for t in targets))
+
+
+def ctc_graph(targets, blank: int = 0, modified: bool = False):
+    r"""CTC acceptor(s) of target token sequences.
+
+    For a target :math:`y_1 \dots y_L` the graph has ``2L + 1`` nodes (blank,
+    :math:`y_1`, blank, ..., :math:`y_L`, blank); node 0 is the start and the
+    last two nodes accept.  Every arc is labelled by the class of the node it
+    enters, so a path of ``T`` arcs is a CTC alignment of ``T`` frames: each node
+    has a self-loop, node ``s`` enters ``s + 1``, and label node ``l`` enters
+    label node ``l + 1`` directly when :math:`y_{l+1} \ne y_l` (standard) or
+    always (``modified``, k2's topology without a mandatory blank between
+    repeated tokens, where frames ``a a`` may also spell two ``a``).
+    ``graph_loss`` with these graphs equals ``ctc_loss`` (standard).
+
+    Args:
+      targets: one target (a 1-D sequence of ints, ``blank`` excluded) or a list
+        of targets.
+      blank: the blank class id (``>= 0``).
+      modified: k2's modified topology.
+
+    Returns:
+      A ``Graph`` (one target) or a list of graphs (a list of targets); arc
+      weights are 0 and ``olabel == ilabel``.
+
+    Raises:
+      TypeError/ValueError: non-integer targets, negative ids, ``blank`` inside a
+        target.
+    """
+    fn = "ctc_graph"
+    blank = _int(fn, "blank", blank, 0)
+    modified = _bool(fn, "modified", modified)
+    if _is_batch(targets):
+        return [ctc_graph(t, blank, modified) for t in targets]
+    target = _seq(fn, "targets", targets)
+    if blank in target:
+        raise ValueError(f"{fn}: argument 'targets' must not contain the blank ({blank}), got "
+                         f"it at position {target.index(blank)}")
+    g = Graph(calc_grad=False)
+    n = 2 * len(target) + 1
+    lab = [blank if s % 2 == 0 else target[s // 2] for s in range(n)]
+    for s in range(n):
+        g.add_node(start=s == 0, accept=s >= n - 2)
+    for s in range(n):
+        g.add_arc(s, s, lab[s])
+        if s >= 1:
+            g.add_arc(s - 1, s, lab[s])
+        if s >= 3 and s % 2 == 1 and (modified or lab[s] != lab[s - 2]):
+            g.add_arc(s - 2, s, lab[s])
+    return g
+
+
+def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
+    r"""CTC topology: a transducer from frame labels to tokens (k2's ``ctc_topo``).
+
+    One node per class (the class of the previous frame; ``blank``'s node is the
+    start); every node accepts (standard) or only the blank's (``modified``, where
+    a token node reaches it by its epsilon arc: one path per alignment).  Input
+    labels are frame labels in ``[0, C)``; output labels are the tokens spelled (``-1``, epsilon, for a
+    blank or a repeated frame).
+
+    * standard: an arc ``i -> j`` labelled ``j`` for every pair (``C**2`` arcs),
+      output ``j`` unless ``j`` is the blank or ``j == i``: a blank is needed
+      between two equal tokens.
+    * ``modified``: arcs ``blank -> blank`` (blank:eps), ``blank -> j`` (j:j),
+      ``j -> j`` (j:eps) and an epsilon arc ``j -> blank`` (eps:eps), ``3C - 2``
+      arcs: a token node returns to the blank node without consuming a frame, so
+      ``a a`` may spell one or two ``a`` (no blank needed between repeats).
+
+    ``compose(ctc_topo, token_graph)`` (:func:`duoloss.gtn.compose`) maps a token
+    graph (a lexicon, an n-gram, a word-piece decomposition) to a frame-level
+    graph for ``graph_loss``.
+
+    Args:
+      num_classes: ``C`` (blank included), ``>= 1``.
+      blank: the blank id in ``[0, C)``.
+      modified: k2's modified topology.
+
+    Returns:
+      A ``Graph`` (weights 0).
+    """
+    fn = "ctc_topo"
+    c = _int(fn, "num_classes", num_classes, 1)
+    blank = _int(fn, "blank", blank, 0, c)
+    modified = _bool(fn, "modified", modified)
+    g = Graph(calc_grad=False)
+    for k in range(c):  # modified: a token node accepts through its epsilon arc only
+        g.add_node(start=k == blank, accept=k == blank or not modified)
+    if not modified:
+        for i in range(c):
+            for j in range(c):
+                g.add_arc(i, j, j, EPSILON if (j == blank or j == i) else j)
+        return g
+    g.add_arc(blank, blank, blank, EPSILON)
+    for j in range(c):
+        if j == blank:
+            continue
+        g.add_arc(blank, j, j, j)
+        g.add_arc(j, j, j, EPSILON)
+        g.add_arc(j, blank, EPSILON, EPSILON)
+    return g
+
+
+def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
+    r"""ASG force-alignment graph of one target and the indices of its tied weights.
+
+    Nodes ``0 .. L``: node 0 is the start (nothing emitted yet), node ``l``
+    means "in token :math:`y_l`", node ``L`` accepts.  Arcs: ``l - 1 -> l``
+    labelled :math:`y_l` and ``l -> l`` labelled :math:`y_l` (repeated tokens
+    need no separator).  The returned index array ties each arc to the
+    flattened ``(C, C)`` transition matrix ``transitions[to, from]`` (index
+    ``to * C + from``, as :func:`duoloss.torch.asg_loss`), the first arc to
+    ``C * C + y_1`` with ``start_transitions`` (else ``-1``, no weight).
+    ``graph_loss(.., weights=transitions.reshape(-1), arc_weight_index=[idx])``
+    minus the same loss over the full graph :func:`token_ngram_graph`-style
+    (every token after every token) is ASG.
+
+    Args:
+      target: 1-D sequence of token ids in ``[0, C)``.
+      num_classes: ``C``.
+      start_transitions: tie the first arc to a start score.
+
+    Returns:
+      ``(graph, arc_weight_index)``: a ``Graph`` and an ``int64`` array with one
+      entry per arc.
+    """
+    fn = "asg_graph"
+    c = _int(fn, "num_classes", num_classes, 1)
+    y = _seq(fn, "target", target, 0, c)
+    start_transitions = _bool(fn, "start_transitions", start_transitions)
+    g = Graph(calc_grad=False)
+    idx = []
+    for l in range(len(y) + 1):
+        g.add_node(start=l == 0, accept=l == len(y))
+    for l in range(1, len(y) + 1):
+        g.add_arc(l - 1, l, y[l - 1])
+        if l == 1:
+            idx.append(c * c + y[0] if start_transitions else -1)
+        else:
+            idx.append(y[l - 1] * c + y[l - 2])
+        g.add_arc(l, l, y[l - 1])
+        idx.append(y[l - 1] * c + y[l - 1])
+    return g, np.asarray(idx, np.int64)
+
+
+def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: float = 0.5,
+                      bos: bool = True):
+    r"""A back-off token n-gram acceptor estimated from token sequences.
+
+    Interpolated absolute discounting: with counts :math:`c(h, k)` of token
+    ``k`` after history ``h`` (the previous ``order - 1`` tokens at most),
+    :math:`c(h) = \sum_k c(h, k)`, :math:`n(h)` the number of distinct ``k`` with
+    :math:`c(h, k) > 0`, discount ``D`` and :math:`\bar h` the history without
+    its oldest token,
+
+    .. math::
+
+        P(k \mid h) = \frac{\max(c(h, k) - D, 0)}{c(h)}
+            + \gamma(h)\, P(k \mid \bar h), \qquad
+        \gamma(h) = \frac{D\, n(h)}{c(h)} \;(1 \text{ if } c(h) = 0),
+
+    and :math:`P(k \mid ()) = \max(c(k) - D, 0)/N + (D\, n/N) / C` (uniform
+    floor; ``1/C`` without data).  Every probability is positive and sums to one
+    over the ``C`` tokens.
+
+    The graph has one node per observed history (tuples of ``1 .. order - 1``
+    tokens, plus the empty history); the start node is the history ``(BOS,)``
+    (``bos=True``: counts include the sequence starts; else the empty history)
+    and these nodes accept (no end-of-sequence model).  From history ``h`` an
+    arc labelled ``k`` for each seen ``k`` carries
+    :math:`\log(\max(c(h,k) - D, 0)/c(h))` and enters the longest history that
+    ends with ``h + (k,)``; an *epsilon* arc with :math:`\log \gamma(h)` enters
+    a non-accepting copy of :math:`\bar h` (same token arcs), so a path never
+    ends on a back-off arc; the empty history has an arc for every token.  For
+    ``order <= 2`` the sum over the paths of a token sequence is exactly its
+    interpolated probability :math:`\prod_t P(k_t \mid h_t)` (a path-sum graph
+    implements the interpolation).  For ``order > 2`` a token read after a
+    back-off enters a history of the backed-off order (the usual back-off WFST
+    approximation).  Weights are stored in float32.
+
+    Args:
+      sequences: list of 1-D token sequences (ints in ``[0, C)``).
+      num_classes: ``C``.
+      order: n-gram order ``>= 1`` (1: a single node with ``C`` self-loops).
+      discount: ``D`` in ``(0, 1)``.
+      bos: model the sequence start as its own history.
+
+    Returns:
+      An acceptor ``Graph`` with epsilon arcs (for ``order >= 2``).
+    """
+    fn = "token_ngram_graph"
+    c = _int(fn, "num_classes", num_classes, 1)
+    order = _int(fn, "order", order, 1)
+    bos = _bool(fn, "bos", bos)
+    if isinstance(discount, bool) or not isinstance(discount, (int, float, np.floating)) \
+            or not 0.0 < float(discount) < 1.0:
+        raise ValueError(f"{fn}: argument 'discount' must be a float in (0, 1), got "
+                         f"{discount!r}")
+    d = float(discount)
+    if isinstance(sequences, (str, bytes)) or not isinstance(sequences, (list, tuple)):
+        raise TypeError(f"{fn}: argument 'sequences' must be a list of token sequences, got "
+                        f"{type(sequences).__name__}")
+    seqs = [_seq(fn, f"sequences[{i}]", s, 0, c) for i, s in enumerate(sequences)]
+    BOS = -2  # internal history symbol, never a label
+    counts: Dict[Tuple[int, ...], Counter] = defaultdict(Counter)
+    histories = set()
+    for s in seqs:
+        ctx = ([BOS] if bos and order > 1 else []) + s
+        first = 1 if bos and order > 1 else 0
+        for i in range(len(ctx) + 1):
+            for m in range(1, order):  # every history of length 1 .. order-1 ending at i
+                if i - m >= 0:
+                    histories.add(tuple(ctx[i - m:i]))
+        for i in range(first, len(ctx)):
+            for m in range(0, order):
+                if i - m >= 0:
+                    counts[tuple(ctx[i - m:i])][ctx[i]] += 1
+    start_h = (BOS,) if bos and order > 1 else ()
+    histories.add(start_h)
+    histories.add(())
+    nodes = sorted(histories, key=lambda h: (len(h), h))
+    nid = {h: i for i, h in enumerate(nodes)}
+
+    def enter(h, k):
+        full = (h + (k,))[-(order - 1):] if order > 1 else ()
+        while full not in nid:
+            full = full[1:]
+        return nid[full]
+
+    # Back-off targets get a second, non-accepting copy: an epsilon arc always
+    # leads to a copy that must go on with a token, so a sequence that ends in a
+    # history is not counted again through trailing back-off arcs.
+    targets = sorted({h[1:] for h in nodes if h}, key=lambda h: (len(h), h))
+    bid = {h: len(nodes) + i for i, h in enumerate(targets)}
+    g = Graph(calc_grad=False)
+    for h in nodes:
+        g.add_node(start=h == start_h, accept=True)
+    for h in targets:
+        g.add_node()
+    uni = counts[()]
+    n_tot = sum(uni.values())
+    for copy, hs in ((nid, nodes), (bid, targets)):
+        for h in hs:
+            src = copy[h]
+            cnt = counts.get(h, Counter())
+            ch = sum(cnt.values())
+            if h == ():
+                for k in range(c):
+                    if n_tot == 0:
+                        p = 1.0 / c
+                    else:
+                        p = max(uni[k] - d, 0.0) / n_tot + d * len(uni) / n_tot / c
+                    g.add_arc(src, enter(h, k), k, k, math.log(p))
+                continue
+            for k in sorted(cnt):
+                g.add_arc(src, enter(h, k), k, k, math.log((cnt[k] - d) / ch))
+            gamma = 1.0 if ch == 0 else d * len(cnt) / ch
+            g.add_arc(src, bid[h[1:]], EPSILON, EPSILON, math.log(gamma))
+    return g
+
+
+def wordpiece_graph(words, vocabulary: Sequence):
+    r"""Acceptor of every decomposition of a word (or words) into word pieces.
+
+    For a word :math:`w` the nodes are the character positions ``0 .. |w|``
+    (0 starts, ``|w|`` accepts) and an arc ``i -> j`` labelled ``v`` exists for
+    every vocabulary entry ``vocabulary[v] == w[i:j]``.  A list of words gives
+    their concatenation (the accept node of a word is the start of the next):
+    the graph accepts exactly the piece sequences that spell the sentence, each
+    once, as in the word-piece experiments of Hannun et al. (2020).  Nodes
+    that lie on no decomposition are removed.  Compose with :func:`ctc_topo`
+    (``duoloss.gtn.compose(ctc_topo(C), wordpiece_graph(...))``) for a
+    frame-level graph.
+
+    Args:
+      words: a ``str`` or a list of ``str``.
+      vocabulary: sequence of pieces; entry ``v`` is the label ``v``.  Entries
+        that are not non-empty strings (e.g. ``None`` for the blank) are skipped.
+
+    Returns:
+      An acceptor ``Graph`` (weights 0).
+
+    Raises:
+      ValueError: a word has no decomposition.
+    """
+    fn = "wordpiece_graph"
+    if isinstance(words, str):
+        words = [words]
+    if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+        raise TypeError(f"{fn}: argument 'words' must be a str or a list of str, got "
+                        f"{type(words).__name__}")
+    if isinstance(vocabulary, str) or not isinstance(vocabulary, (list, tuple)):
+        raise TypeError(f"{fn}: argument 'vocabulary' must be a list of str, got "
+                        f"{type(vocabulary).__name__}")
+    pieces: Dict[str, int] = {}
+    for v, p in enumerate(vocabulary):
+        if isinstance(p, str) and p and p not in pieces:
+            pieces[p] = v
+    max_len = max((len(p) for p in pieces), default=0)
+    arcs: List[Tuple[int, int, int]] = []
+    offset = 0
+    for wi, w in enumerate(words):
+        n = len(w)
+        fwd = [False] * (n + 1)
+        fwd[0] = True
+        local = []
+        for i in range(n):
+            if not fwd[i]:
+                continue
+            for j in range(i + 1, min(n, i + max_len) + 1):
+                v = pieces.get(w[i:j])
+                if v is not None:
+                    local.append((i, j, v))
+                    fwd[j] = True
+        if not fwd[n]:
+            raise ValueError(f"{fn}: argument 'words' has no decomposition into the vocabulary "
+                             f"for word {wi} ({w!r})")
+        bwd = [False] * (n + 1)
+        bwd[n] = True
+        for i, j, v in sorted(local, key=lambda a: -a[0]):
+            if bwd[j]:
+                bwd[i] = True
+        keep = [i for i in range(n + 1) if fwd[i] and bwd[i]]
+        pos = {i: offset + r for r, i in enumerate(keep)}
+        arcs += [(pos[i], pos[j], v) for i, j, v in local if i in pos and j in pos]
+        offset += len(keep) - 1
+    g = Graph(calc_grad=False)
+    for k in range(offset + 1):
+        g.add_node(start=k == 0, accept=k == offset)
+    for s, t, v in arcs:
+        g.add_arc(s, t, v)
+    return g

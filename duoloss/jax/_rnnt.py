@@ -1,0 +1,224 @@
+"""RNN-T for JAX: ``rnnt_loss`` and ``rnnt_align``.
+
+The normaliser (``logsumexp``) and the gathers of the target and blank
+log-probabilities are jnp code on the input's device; one ``pure_callback``
+carries only the two lattices ``(N, U, T + 1)`` and ``(N, U + 1, T)`` to the
+core recursion (:mod:`duoloss.core._transducer`), and JAX's own autodiff takes
+the lattice gradients back to the logits.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
+                                      rnnt_alignment, transducer_viterbi)
+
+from ._adapter import apply_kernel, is_concrete
+from ._ctc import _array, _int_array
+from ._callback import pure_callback
+
+__all__ = ["rnnt_loss", "rnnt_align"]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _clamp_grad(x, bound):
+    return x
+
+
+def _clamp_fwd(x, bound):
+    return x, None
+
+
+def _clamp_bwd(bound, _, g):
+    return (jnp.clip(g, -bound, bound),)
+
+
+_clamp_grad.defvjp(_clamp_fwd, _clamp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _scale_grad(x, factor):
+    return x
+
+
+def _scale_fwd(x, factor):
+    return x, None
+
+
+def _scale_bwd(factor, _, g):
+    return (g * jnp.asarray(factor, g.dtype),)
+
+
+_scale_grad.defvjp(_scale_fwd, _scale_bwd)
+
+
+@jax.custom_vjp
+def _log_normaliser(x):
+    """``logsumexp`` over the last axis; the backward skips cells with a zero
+    cotangent, so a NaN in a padded cell stays out of the gradient."""
+    return jax.nn.logsumexp(x, axis=-1)
+
+
+def _log_normaliser_fwd(x):
+    lse = jax.nn.logsumexp(x, axis=-1)
+    return lse, (x, lse)
+
+
+def _log_normaliser_bwd(res, g):
+    x, lse = res
+    g = g[..., None]
+    return (jnp.where(g != 0, jnp.exp(x - lse[..., None]) * g, 0.0).astype(x.dtype),)
+
+
+_log_normaliser.defvjp(_log_normaliser_fwd, _log_normaliser_bwd)
+
+
+def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
+    logits = _array(fn, "logits", logits)
+    targets = _array(fn, "targets", targets)
+    il = _int_array(fn, "logit_lengths", logit_lengths)
+    tl = _int_array(fn, "target_lengths", target_lengths)
+    concrete = is_concrete(targets, il, tl)
+    blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=concrete)
+    return logits, targets, blank, il.reshape(-1), tl.reshape(-1)
+
+
+def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=0.0,
+             delay_penalty=0.0):
+    """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
+    n, t_max, u1, n_cls = logits.shape
+    u_max = u1 - 1
+    if logits.dtype in (jnp.float16, jnp.bfloat16):
+        logits = logits.astype(jnp.float32)
+    tg = targets.astype(jnp.int32)
+    il = il.astype(jnp.int32)
+    tl = tl.astype(jnp.int32)
+    pos = jnp.arange(u_max)
+    in_len = pos[None, :] < tl[:, None]
+    bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
+    valid = (il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max) & ~bad_label.any(axis=1)
+    idx = jnp.clip(tg, 0, n_cls - 1)
+    px = jnp.take_along_axis(logits[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
+    py = logits[..., blank]
+    if fused_log_softmax:
+        lse = _log_normaliser(logits)
+        px = px - lse[:, :, :u_max]
+        py = py - lse
+    if fastemit_lambda > 0:
+        px = _scale_grad(px, 1.0 + float(fastemit_lambda))
+    px = jnp.swapaxes(px, 1, 2)
+    py = jnp.swapaxes(py, 1, 2)
+    px = jnp.pad(px, ((0, 0), (0, 0), (0, 1)), constant_values=-jnp.inf)
+    frame = jnp.arange(t_max + 1)
+    if delay_penalty > 0:
+        offset = (il.astype(px.dtype) - 1) / 2
+        px = px + jnp.asarray(delay_penalty, px.dtype) * (
+            offset[:, None, None] - frame.astype(px.dtype)[None, None])
+    px = jnp.where(frame[None, None, :] < il[:, None, None], px, -jnp.inf)
+    zero = jnp.zeros_like(il)
+    boundary = jnp.stack([zero, zero, jnp.where(valid, tl, -1), jnp.where(valid, il, -1)],
+                         axis=1)
+    return px, py, boundary
+
+
+def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
+              clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
+              fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
+              delay_penalty: float = 0.0) -> jax.Array:
+    r"""RNN Transducer loss (``torchaudio.functional.rnnt_loss``'s signature) for JAX.
+
+    Same arguments, maths and numbers as :func:`duoloss.torch.rnnt_loss` (both
+    run the same core on the same lattices), as a differentiable JAX function
+    that works under ``jit``, ``grad`` and ``vmap``.  ``N`` sequences, ``T``
+    frames, ``U`` target positions, ``V`` classes:
+
+    .. math::
+
+        \text{loss}_b = -\log \sum_{\text{alignments of } y_b}
+            \prod_{\text{moves}} \operatorname{softmax}(\text{logits}_{b,t,u})_k.
+
+    Args:
+      logits: ``(N, T, U + 1, V)`` joiner output (halves are upcast to float32).
+      targets: ``(N, U)`` integer padded targets (never the blank).
+      logit_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, U]``.
+      blank: the blank class (``-1`` is ``V - 1``).
+      clamp: if ``> 0``, clamp the gradient w.r.t. ``logits`` to
+        ``[-clamp, clamp]`` (``clamp / N`` with ``'mean'``; see the torch docs).
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (batch mean, as torchaudio).
+      fused_log_softmax: ``False`` when ``logits`` already are log-probabilities.
+      fastemit_lambda: FastEmit (NeMo's semantics): label-emission gradients
+        scaled by ``1 + fastemit_lambda``, reported loss ``(1 + lambda) * NLL``.
+      delay_penalty: k2's delay penalty ``delay_penalty * ((T_b - 1) / 2 - t)``
+        added to each label emission on frame ``t``.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    NB: shapes and dtypes are validated at trace time; label and length values
+    whenever they are concrete.  Under ``jit`` an invalid value makes that
+    sequence's loss and gradient NaN (never an out-of-bounds read).
+
+    References:
+      Graves, "Sequence Transduction with Recurrent Neural Networks",
+      arXiv:1211.3711, 2012.
+    """
+    fn = "rnnt_loss"
+    check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
+    logits, targets, blank, il, tl = _validate(fn, logits, targets, logit_lengths,
+                                               target_lengths, blank)
+    n = logits.shape[0]
+    x = logits
+    if clamp > 0:
+        x = _clamp_grad(x, float(clamp) / max(n, 1) if reduction == "mean" else float(clamp))
+    px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
+                                float(fastemit_lambda), float(delay_penalty))
+    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
+        losses = losses + float(fastemit_lambda) * jax.lax.stop_gradient(losses)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / max(n, 1)
+
+
+def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
+               fused_log_softmax: bool = True):
+    """Viterbi RNN-T alignment; see :func:`duoloss.torch.rnnt_align`.
+
+    Returns:
+      ``(alignment (N, T + U), label_frames (N, U), scores (N,))``: integer
+      arrays (int32 unless ``jax_enable_x64``) and the best path scores.  Works
+      under ``jit`` and ``vmap`` (sequential callbacks); not differentiable.
+    """
+    fn = "rnnt_align"
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
+                        f"got {type(fused_log_softmax).__name__}")
+    logits, targets, blank, il, tl = _validate(fn, logits, targets, logit_lengths,
+                                               target_lengths, blank)
+    n, t_max, u1, _ = logits.shape
+    px, py, boundary = _lattice(jax.lax.stop_gradient(logits), targets, il, tl, blank,
+                                bool(fused_log_softmax))
+    idt = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+    specs = (jax.ShapeDtypeStruct((n, t_max + u1 - 1), idt),
+             jax.ShapeDtypeStruct((n, u1 - 1), idt),
+             jax.ShapeDtypeStruct((n,), px.dtype))
+
+    def host(px, py, bd, tg, il, tl):
+        scores, frames = transducer_viterbi(np.asarray(px), np.asarray(py), np.asarray(bd),
+                                            "regular")
+        align = rnnt_alignment(scores, frames, np.asarray(tg).astype(np.int64),
+                               np.asarray(il), np.asarray(tl), blank, t_max)
+        return (align.astype(specs[0].dtype), frames.astype(specs[1].dtype),
+                scores.astype(specs[2].dtype))
+
+    return pure_callback(host, specs, px, py, boundary, targets, il, tl,
+                             vmap_method="sequential")

@@ -1,0 +1,308 @@
+"""k2's simple and pruned RNN-T losses for JAX, with the names, arguments and numbers
+of :mod:`duoloss.torch._rnnt_k2` (itself a drop-in for k2's functions).
+
+``(px, py)`` are built with ``jax.numpy`` (differentiable); the recursion runs in
+duoloss's transducer core through one host callback (``jit``, ``grad``, ``vmap``
+and ``shard_map`` work as for every duoloss loss).  Arguments that set output
+shapes (``s_range``, ``termination_symbol``, ``rnnt_type``, ``reduction``,
+``return_grad``) are static Python values.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core import _rnnt_k2 as _k
+from duoloss.core import _validate as _v
+from duoloss.core._transducer import TRANSDUCER_KERNEL
+
+from ._adapter import _call, apply_kernel, is_concrete
+
+__all__ = [
+    "do_rnnt_pruning",
+    "get_rnnt_logprobs",
+    "get_rnnt_logprobs_pruned",
+    "get_rnnt_prune_ranges",
+    "rnnt_loss_pruned",
+    "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
+]
+
+
+def _array(fn, arg, x):
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return jnp.asarray(x)
+    raise _v.not_an_array(fn, arg, x, "a jax.Array")
+
+
+def _host(x):
+    return np.asarray(x)
+
+
+def _boundary(fn, boundary, b, s, t, rnnt_type):
+    if boundary is None:
+        if rnnt_type != "regular" and s > t:
+            raise ValueError(f"{fn}: rnnt_type={rnnt_type!r} needs T >= S without a boundary "
+                             f"(one symbol per frame at most), got T={t} and S={s}")
+        return jnp.broadcast_to(jnp.asarray([0, 0, s, t], jnp.int32), (b, 4))
+    boundary = _array(fn, "boundary", boundary)
+    _k.check_boundary_static(fn, boundary.shape, boundary.dtype, b)
+    if is_concrete(boundary):
+        _k.check_boundary_values(fn, _host(boundary), s, t, rnnt_type)
+    return boundary
+
+
+def _finish_px(px, py, boundary, rnnt_type, delay_penalty):
+    b, s, t0 = px.shape
+    if rnnt_type == "regular":
+        col = jnp.arange(t0)[None, None, :]
+        px = jnp.where(col == boundary[:, 3].reshape(b, 1, 1), -jnp.inf, px)
+    elif rnnt_type == "constrained":
+        px = px + py[:, 1:, :]
+    if delay_penalty > 0.0:
+        offset = (boundary[:, 3].astype(px.dtype) - 1) / 2
+        penalty = offset.reshape(b, 1, 1) - jnp.arange(t0, dtype=px.dtype)
+        px = px + (penalty * delay_penalty).astype(px.dtype)
+    return px
+
+
+def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
+                     delay_penalty=0.0, reduction="mean", scales=None):
+    lm, am, symbols = (_array(fn, a, x) for a, x in (("lm", lm), ("am", am),
+                                                      ("symbols", symbols)))
+    b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,
+                                        symbols.shape, symbols.dtype)
+    _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if scales is not None:
+        scales = (_k.check_float_scalar(fn, "lm_only_scale", scales[0]),
+                  _k.check_float_scalar(fn, "am_only_scale", scales[1]))
+    if is_concrete(symbols):
+        _k.check_symbols_values(fn, _host(symbols), c)
+    boundary = _boundary(fn, boundary, b, s, t, rnnt_type)
+
+    am_max = jax.lax.stop_gradient(am.max(axis=2, keepdims=True))
+    lm_max = jax.lax.stop_gradient(lm.max(axis=2, keepdims=True))
+    am_max = jnp.where(jnp.isfinite(am_max), am_max, 0)
+    lm_max = jnp.where(jnp.isfinite(lm_max), lm_max, 0)
+    am_probs = jnp.exp(am - am_max)
+    lm_probs = jnp.exp(lm - lm_max)
+    tiny = jnp.finfo(am.dtype).tiny
+    prod = jnp.matmul(lm_probs, jnp.swapaxes(am_probs, 1, 2))
+    log_z = jnp.log(prod + tiny) + lm_max + jnp.swapaxes(am_max, 1, 2)
+
+    px_am = jnp.take_along_axis(jnp.swapaxes(am, 1, 2), symbols[:, :, None], axis=1,
+                                mode="clip")  # (B, S, T)
+    px_lm = jnp.take_along_axis(lm[:, :s], symbols[:, :, None], axis=2, mode="clip")
+    px = px_am + px_lm - log_z[:, :s, :]
+    py_am = am[:, None, :, termination_symbol]
+    py_lm = lm[:, :, termination_symbol, None]
+    py = py_am + py_lm - log_z
+    if scales is not None:
+        lm_scale, am_scale = scales
+        lm_sum = lm_probs.sum(axis=2, keepdims=True)
+        lm_only_norm = jnp.log(lm_sum) + lm_max
+        unigram = (lm_probs / lm_sum).mean(axis=(0, 1)) + tiny
+        am_only_norm = (jnp.log(jnp.matmul(am_probs, unigram))[:, None, :]
+                        + jnp.swapaxes(am_max, 1, 2))
+        log_unigram = jnp.log(unigram)
+        px_am_only = px_am + jnp.take(log_unigram, symbols, mode="clip")[:, :, None] \
+            - am_only_norm
+        px_lm_only = px_lm - lm_only_norm[:, :s]
+        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
+        py_lm_only = py_lm - lm_only_norm
+        combined = 1.0 - lm_scale - am_scale
+        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
+        am_scale = am_scale if am_scale != 0.0 else 1e-20
+        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
+        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
+    if rnnt_type == "regular":
+        px = jnp.concatenate([px, jnp.full((b, s, 1), -jnp.inf, px.dtype)], axis=2)
+    return px, py, boundary
+
+
+def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str = "regular",
+                      boundary=None) -> Tuple[jax.Array, jax.Array]:
+    """k2's ``(px, py)`` of the additive joiner (see :func:`duoloss.torch.get_rnnt_logprobs`)."""
+    return _simple_logprobs("get_rnnt_logprobs", lm, am, symbols, termination_symbol,
+                            rnnt_type, boundary)[:2]
+
+
+def _reduce(losses, reduction):
+    if reduction == "none":
+        return losses
+    return losses.mean() if reduction == "mean" else losses.sum()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _losses_and_occupation(static, px, py, boundary):
+    losses, gx, gy = _call(TRANSDUCER_KERNEL, static, (True, True, False), (px, py, boundary))
+    return losses, -gx, -gy
+
+
+def _occ_fwd(static, px, py, boundary):
+    out = _losses_and_occupation(static, px, py, boundary)
+    return out, (out[1], out[2])
+
+
+def _occ_bwd(static, res, cts):
+    # d loss_b / d px = -occupation; the occupations themselves are constants (as in k2)
+    g = cts[0].reshape(-1, 1, 1)
+    ox, oy = res
+    return -ox * g.astype(ox.dtype), -oy * g.astype(oy.dtype), None
+
+
+_losses_and_occupation.defvjp(_occ_fwd, _occ_bwd)
+
+
+def _recursion(px, py, boundary, rnnt_type, return_grad):
+    kind = "regular" if rnnt_type == "regular" else "modified"
+    if not return_grad:
+        return apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type=kind), None
+    # One callback for the losses and their gradients (= minus k2's occupations).
+    losses, ox, oy = _losses_and_occupation((("rnnt_type", kind),), px, py, boundary)
+    return losses, (jax.lax.stop_gradient(ox), jax.lax.stop_gradient(oy))
+
+
+def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
+                     rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: Optional[str] = "mean", return_grad: bool = False):
+    """RNN-T loss with the additive joiner; see :func:`duoloss.torch.rnnt_loss_simple`
+    (same arguments, shapes and numbers).
+
+    ``return_grad=True`` gives ``(loss, (px_grad, py_grad))`` from the same single
+    host callback; the occupations are constants for differentiation (as in k2).
+    """
+    fn = "rnnt_loss_simple"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction)
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
+                       am_only_scale: float = 0.1, boundary=None, rnnt_type: str = "regular",
+                       delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
+                       return_grad: bool = False):
+    """k2's smoothed simple loss; see :func:`duoloss.torch.rnnt_loss_smoothed`."""
+    fn = "rnnt_loss_smoothed"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction,
+                                        (lm_only_scale, am_only_scale))
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
+                     delay_penalty=0.0, reduction="mean"):
+    logits, symbols, ranges = (_array(fn, a, x) for a, x in (
+        ("logits", logits), ("symbols", symbols), ("ranges", ranges)))
+    b, s, t, r, c = _k.check_pruned_static(fn, logits.shape, logits.dtype, symbols.shape,
+                                           symbols.dtype, ranges.shape, ranges.dtype)
+    _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if is_concrete(symbols, ranges):
+        _k.check_symbols_values(fn, _host(symbols), c)
+        _k.check_ranges_values(fn, _host(ranges), s)
+    boundary = _boundary(fn, boundary, b, s, t, rnnt_type)
+    sym = jnp.concatenate([symbols, jnp.full((b, 1), termination_symbol, symbols.dtype)], 1)
+    pruned_sym = jnp.take_along_axis(sym[:, None, :], ranges, axis=2, mode="clip")  # (B,T,r)
+    log_z = jax.nn.logsumexp(logits, axis=3)
+    px_r = jnp.take_along_axis(logits, pruned_sym[..., None], axis=3, mode="clip")[..., 0]
+    px_r = px_r - log_z
+    py_r = logits[..., termination_symbol] - log_z
+    bi = jnp.arange(b)[:, None, None]
+    ti = jnp.arange(t)[None, :, None]
+    ninf = jnp.full((b, t, s + 1), -jnp.inf, logits.dtype)
+    px = jnp.swapaxes(ninf.at[bi, ti, ranges].set(px_r, mode="drop")[:, :, :s], 1, 2)
+    py = jnp.swapaxes(ninf.at[bi, ti, ranges].set(py_r, mode="drop"), 1, 2)
+    if rnnt_type == "regular":
+        px = jnp.concatenate([px, jnp.full((b, s, 1), -jnp.inf, px.dtype)], axis=2)
+    return px, py, boundary
+
+
+def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
+                             rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
+    """k2's ``(px, py)`` from pruned logits (see :func:`duoloss.torch.get_rnnt_logprobs_pruned`)."""
+    return _pruned_logprobs("get_rnnt_logprobs_pruned", logits, symbols, ranges,
+                            termination_symbol, boundary, rnnt_type)[:2]
+
+
+def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
+                     rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: Optional[str] = "mean"):
+    """RNN-T loss on the kept lattice; see :func:`duoloss.torch.rnnt_loss_pruned`."""
+    fn = "rnnt_loss_pruned"
+    px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
+                                        boundary, rnnt_type, delay_penalty, reduction)
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, _ = _recursion(px, py, boundary, rnnt_type, False)
+    return _reduce(losses, reduction)
+
+
+def _lower_bound_reversed(x):
+    return jax.lax.cummin(x, axis=x.ndim - 1, reverse=True)
+
+
+def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array:
+    """k2's pruning ranges ``(B, T, s_range)``; see :func:`duoloss.torch.get_rnnt_prune_ranges`.
+
+    NB: ``s_range`` is static.  Under ``jit`` (traced ``boundary``) k2's
+    regular minimum ``(s_end - 1) // t_end + 2`` cannot be read and is not
+    applied; pass a large enough ``s_range``.  The result is int32 unless
+    ``jax_enable_x64`` is on.
+    """
+    fn = "get_rnnt_prune_ranges"
+    px_grad, py_grad, boundary = (_array(fn, a, x) for a, x in (
+        ("px_grad", px_grad), ("py_grad", py_grad), ("boundary", boundary)))
+    b, s, t, regular = _k.check_prune_ranges_static(fn, px_grad.shape, px_grad.dtype,
+                                                    py_grad.shape, py_grad.dtype,
+                                                    boundary.shape, boundary.dtype, s_range)
+    host_b = _host(boundary) if is_concrete(boundary) else None
+    if host_b is not None:
+        _k.check_boundary_values(fn, host_b, s, t, "regular" if regular else "modified")
+    s_range = _k.prune_s_range(fn, int(s_range), s, regular, host_b)
+    n_win = s + 1 - s_range + 1
+    blk = py_grad[:, 0:n_win, :]
+    for k in range(1, s_range):
+        blk = blk + py_grad[:, k:k + n_win, :]
+    px_pad = jnp.concatenate([jnp.zeros((b, 1, px_grad.shape[2]), px_grad.dtype), px_grad], 1)
+    final = blk - px_pad[:, :n_win, :t]
+    s_begin = jnp.argmax(final, axis=1)
+    idt = s_begin.dtype
+    frames = jnp.arange(t, dtype=idt)[None, :]
+    mask = frames < (boundary[:, 3:4].astype(idt) - 1)
+    pad = jnp.maximum(boundary[:, 2:3].astype(idt) - s_range + 1, 0)
+    s_begin = jnp.where(mask, s_begin, pad)
+    step = (s_range if regular else 2) - 1
+    s_begin = _lower_bound_reversed(s_begin)
+    shifted = jnp.maximum(_lower_bound_reversed(step * frames - s_begin), 0)
+    s_begin = step * frames - shifted
+    return s_begin[:, :, None] + jnp.arange(s_range, dtype=idt)
+
+
+def do_rnnt_pruning(am, lm, ranges) -> Tuple[jax.Array, jax.Array]:
+    """``(am_pruned, lm_pruned)`` ``(B, T, s_range, D)``; see
+    :func:`duoloss.torch.do_rnnt_pruning`."""
+    fn = "do_rnnt_pruning"
+    am, lm, ranges = (_array(fn, a, x) for a, x in (("am", am), ("lm", lm),
+                                                     ("ranges", ranges)))
+    _k.check_pruning_static(fn, am.shape, lm.shape, ranges.shape, ranges.dtype)
+    if is_concrete(ranges):
+        _k.check_ranges_values(fn, _host(ranges), int(lm.shape[1]) - 1)
+    b, t, r = ranges.shape
+    am_pruned = jnp.broadcast_to(am[:, :, None, :], (b, t, r, am.shape[2]))
+    lm_pruned = lm[jnp.arange(b)[:, None, None], ranges]
+    return am_pruned, lm_pruned

@@ -1,0 +1,338 @@
+"""RNN-T for PyTorch: ``rnnt_loss``, ``RNNTLoss`` and ``rnnt_align``.
+
+The joiner output never leaves its device: ``log_softmax`` (as a
+``logsumexp``) and the gathers of the target and blank log-probabilities run in
+torch, and only the two ``(N, U(+1), T(+1))`` lattices cross to the host for
+the core recursion (:mod:`duoloss.core._transducer`); torch's autograd scatters
+their gradients back through the gathers and the normaliser.
+"""
+from __future__ import annotations
+
+from typing import Literal, Tuple
+
+import numpy as np
+import torch
+
+from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
+                                      rnnt_alignment, transducer_viterbi)
+
+from ._adapter import apply_kernel, is_concrete, to_numpy
+from ._ctc import _as_int_array, _as_int_tensor
+
+__all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
+
+
+class _ClampGrad(torch.autograd.Function):
+    """Identity whose backward clamps the gradient to ``[-bound, bound]``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, bound):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.bound = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.clamp(-ctx.bound, ctx.bound), None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by ``factor`` (FastEmit)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, factor):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.factor = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+class _LogProbGather(torch.autograd.Function):
+    """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
+
+    Forward: ``logp = log_softmax(x)`` (saved, as torch's own log_softmax
+    does), then ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
+    ``(N, T, U + 1)``.  Backward: ``d x = onehot-scatter(g) - softmax * sum(g)``
+    per cell, and exactly 0 in cells whose upstream gradients are all 0 (padded
+    cells), so a NaN there stays out of the gradient (no ``0 * NaN``).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, idx, blank):
+        logp = torch.log_softmax(x, dim=-1)
+        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, idx, blank = inputs
+        ctx.blank = blank
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(idx, output[2])
+
+    @staticmethod
+    def backward(ctx, gpx, gpy, _):
+        idx, logp = ctx.saved_tensors
+        gsum = gpy.clone()
+        gsum[..., :-1] += gpx
+        gsum = gsum.unsqueeze(-1)
+        out = torch.exp(logp)  # the one (N, T, U + 1, V) temporary
+        out.mul_(-gsum)
+        out.masked_fill_(gsum == 0, 0.0)
+        out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
+        out[..., ctx.blank] += gpy
+        return out, None, None
+
+
+def _check_tensor(fn, arg, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: argument '{arg}' must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
+    """All checks before any computation; returns (blank, il, tl) as int64 tensors.
+
+    Values are read and checked whenever they are concrete (eager, torch.func
+    without vmap over the ints); while torch.compile traces only shapes/dtypes.
+    """
+    _check_tensor(fn, "logits", logits)
+    _check_tensor(fn, "targets", targets)
+    dev = logits.device
+    tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
+               if isinstance(x, torch.Tensor)]
+    if is_concrete(*tensors):
+        il = _as_int_array(logit_lengths, fn, "logit_lengths")
+        tl = _as_int_array(target_lengths, fn, "target_lengths")
+        blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
+        il = torch.as_tensor(il.astype(np.int64, copy=False), device=dev).reshape(-1)
+        tl = torch.as_tensor(tl.astype(np.int64, copy=False), device=dev).reshape(-1)
+        return blank, il, tl
+    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", dev)
+    tl = _as_int_tensor(target_lengths, fn, "target_lengths", dev)
+    blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
+    return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
+
+
+def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=0.0,
+             delay_penalty=0.0):
+    """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
+    n, t_max, u1, n_cls = logits.shape
+    u_max = u1 - 1
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    tg = targets.to(torch.int64)
+    pos = torch.arange(u_max, device=logits.device)
+    in_len = pos[None, :] < tl[:, None]
+    bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
+    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max)
+             & ~bad_label.any(dim=1))
+    idx = tg.clamp(0, n_cls - 1)
+    # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
+    gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
+    if fused_log_softmax:
+        px, py, _ = _LogProbGather.apply(logits, gidx, blank)
+    else:
+        px = torch.gather(logits[:, :, :u_max], 3, gidx)[..., 0]
+        py = logits[..., blank]
+    if fastemit_lambda > 0:
+        px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
+    px = px.transpose(1, 2)
+    py = py.transpose(1, 2)
+    px = torch.nn.functional.pad(px, (0, 1), value=float("-inf"))
+    frame = torch.arange(t_max + 1, device=logits.device)
+    if delay_penalty > 0:
+        # k2's delay penalty: symbols emitted early are rewarded, late ones penalised
+        offset = (il.to(px.dtype) - 1) / 2
+        px = px + float(delay_penalty) * (offset[:, None, None] - frame.to(px.dtype)[None, None])
+    # No symbol on the one-past-the-last frame T_b (k2's fix_for_boundary)
+    px = torch.where(frame[None, None, :] < il[:, None, None], px,
+                     torch.full((), float("-inf"), dtype=px.dtype, device=px.device))
+    zero = torch.zeros_like(il)
+    neg = torch.full_like(il, -1)
+    boundary = torch.stack([zero, zero, torch.where(valid, tl, neg),
+                            torch.where(valid, il, neg)], dim=1)
+    return px, py, boundary
+
+
+def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
+              blank: int = -1, clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
+              fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
+              delay_penalty: float = 0.0) -> torch.Tensor:
+    r"""RNN Transducer loss, with the signature of ``torchaudio.functional.rnnt_loss``.
+
+    ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
+    classes including the blank.  With :math:`\ell_{t,u} =
+    \log\operatorname{softmax}(\text{logits}_{b,t,u})` the loss of sequence ``b``
+    is the negative log-likelihood of its target over every alignment
+    (:math:`T_b` blanks and the :math:`U_b` labels interleaved, any number of
+    labels per frame, the last move a blank):
+
+    .. math::
+
+        \alpha_{t,u} = \operatorname{logaddexp}\left(\alpha_{t-1,u} +
+            \ell_{t-1,u}(\varnothing),\; \alpha_{t,u-1} + \ell_{t,u-1}(y_u)\right),
+        \qquad \text{loss}_b = -\left(\alpha_{T_b-1,U_b} +
+            \ell_{T_b-1,U_b}(\varnothing)\right).
+
+    Args:
+      logits: ``(N, T, U + 1, V)`` joiner output (float16/bfloat16 are upcast
+        to float32 for the computation).
+      targets: ``(N, U)`` integer tensor of padded targets (labels in
+        ``[0, V)``, never the blank).
+      logit_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, U]``.
+      blank: the blank class; negative values count from the end (``-1`` is ``V - 1``).
+      clamp: if ``> 0``, the gradient w.r.t. ``logits`` is clamped to
+        ``[-clamp, clamp]``.
+      reduction: ``'none'`` (``(N,)`` losses), ``'sum'``, or ``'mean'`` (the
+        batch mean, as torchaudio; not divided by target lengths).
+      fused_log_softmax: ``False`` when ``logits`` already are log-probabilities
+        (no normalisation is applied; the gradient is then w.r.t. those values).
+      fastemit_lambda: FastEmit regularisation (Yu et al. 2021) with NeMo's /
+        warprnnt-numba's semantics: the gradient of every label emission is
+        scaled by ``1 + fastemit_lambda`` (blank emissions unchanged), and the
+        reported loss is ``(1 + fastemit_lambda) * NLL`` (so, as in NeMo, the
+        gradient is not the derivative of the reported value).
+      delay_penalty: k2's delay penalty: ``delay_penalty * ((T_b - 1) / 2 - t)``
+        is added to the log-probability of emitting a label on frame ``t``
+        (changes the loss value; 0 disables it).
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in the
+      dtype of ``logits`` (float32 for half inputs).
+
+    NB: the gradient w.r.t. ``logits`` is :math:`\operatorname{softmax} \cdot
+    \gamma_{t,u} - \text{(posterior of each move)}` as in torchaudio. ``clamp``
+    bounds the gradient that reaches ``logits``; with ``reduction='mean'`` it is
+    applied as ``clamp / N`` so that, as in torchaudio and NeMo, it bounds each
+    sequence's own gradient when the mean is the objective (torchaudio's CPU/CUDA
+    kernels in fact only apply the lower bound ``-clamp``; duoloss clamps both
+    sides, as NeMo).  ``T_b = 0`` with ``U_b = 0`` gives loss 0; ``T_b = 0`` with
+    ``U_b > 0`` gives ``+inf`` (no frame to emit on) with zero gradient.  Under
+    ``torch.compile`` values are not checked: an invalid label or length makes
+    that sequence's loss NaN.
+
+    References:
+      Graves, "Sequence Transduction with Recurrent Neural Networks",
+      arXiv:1211.3711, 2012.
+      Yu et al., "FastEmit: Low-latency Streaming ASR with Sequence-level
+      Emission Regularization", arXiv:2010.11148, 2021.
+      Kang et al., "Delay-penalized transducer for low-latency streaming ASR",
+      arXiv:2211.00490, 2022.
+    """
+    fn = "rnnt_loss"
+    check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
+    blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
+    n = logits.shape[0]
+    x = logits
+    if clamp > 0:
+        bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
+        x = _ClampGrad.apply(x, bound)
+    px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
+                                float(fastemit_lambda), float(delay_penalty))
+    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
+        losses = losses + float(fastemit_lambda) * losses.detach()
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / max(n, 1)
+
+
+class RNNTLoss(torch.nn.Module):
+    """Module form of :func:`rnnt_loss` (as ``torchaudio.transforms.RNNTLoss``).
+
+    Args:
+      blank, clamp, reduction, fused_log_softmax, fastemit_lambda, delay_penalty:
+        as in :func:`rnnt_loss`.
+    """
+
+    def __init__(self, blank: int = -1, clamp: float = -1.0,
+                 reduction: Literal["none", "sum", "mean"] = "mean",
+                 fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
+                 delay_penalty: float = 0.0):
+        super().__init__()
+        check_rnnt_options("RNNTLoss", reduction, clamp, fused_log_softmax, fastemit_lambda,
+                           delay_penalty)
+        self.blank = blank
+        self.clamp = clamp
+        self.reduction = reduction
+        self.fused_log_softmax = fused_log_softmax
+        self.fastemit_lambda = fastemit_lambda
+        self.delay_penalty = delay_penalty
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=self.blank,
+                         clamp=self.clamp, reduction=self.reduction,
+                         fused_log_softmax=self.fused_log_softmax,
+                         fastemit_lambda=self.fastemit_lambda,
+                         delay_penalty=self.delay_penalty)
+
+    def extra_repr(self) -> str:
+        return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
+                f"fused_log_softmax={self.fused_log_softmax}, "
+                f"fastemit_lambda={self.fastemit_lambda}, delay_penalty={self.delay_penalty}")
+
+
+def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
+               blank: int = -1, fused_log_softmax: bool = True
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Viterbi RNN-T alignment: the single best alignment of each target.
+
+    .. math::
+
+        \text{score}_b = \max_{\text{alignments}} \sum_{\text{moves}} \ell_{t,u}(k)
+
+    over the same alignments as :func:`rnnt_loss` (labels emitted within a
+    frame, one blank to move to the next frame, the last move a blank).
+
+    Args:
+      logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax:
+        as in :func:`rnnt_loss`.
+
+    Returns:
+      ``(alignment, label_frames, scores)``:
+
+      * ``alignment``: ``(N, T + U)`` int64 tokens of the best path in order: for
+        each frame ``t < T_b`` the labels emitted on it, then the blank
+        (``T_b + U_b`` tokens), padded with ``-1``;
+      * ``label_frames``: ``(N, U)`` int64, the frame on which each target label
+        is emitted (``-1`` beyond ``U_b``);
+      * ``scores``: ``(N,)`` best path log-probabilities in the dtype of
+        ``logits`` (float32 for halves).
+
+    NB: not differentiable.  Ties go to the label move at the later point of
+    the path (labels as late as possible among equal-score paths).  A sequence
+    with no finite path (``T_b = 0 < U_b``) gets score ``-inf`` and ``-1``
+    everywhere.
+    """
+    fn = "rnnt_align"
+    if not isinstance(fused_log_softmax, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
+                        f"got {type(fused_log_softmax).__name__}")
+    blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
+    with torch.no_grad():
+        px, py, boundary = _lattice(logits.detach(), targets, il, tl, blank,
+                                    bool(fused_log_softmax))
+        scores, frames = transducer_viterbi(to_numpy(px), to_numpy(py), to_numpy(boundary),
+                                            "regular")
+    il_h, tl_h = to_numpy(il), to_numpy(tl)
+    align = rnnt_alignment(scores, frames, to_numpy(targets).astype(np.int64), il_h, tl_h,
+                           blank, logits.shape[1])
+    dev = logits.device
+    return (torch.from_numpy(align).to(dev), torch.from_numpy(frames).to(dev),
+            torch.from_numpy(scores.astype(to_numpy(px).dtype)).to(dev))

@@ -1,0 +1,446 @@
+"""k2's simple and pruned RNN-T losses for PyTorch (drop-ins for ``k2.rnnt_loss_simple``,
+``k2.get_rnnt_prune_ranges``, ``k2.do_rnnt_pruning`` and ``k2.rnnt_loss_pruned``).
+
+Same names, argument order, shapes, maths and reductions as k2, so an icefall
+recipe ports by changing the import.  The log-probabilities ``(px, py)`` of the
+recursion are built with torch operations (autograd flows through them to
+``lm``/``am``/``logits``); the recursion itself, its gradient and the
+occupation probabilities run in duoloss's transducer core, the same code as
+:func:`duoloss.jax.rnnt_loss_pruned`.
+
+Typical pruned training step (icefall's ``Transducer.forward``)::
+
+    simple_loss, (px_grad, py_grad) = rnnt_loss_simple(
+        lm=simple_lm, am=simple_am, symbols=y, termination_symbol=blank,
+        boundary=boundary, reduction="sum", return_grad=True)
+    ranges = get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=5)
+    am_pruned, lm_pruned = do_rnnt_pruning(am, lm, ranges)
+    logits = joiner(am_pruned, lm_pruned)            # (B, T, s_range, C)
+    pruned_loss = rnnt_loss_pruned(logits, y, ranges, blank, boundary, reduction="sum")
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from duoloss.core import _rnnt_k2 as _k
+from duoloss.core import _validate as _v
+from duoloss.core._transducer import TRANSDUCER_KERNEL
+
+from ._adapter import apply_kernel, is_concrete, to_numpy
+from ._ops import kernel_id, kernel_loss_op, static_json
+
+__all__ = [
+    "do_rnnt_pruning",
+    "get_rnnt_logprobs",
+    "get_rnnt_logprobs_pruned",
+    "get_rnnt_prune_ranges",
+    "rnnt_loss_pruned",
+    "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
+]
+
+
+def _tensor(fn, arg, x):
+    if not isinstance(x, torch.Tensor):
+        raise _v.not_an_array(fn, arg, x, "a torch.Tensor")
+    return x
+
+
+def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
+    """The ``(B, 4)`` int64 boundary (``[0, 0, S, T]`` rows when None), checked."""
+    if boundary is None:
+        if rnnt_type != "regular" and s > t:
+            raise ValueError(f"{fn}: rnnt_type={rnnt_type!r} needs T >= S without a boundary "
+                             f"(one symbol per frame at most), got T={t} and S={s}")
+        row = torch.tensor([0, 0, s, t], dtype=torch.int64, device=device)
+        return row.expand(b, 4).contiguous()
+    _tensor(fn, "boundary", boundary)
+    _k.check_boundary_static(fn, boundary.shape, boundary.dtype, b)
+    if check_values and is_concrete(boundary):
+        _k.check_boundary_values(fn, to_numpy(boundary), s, t, rnnt_type)
+    return boundary.to(torch.int64)
+
+
+def _finish_px(px, py, boundary, rnnt_type, delay_penalty, t):
+    """k2's common tail: -inf at each regular sequence's t_end, constrained's
+    forced blank, the delay penalty."""
+    b, s, t0 = px.shape
+    if rnnt_type == "regular":
+        # px[b, :, t_end[b]] = -inf: no symbol on the one-past-the-last frame
+        col = torch.arange(t0, device=px.device)[None, None, :]
+        end = boundary[:, 3].reshape(b, 1, 1)
+        px = px.masked_fill(col == end, float("-inf"))
+    elif rnnt_type == "constrained":
+        px = px + py[:, 1:, :]
+    if delay_penalty > 0.0:
+        offset = (boundary[:, 3].to(px.dtype) - 1) / 2
+        penalty = offset.reshape(b, 1, 1) - torch.arange(t0, device=px.device, dtype=px.dtype)
+        px = px + penalty * delay_penalty
+    return px
+
+
+def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                      termination_symbol: int, rnnt_type: str = "regular",
+                      boundary: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k2's ``(px, py)`` of the simple (additive) joiner, differentiable.
+
+    .. math::
+      \\log Z_{b,s,t} = \\log \\sum_c \\exp(am_{b,t,c} + lm_{b,s,c}), \\quad
+      px_{b,s,t} = am_{b,t,y_s} + lm_{b,s,y_s} - \\log Z_{b,s,t}, \\quad
+      py_{b,s,t} = am_{b,t,\\varnothing} + lm_{b,s,\\varnothing} - \\log Z_{b,s,t}
+
+    Args and shapes as :func:`rnnt_loss_simple`; returns ``px`` ``(B, S, T+1)``
+    (regular: the extra frame is ``-inf``) or ``(B, S, T)``, and ``py``
+    ``(B, S+1, T)``.  ``log Z`` is a matrix product of ``exp(lm - max)`` and
+    ``exp(am - max)``: no ``(B, T, S+1, C)`` tensor is formed.
+    """
+    fn = "get_rnnt_logprobs"
+    return _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary)[:2]
+
+
+def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
+                     delay_penalty=0.0, reduction="mean", scales=None):
+    """``(px, py, boundary)`` of the additive joiner; with ``scales = (lm_only_scale,
+    am_only_scale)`` k2's smoothed interpolation (see :func:`rnnt_loss_smoothed`)."""
+    for arg, x in (("lm", lm), ("am", am), ("symbols", symbols)):
+        _tensor(fn, arg, x)
+    b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,
+                                        symbols.shape, symbols.dtype)
+    _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if scales is not None:
+        scales = (_k.check_float_scalar(fn, "lm_only_scale", scales[0]),
+                  _k.check_float_scalar(fn, "am_only_scale", scales[1]))
+    if is_concrete(symbols):
+        _k.check_symbols_values(fn, to_numpy(symbols), c)
+    boundary = _boundary(fn, boundary, b, s, t, am.device, rnnt_type, True)
+    symbols = symbols.to(torch.int64)
+
+    am_max = am.detach().amax(dim=2, keepdim=True)  # (B, T, 1)
+    lm_max = lm.detach().amax(dim=2, keepdim=True)  # (B, S+1, 1)
+    # an all -inf row would give nan; any finite shift works
+    am_max = torch.where(torch.isfinite(am_max), am_max, torch.zeros_like(am_max))
+    lm_max = torch.where(torch.isfinite(lm_max), lm_max, torch.zeros_like(lm_max))
+    am_probs = (am - am_max).exp()
+    lm_probs = (lm - lm_max).exp()
+    tiny = torch.finfo(am.dtype).tiny
+    prod = torch.matmul(lm_probs, am_probs.transpose(1, 2))  # (B, S+1, T)
+    log_z = (prod + tiny).log() + lm_max + am_max.transpose(1, 2)
+
+    px_am = torch.gather(am.transpose(1, 2), 1, symbols[:, :, None].expand(b, s, t))
+    px_lm = torch.gather(lm[:, :s], 2, symbols[:, :, None])  # (B, S, 1)
+    px = px_am + px_lm - log_z[:, :s, :]  # (B, S, T)
+    py_am = am[:, None, :, termination_symbol]  # (B, 1, T)
+    py_lm = lm[:, :, termination_symbol, None]  # (B, S+1, 1)
+    py = py_am + py_lm - log_z
+    if scales is not None:
+        lm_scale, am_scale = scales
+        # LM alone: lm's own softmax (no frame dependence)
+        lm_sum = lm_probs.sum(dim=2, keepdim=True)  # (B, S+1, 1)
+        lm_only_norm = lm_sum.log() + lm_max
+        # AM alone: am combined with the unigram (lm's softmax averaged over batch and
+        # positions, padding included, as k2)
+        unigram = (lm_probs / lm_sum).mean(dim=(0, 1)) + tiny  # (C,)
+        am_only_norm = (torch.matmul(am_probs, unigram)[:, None, :].log()
+                        + am_max.transpose(1, 2))  # (B, 1, T)
+        log_unigram = unigram.log()
+        px_am_only = px_am + log_unigram[symbols][:, :, None] - am_only_norm
+        px_lm_only = px_lm - lm_only_norm[:, :s]
+        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
+        py_lm_only = py_lm - lm_only_norm
+        combined = 1.0 - lm_scale - am_scale
+        # k2: exact zeros would turn -inf * 0 into nan
+        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
+        am_scale = am_scale if am_scale != 0.0 else 1e-20
+        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
+        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
+    if rnnt_type == "regular":
+        px = torch.cat([px, px.new_full((b, s, 1), float("-inf"))], dim=2)
+    return px, py, boundary
+
+
+def _reduce(losses, reduction):
+    if reduction == "none":
+        return losses
+    return losses.mean() if reduction == "mean" else losses.sum()
+
+
+def _recursion(px, py, boundary, rnnt_type, return_grad):
+    """Per-sequence losses (and, with ``return_grad``, k2's occupation grads)."""
+    kind = "regular" if rnnt_type == "regular" else "modified"
+    if not return_grad:
+        return apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type=kind), None
+    # One core call for the losses (differentiable through the operator's
+    # autograd rule) and their gradients, whose negation is k2's occupation
+    # probabilities d(-loss)/d(px, py).
+    static = {"rnnt_type": kind}
+    losses, gx, gy = kernel_loss_op(kernel_id(TRANSDUCER_KERNEL),
+                                    static_json(TRANSDUCER_KERNEL, static), [0, 0, 0],
+                                    [True, True, False], None, [px, py, boundary])
+    return losses, (-gx.detach(), -gy.detach())
+
+
+def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                     termination_symbol: int, boundary: Optional[torch.Tensor] = None,
+                     rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: Optional[str] = "mean", return_grad: bool = False
+                     ) -> Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor,
+                                                                         torch.Tensor]]]:
+    """RNN-T loss with the trivial additive joiner ``logits = am[:, :, None] + lm[:, None]``.
+
+    Equals the full RNN-T loss of those logits (without ever forming them) and
+    ``k2.rnnt_loss_simple`` for the same arguments.
+
+    With ``rnnt_type='regular'`` a symbol keeps the frame and the termination
+    (blank) symbol moves to the next one; ``'modified'`` moves to the next frame
+    on every emission (at most one symbol per frame); ``'constrained'`` is
+    'modified' where emitting ``y_s`` also pays the blank of context ``s+1`` on
+    the same frame.  With :math:`\\alpha_{b,0,0} = 0` the loss is
+    :math:`-\\alpha_{b,S,T}` of
+
+    .. math::
+      \\alpha_{s,t} = \\mathrm{logaddexp}(\\alpha_{s-1,t'} + px_{s-1,t'},
+                                         \\alpha_{s,t-1} + py_{s,t-1})
+
+    with :math:`t' = t` (regular) or :math:`t - 1` (otherwise), on the
+    sub-lattice ``boundary[b]``.
+
+    Args:
+      lm: ``(B, S+1, C)`` prediction-network part of the logits.
+      am: ``(B, T, C)`` encoder part (same dtype).
+      symbols: ``(B, S)`` integer symbols, all (padding too) in ``[0, C)``.
+      termination_symbol: the blank, in ``[0, C)``.
+      boundary: ``(B, 4)`` int rows ``[s_begin, t_begin, s_end, t_end]``;
+        None means ``[0, 0, S, T]`` for every sequence.
+      rnnt_type: 'regular' | 'modified' | 'constrained'.
+      delay_penalty: adds ``delay_penalty * ((t_end - 1) / 2 - t)`` to every
+        symbol emitted at frame ``t`` (k2 issue #955; 0 disables it).
+      reduction: 'none' (``(B,)``) | 'mean' (mean over the batch, k2's
+        ``torch.mean``; *not* divided by target lengths) | 'sum'.
+      return_grad: also return ``(px_grad, py_grad)``, the occupation
+        probabilities ``d(-loss_b)/d(px, py)`` of each lattice arc (k2's
+        "fake gradient"), for :func:`get_rnnt_prune_ranges`.
+
+    Returns:
+      the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
+
+    NB: ``return_grad=True`` runs the core through the ``duoloss::kernel_loss``
+    operator (eager and ``torch.compile``); ``torch.func`` transforms need
+    ``return_grad=False``.  Losses are ``+inf`` where no path survives.
+
+    References:
+      Graves, *Sequence transduction with recurrent neural networks*, 2012;
+      Kuang et al., *Pruned RNN-T for fast, memory-efficient ASR training*,
+      Interspeech 2022 (arXiv:2206.13236).
+    """
+    fn = "rnnt_loss_simple"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction)
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), am.shape[1])
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                       termination_symbol: int, lm_only_scale: float = 0.1,
+                       am_only_scale: float = 0.1, boundary: Optional[torch.Tensor] = None,
+                       rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                       reduction: Optional[str] = "mean", return_grad: bool = False):
+    r""":func:`rnnt_loss_simple` with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
+
+    Every arc log-probability of the simple loss is replaced by the interpolation
+
+    .. math::
+      (1 - \lambda_{lm} - \lambda_{am})\, \log p(\cdot) + \lambda_{lm} \log p_{lm}(\cdot)
+      + \lambda_{am} \log p_{am}(\cdot)
+
+    where :math:`p_{lm} = \mathrm{softmax}(lm_{b,s})` ignores the acoustics and
+    :math:`p_{am} \propto \exp(am_{b,t}) \cdot u` uses instead of ``lm`` the
+    unigram ``u``: ``softmax(lm)`` averaged over every batch entry and position
+    (padding included, as k2).  A scale of exactly 0 is taken as ``1e-20``
+    (as k2, so that ``-inf * 0`` never appears).  Other arguments and the return
+    value as :func:`rnnt_loss_simple` (icefall's recipes call this one with
+    ``return_grad=True``).
+    """
+    fn = "rnnt_loss_smoothed"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, delay_penalty, reduction,
+                                        (lm_only_scale, am_only_scale))
+    if not isinstance(return_grad, bool):
+        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
+                        f"got {type(return_grad).__name__}")
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), am.shape[1])
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = _reduce(losses, reduction)
+    return (loss, grads) if return_grad else loss
+
+
+def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
+                             termination_symbol: int, boundary: Optional[torch.Tensor] = None,
+                             rnnt_type: str = "regular") -> Tuple[torch.Tensor, torch.Tensor]:
+    """k2's ``(px, py)`` from pruned joiner logits ``(B, T, s_range, C)``.
+
+    ``px[b, s, t] = log_softmax(logits[b, t, k])[symbols[b, s]]`` and ``py[b, s,
+    t] = log_softmax(logits[b, t, k])[termination_symbol]`` where ``s =
+    ranges[b, t, k]``; every position outside the frame's range is ``-inf``.
+    """
+    fn = "get_rnnt_logprobs_pruned"
+    return _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary,
+                            rnnt_type)[:2]
+
+
+def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
+                     delay_penalty=0.0, reduction="mean"):
+    for arg, x in (("logits", logits), ("symbols", symbols), ("ranges", ranges)):
+        _tensor(fn, arg, x)
+    b, s, t, r, c = _k.check_pruned_static(fn, logits.shape, logits.dtype, symbols.shape,
+                                           symbols.dtype, ranges.shape, ranges.dtype)
+    _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
+    if is_concrete(symbols, ranges):
+        _k.check_symbols_values(fn, to_numpy(symbols), c)
+        _k.check_ranges_values(fn, to_numpy(ranges), s)
+    boundary = _boundary(fn, boundary, b, s, t, logits.device, rnnt_type, True)
+    ranges = ranges.to(torch.int64)
+    sym = torch.cat([symbols.to(torch.int64),
+                     symbols.new_full((b, 1), termination_symbol, dtype=torch.int64)], dim=1)
+    pruned_sym = torch.gather(sym[:, None, :].expand(b, t, s + 1), 2, ranges)  # (B, T, r)
+    log_z = torch.logsumexp(logits, dim=3)  # (B, T, r)
+    px_r = torch.gather(logits, 3, pruned_sym[..., None]).squeeze(3) - log_z
+    py_r = logits[..., termination_symbol] - log_z
+    # scatter the frame's s_range values to their positions; -inf elsewhere
+    ninf = logits.new_full((b, t, s + 1), float("-inf"))
+    px = ninf.scatter(2, ranges, px_r)[:, :, :s].transpose(1, 2)  # (B, S, T)
+    py = ninf.scatter(2, ranges, py_r).transpose(1, 2)  # (B, S+1, T)
+    if rnnt_type == "regular":
+        px = torch.cat([px, px.new_full((b, s, 1), float("-inf"))], dim=2)
+    return px.contiguous(), py.contiguous(), boundary
+
+
+def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
+                     termination_symbol: int, boundary: Optional[torch.Tensor] = None,
+                     rnnt_type: str = "regular", delay_penalty: float = 0.0,
+                     reduction: Optional[str] = "mean") -> torch.Tensor:
+    """RNN-T loss on the lattice kept by ``ranges`` (k2's ``rnnt_loss_pruned``).
+
+    Only the ``s_range`` symbol positions ``ranges[b, t]`` of each frame carry
+    arcs (their log-probabilities from ``log_softmax(logits[b, t, k])``); all
+    other arcs are ``-inf``.  With ``s_range = S + 1`` nothing is pruned and the
+    loss equals the full RNN-T loss of the corresponding ``(B, T, S+1, C)``
+    logits; the recursion is that of :func:`rnnt_loss_simple`.
+
+    Args:
+      logits: ``(B, T, s_range, C)`` joiner output on the pruned positions.
+      symbols: ``(B, S)`` integer symbols in ``[0, C)``.
+      ranges: ``(B, T, s_range)`` int positions from :func:`get_rnnt_prune_ranges`:
+        each row ``r0, r0+1, ..., r0+s_range-1`` with ``0 <= r0 <= S+1-s_range``.
+      termination_symbol, boundary, rnnt_type, delay_penalty, reduction: as
+        :func:`rnnt_loss_simple`.
+
+    Returns:
+      ``(B,)`` losses (reduction 'none') or a scalar.
+
+    NB: the loss is ``+inf`` for a sequence whose kept lattice has no complete
+    path (e.g. ranges that skip a symbol).
+
+    References:
+      Kuang et al., *Pruned RNN-T for fast, memory-efficient ASR training*,
+      Interspeech 2022 (arXiv:2206.13236).
+    """
+    fn = "rnnt_loss_pruned"
+    px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
+                                        boundary, rnnt_type, delay_penalty, reduction)
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), logits.shape[1])
+    losses, _ = _recursion(px, py, boundary, rnnt_type, False)
+    return _reduce(losses, reduction)
+
+
+def _lower_bound_reversed(x):
+    """``x[i] = min(x[i:])`` along the last axis: the largest non-decreasing lower bound."""
+    return torch.flip(torch.cummin(torch.flip(x, (-1,)), dim=-1).values, (-1,))
+
+
+def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary: torch.Tensor,
+                          s_range: int) -> torch.Tensor:
+    """Per frame, the ``s_range`` consecutive symbol positions to keep (k2's algorithm).
+
+    For each frame ``t`` the window start ``r0`` maximises the occupation mass
+    inside the window, ``sum_{k<s_range} py_grad[r0+k, t] - px_grad[r0-1, t]``
+    (blank arcs inside, minus the symbol arc entering from below); frames at
+    or after ``t_end - 1`` take the last window ``s_end + 1 - s_range``.  The
+    starts are then made non-decreasing, starting at 0 and rising by less than
+    ``s_range`` per frame (less than 2 for 'modified'/'constrained', told
+    apart by ``px_grad``'s last axis ``T`` vs ``T+1``), so no symbol is skipped.
+
+    Args:
+      px_grad: ``(B, S, T+1)`` (regular) or ``(B, S, T)`` occupation of symbol arcs.
+      py_grad: ``(B, S+1, T)`` occupation of blank arcs (from
+        ``rnnt_loss_simple(..., return_grad=True)``).
+      boundary: ``(B, 4)`` int rows ``[s_begin, t_begin, s_end, t_end]``.
+      s_range: symbols kept per frame; as k2, raised (with a warning) to
+        ``(s_end - 1) // t_end + 2`` for regular and lowered to ``S + 1``.
+
+    Returns:
+      ``(B, T, s_range)`` int64 ranges, ``ranges[b, t] = r0 + arange(s_range)``.
+
+    References:
+      Kuang et al., 2022 (arXiv:2206.13236), section 3.2.
+    """
+    fn = "get_rnnt_prune_ranges"
+    for arg, x in (("px_grad", px_grad), ("py_grad", py_grad), ("boundary", boundary)):
+        _tensor(fn, arg, x)
+    b, s, t, regular = _k.check_prune_ranges_static(fn, px_grad.shape, px_grad.dtype,
+                                                    py_grad.shape, py_grad.dtype,
+                                                    boundary.shape, boundary.dtype, s_range)
+    host_b = to_numpy(boundary) if is_concrete(boundary) else None
+    if host_b is not None:
+        _k.check_boundary_values(fn, host_b, s, t, "regular" if regular else "modified")
+    s_range = _k.prune_s_range(fn, int(s_range), s, regular, host_b)
+    boundary = boundary.to(torch.int64)
+    s1 = s + 1
+    n_win = s1 - s_range + 1
+    blk = py_grad[:, 0:n_win, :]
+    for k in range(1, s_range):
+        blk = blk + py_grad[:, k:k + n_win, :]
+    px_pad = torch.cat([px_grad.new_zeros((b, 1, px_grad.shape[2])), px_grad], dim=1)
+    final = blk - px_pad[:, :n_win, :t]
+    s_begin = torch.argmax(final, dim=1)  # (B, T), first maximum
+    frames = torch.arange(t, device=px_grad.device)[None, :]
+    mask = frames < (boundary[:, 3:4] - 1)
+    pad = torch.clamp(boundary[:, 2:3] - s_range + 1, min=0)
+    s_begin = torch.where(mask, s_begin, pad)
+    step = (s_range if regular else 2) - 1
+    s_begin = _lower_bound_reversed(s_begin)
+    shifted = torch.clamp(_lower_bound_reversed(step * frames - s_begin), min=0)
+    s_begin = step * frames - shifted
+    return s_begin[:, :, None] + torch.arange(s_range, device=px_grad.device)
+
+
+def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The joiner inputs on the kept positions: ``(am_pruned, lm_pruned)``.
+
+    ``am_pruned[b, t, k] = am[b, t]`` (an expanded view) and ``lm_pruned[b, t,
+    k] = lm[b, ranges[b, t, k]]``, both ``(B, T, s_range, D)``; differentiable.
+
+    Args:
+      am: ``(B, T, encoder_dim)``; lm: ``(B, S+1, decoder_dim)``; ranges:
+        ``(B, T, s_range)`` from :func:`get_rnnt_prune_ranges`.
+    """
+    fn = "do_rnnt_pruning"
+    for arg, x in (("am", am), ("lm", lm), ("ranges", ranges)):
+        _tensor(fn, arg, x)
+    _k.check_pruning_static(fn, am.shape, lm.shape, ranges.shape, ranges.dtype)
+    if is_concrete(ranges):
+        _k.check_ranges_values(fn, to_numpy(ranges), int(lm.shape[1]) - 1)
+    b, t, r = ranges.shape
+    d = lm.shape[2]
+    am_pruned = am[:, :, None, :].expand(b, t, r, am.shape[2])
+    idx = ranges.to(torch.int64).reshape(b, t * r, 1).expand(b, t * r, d)
+    lm_pruned = torch.gather(lm, 1, idx).reshape(b, t, r, d)
+    return am_pruned, lm_pruned
