@@ -133,9 +133,7 @@ def test_property_no_grad_loss_is_bit_identical(seed, t_len, n_cls, scale, with_
         np.testing.assert_allclose(a[0], ref, rtol=1e-9, atol=1e-9 * abs(ref))
 
 
-@pytest.mark.xfail(strict=True, reason="A2 open bug: for this draw (start None or zeros alike) the no-grad "
-                   "loss is 661 nats off the with-grad loss, which matches numpy")
-def test_core_open_bug_seed0_draw():
+def test_core_seed0_draw_no_grad_equals_grad():
     rng = np.random.default_rng(0)
     em = 3 * rng.standard_normal((10000, 1, 5))
     tr = rng.standard_normal((5, 5))
