@@ -9,6 +9,11 @@ Each call is a full training step's worth of loss work: logits -> log_softmax
     python benchmarks/ctc.py                       # the default grid
     python benchmarks/ctc.py --sizes 8,200,30,40 --reps 30
     python benchmarks/ctc.py --cold-start          # also: first call in a new process
+    python benchmarks/ctc.py --sizes 16,500,8000,100   # a large vocabulary (gathered crossing)
+
+The "host MB" column is what duoloss moves between the framework and the core
+per call (float32 scores in, their gradient out): ``(T, N, C)`` both ways, or
+``(T, N, S+1)`` when the frontends gather a large vocabulary's used columns.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import time
 
 import numpy as np
 
-DEFAULT_SIZES = "1,50,20,10;8,200,30,40;32,500,50,100;16,1000,100,200"
+DEFAULT_SIZES = "1,50,20,10;8,200,30,40;32,500,50,100;16,1000,100,200;16,500,8000,100"
 
 
 def _parse_sizes(text):
@@ -146,6 +151,14 @@ def cold_start():
     return core, torch_call
 
 
+def host_bytes(b, t, c, l):
+    """Score bytes crossing to the host and back per fwd+bwd call (float32)."""
+    from duoloss.core._ctc import ctc_gather_worthwhile
+
+    width = l + 1 if ctc_gather_worthwhile(t, b, c, l) else c
+    return 2 * t * b * width * 4, 2 * t * b * c * 4
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="'B,T,C,L;B,T,C,L;...'")
@@ -162,12 +175,14 @@ def main(argv=None):
     print(f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms per call "
           f"over {args.reps} alternating rounds, {args.threads} threads; ratio = median of the "
           f"rounds' paired ratios (duoloss / peer)")
-    print("| B,T,C,L | torch F.ctc_loss | duoloss.torch | ratio | optax (jit) | duoloss.jax (jit) | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| B,T,C,L | torch F.ctc_loss | duoloss.torch | ratio | optax (jit) | duoloss.jax (jit) "
+          "| ratio | host MB (full width) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for size, m, (r_torch, r_jax) in rows:
+        sent, full = host_bytes(*size)
         print(f"| {','.join(map(str, size))} | {m['torch F.ctc_loss']:.2f} | {m['duoloss.torch']:.2f} "
               f"| {r_torch:.2f}x | {m['optax.ctc_loss']:.2f} | {m['duoloss.jax']:.2f} "
-              f"| {r_jax:.2f}x |")
+              f"| {r_jax:.2f}x | {sent / 2**20:.2f} ({full / 2**20:.2f}) |")
     if args.cold_start:
         core, torch_call = cold_start()
         print(f"\nnew process, numba cache warm: import + first core call {core:.2f} s; "
