@@ -222,3 +222,24 @@ def test_torch_asg_module_under_autocast_float32_parameters():
     ref = dt.asg_loss(em.to(torch.bfloat16).float(), crit.transitions.detach(), tg, il, tl,
                       start_transitions=crit.start_transitions.detach())
     torch.testing.assert_close(loss.detach(), ref, rtol=0, atol=0)
+
+
+def test_torch_graph_loss_module_under_autocast_float32_weights():
+    # GraphLoss holds float32 tied weights; under autocast the emissions are
+    # bfloat16: both run in float32 (as ASGLoss), against an explicit float32 call.
+    from duoloss.graphs import ctc_graph
+
+    tg, il, tl = _ints()
+    graphs = [ctc_graph(row[:n], blank=0) for row, n in zip(tg.tolist(), tl.tolist())]
+    index = [np.arange(g.num_arcs()) % 3 for g in graphs]
+    crit = dt.GraphLoss(3)
+    torch.nn.init.normal_(crit.weights, std=0.1)
+    em = torch.from_numpy(_logits(2)).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = crit(em.to(torch.bfloat16), graphs, il, arc_weight_index=index)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert crit.weights.grad.dtype == torch.float32
+    ref = dt.graph_loss(em.to(torch.bfloat16).float(), graphs, il,
+                        weights=crit.weights.detach(), arc_weight_index=index)
+    torch.testing.assert_close(loss.detach(), ref, rtol=0, atol=0)

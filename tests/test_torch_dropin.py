@@ -142,3 +142,20 @@ def test_import_does_not_load_dynamo():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_graph_loss_takes_the_same_length_forms_and_refuses_torchscript():
+    from duoloss.graphs import ctc_graph
+
+    logits, target, _, _ = _critical(3, t=30, s=8)
+    lp = logits.log_softmax(2)
+    t, s = lp.shape[0], target.shape[0]
+    graphs = [ctc_graph(target.tolist(), blank=0)]
+    zero_d = dt.graph_loss(lp, graphs, torch.tensor(t), target_lengths=torch.tensor(s))
+    tuple_0d = dt.graph_loss(lp, graphs, (torch.tensor(t),), target_lengths=(torch.tensor(s),))
+    reference = F.ctc_loss(lp, target[None], torch.tensor([t]), torch.tensor([s]))
+    assert torch.equal(zero_d, tuple_0d)
+    torch.testing.assert_close(zero_d, reference, rtol=1e-9, atol=0)
+    with pytest.raises(RuntimeError, match=r"GraphLoss: TorchScript \(torch.jit.trace / "
+                                           r"torch.jit.script\) is not supported"):
+        torch.jit.script(dt.GraphLoss(3))

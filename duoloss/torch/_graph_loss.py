@@ -10,9 +10,10 @@ from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, Packe
                                       check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
-from ._adapter import apply_kernel, reduction_weights, to_numpy
+from ._adapter import (apply_kernel, autocast_inputs, reduction_weights, to_numpy,
+                       torchscript_error)
 from ._asg import _check_bool, _check_tensor
-from ._ctc import _as_int_array
+from ._ctc import _as_int_array, _per_sequence
 
 __all__ = ["graph_loss", "GraphLoss"]
 
@@ -86,7 +87,9 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     _check_bool(fn, "zero_infinity", zero_infinity)
     _check_tensor(fn, "emissions", emissions)
     _check_tensor(fn, "weights", weights, optional=True)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
+    # autocast: bfloat16 emissions with float32 tied weights, as asg_loss.
+    emissions, weights = autocast_inputs(emissions, weights)
+    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
     if (arc_weight_index is None and denominator_arc_weight_index is not None
             and denominator is not None and weights is not None
             and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
@@ -108,7 +111,8 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     if target_lengths is None:
         tl = np.ones(n, np.int64)
     else:
-        tl = _as_int_array(target_lengths, fn, "target_lengths").astype(np.int64).reshape(-1)
+        tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
+        tl = tl.astype(np.int64).reshape(-1)
         if tl.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
                              f"N = {n}, got shape {shape_str(tl.shape)}")
@@ -170,6 +174,9 @@ class GraphLoss(torch.nn.Module):
                           arc_weight_index=arc_weight_index, target_lengths=target_lengths,
                           zero_infinity=self.zero_infinity, denominator=denominator,
                           denominator_arc_weight_index=denominator_arc_weight_index)
+
+    def __prepare_scriptable__(self):
+        raise torchscript_error("GraphLoss")
 
     def extra_repr(self) -> str:
         return (f"num_weights={self.weights.shape[0]}, normalize={self.normalize}, "
