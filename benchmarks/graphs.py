@@ -9,6 +9,7 @@ printed too.  Losses are checked against torch's.
 
     python benchmarks/graphs.py                        # B,T,C,L = 8,200,30,40
     python benchmarks/graphs.py --sizes "8,200,30,40;16,100,20,20" --reps 30
+    python benchmarks/graphs.py --mmi                  # + the LF-MMI case (benchmarks/mmi.py)
 
 The goal (issue 3): 8 x (T=200, C=30, L=40) in <= 15 ms (GTN took ~60-100 ms on
 this machine).
@@ -20,26 +21,11 @@ import time
 
 import numpy as np
 
+from duoloss.graphs import ctc_graph
+
 
 def _parse_sizes(text):
     return [tuple(int(v) for v in item.split(",")) for item in text.split(";") if item]
-
-
-def ctc_acceptor(gtn, target, blank=0):
-    """The standard CTC acceptor: 2L+1 states, blank/label self-loops, skips."""
-    L = len(target)
-    S = 2 * L + 1
-    g = gtn.Graph(False)
-    for s in range(S):
-        g.add_node(s == 0, (s >= S - 2) if L else True)
-    lab = [blank if s % 2 == 0 else int(target[s // 2]) for s in range(S)]
-    for s in range(S):
-        g.add_arc(s, s, lab[s])
-        if s + 1 < S:
-            g.add_arc(s, s + 1, lab[s + 1])
-        if s % 2 == 1 and s + 2 < S and lab[s] != lab[s + 2]:
-            g.add_arc(s, s + 2, lab[s + 2])
-    return g
 
 
 def _median_ms(fn, reps):
@@ -59,7 +45,7 @@ def run(B, T, C, L, reps, seed=0):
     logits = rng.normal(size=(B, T, C)).astype(np.float32)
     logp = (logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))).astype(np.float32)
     targets = rng.integers(1, C, size=(B, L))
-    graphs = [ctc_acceptor(gtn, t) for t in targets]
+    graphs = [ctc_graph(t) for t in targets]
     losses = np.zeros(B)
     grads = np.zeros((B, T, C), np.float32)
 
@@ -134,6 +120,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="8,200,30,40", help="';'-separated B,T,C,L tuples")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--mmi", action="store_true",
+                    help="also run the LF-MMI case (benchmarks/mmi.py: B=8, T=200, a bigram "
+                         "denominator over 30 tokens, vs graph_loss without a denominator)")
     args = ap.parse_args(argv)
     import os
 
@@ -162,6 +151,14 @@ def main(argv=None):
     print("  two intra-op threads suffer more than the graph kernels, so neither ratio is load-free)")
     if load is not None:
         print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.mmi:
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import mmi
+
+        print()
+        mmi.main(["--repeats", str(max(3, args.reps // 2))])
 
 
 if __name__ == "__main__":

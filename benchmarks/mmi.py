@@ -32,11 +32,11 @@ from duoloss.core._graph_loss import pack_graphs
 from duoloss.graphs import ctc_graph, ctc_topo, token_ngram_graph
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     b, t, c, l = 8, 200, 30, 40
     rng = np.random.default_rng(0)
     x = rng.standard_normal((t, b, c))

@@ -34,6 +34,7 @@ from duoloss.core import LossKernel
 from jax.sharding import PartitionSpec
 
 from ._sharding import explicit_batch_sharding, mark_varying, varying_axes
+from ._callback import pure_callback
 
 __all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
 
@@ -175,7 +176,7 @@ def _call(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], arrays):
     operands, layout = _pack_operands(kernel, arrays)
     host = functools.partial(_host_run_packed, kernel, dict(static), want, shapes,
                              tuple(s.dtype for s in specs), layout)
-    out = jax.pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
+    out = pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
     axes = varying_axes(*arrays)  # inside shard_map: vary like the inputs
     return tuple(mark_varying(o, axes) for o in out)
 

@@ -23,6 +23,7 @@ from ._adapter import is_concrete
 from ._asg import _prepare
 from ._ctc import _array, _int_array, _prepare_ctc
 from ._graph_loss import device_graphs
+from ._callback import pure_callback
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -50,7 +51,7 @@ def _callback(host, t_max, n, score_dtype, *arrays):
         return labels.astype(ldt), scores.astype(sdt)
 
     arrays = tuple(jax.lax.stop_gradient(a) for a in arrays)
-    return jax.pure_callback(run, specs, *arrays, vmap_method="sequential")
+    return pure_callback(run, specs, *arrays, vmap_method="sequential")
 
 
 def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
@@ -185,5 +186,5 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
                            np.asarray(lengths), weights=_host_floats(ww))
         return tuple(o.astype(d) for o, d in zip(out, dts))
 
-    return jax.pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
+    return pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
                              il, *(jnp.asarray(x) for x in packed), vmap_method="sequential")

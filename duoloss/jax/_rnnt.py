@@ -20,6 +20,7 @@ from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_
 
 from ._adapter import apply_kernel, is_concrete
 from ._ctc import _array, _int_array
+from ._callback import pure_callback
 
 __all__ = ["rnnt_loss", "rnnt_align"]
 
@@ -219,5 +220,5 @@ def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
         return (align.astype(specs[0].dtype), frames.astype(specs[1].dtype),
                 scores.astype(specs[2].dtype))
 
-    return jax.pure_callback(host, specs, px, py, boundary, targets, il, tl,
+    return pure_callback(host, specs, px, py, boundary, targets, il, tl,
                              vmap_method="sequential")

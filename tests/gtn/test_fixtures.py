@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import duoloss.gtn as gtn
+from duoloss import graphs
 
 from ._fixtures import case_ids, get_case, parse_graph
 from ._reference import brute_forward, dag_forward_backward, language
@@ -199,19 +200,7 @@ def test_forward_score(case_id):
 
 # -------------------------------------------------------------------- viterbi
 def ctc_graph(target, blank):
-    L = len(target)
-    S = 2 * L + 1
-    g = gtn.Graph(False)
-    for s in range(S):
-        g.add_node(s == 0, (s >= S - 2) if L > 0 else True)
-    lab = [blank if s % 2 == 0 else target[s // 2] for s in range(S)]
-    for s in range(S):
-        g.add_arc(s, s, lab[s])
-        if s + 1 < S:
-            g.add_arc(s, s + 1, lab[s + 1])
-        if s % 2 == 1 and s + 2 < S and lab[s] != lab[s + 2]:
-            g.add_arc(s, s + 2, lab[s + 2])
-    return g
+    return graphs.ctc_graph(list(target), blank=blank)
 
 
 def asg_trans(N, transitions, start):

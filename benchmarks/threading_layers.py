@@ -14,29 +14,22 @@ after the parent did (``fork ok``; a killed or hung child reads ``no``).
 it; pass its folder with ``--tbb-lib`` (default: ``<sys.prefix>/lib``), which is
 put on ``LD_LIBRARY_PATH`` for that subprocess only.
 
-    python benchmarks/threading.py                          # all layers, default sizes
-    python benchmarks/threading.py --layers omp,workqueue --sizes 8,200,30,40 --rounds 3
+    python benchmarks/threading_layers.py                          # all layers, default sizes
+    python benchmarks/threading_layers.py --layers omp,workqueue --sizes 8,200,30,40 --rounds 3
 """
 from __future__ import annotations
 
+import argparse
+import json
+import multiprocessing
 import os
+import statistics
+import subprocess
 import sys
+import threading
+import time
 
-# Run as a script, this file's folder comes first on sys.path and its name would
-# shadow the standard library's ``threading``: drop that folder before importing.
-if sys.path and os.path.abspath(sys.path[0] or os.curdir) == os.path.dirname(
-        os.path.abspath(__file__)):
-    del sys.path[0]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import multiprocessing  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 DEFAULT_SIZES = "8,200,30,40;32,500,50,100"
 

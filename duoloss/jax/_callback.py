@@ -1,0 +1,43 @@
+"""``jax.pure_callback`` that also works under the ``jax.enable_x64`` context manager.
+
+JAX checks a callback's results on the thread that runs the callback, after
+canonicalising them with *that thread's* x64 setting.  The ``jax.enable_x64``
+context manager is thread-local, and a long-running jitted computation runs its
+host callbacks on a JAX worker thread where the context is not set: a float64
+result is then canonicalised to float32 and rejected ("Incorrect output dtype
+... Expected: float64, Actual: float32") — depending on timing, so it looks
+random.  64-bit results therefore cross as pairs of uint32 (which no x64 setting
+touches; a zero-copy view on the host) and are bitcast back inside the traced
+program, where float64/int64 are valid types because they were declared there.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import numpy as np
+
+__all__ = ["pure_callback"]
+
+
+def pure_callback(fn: Callable, result_shape_dtypes, *args, vmap_method: str):
+    """``jax.pure_callback(fn, result_shape_dtypes, *args, vmap_method=...)``, x64-safe."""
+    flat, tree = jax.tree.flatten(result_shape_dtypes)
+    dtypes = [np.dtype(s.dtype) for s in flat]
+    wide = [dt.itemsize == 8 for dt in dtypes]
+    if not any(wide):
+        return jax.pure_callback(fn, result_shape_dtypes, *args, vmap_method=vmap_method)
+    specs = tuple(jax.ShapeDtypeStruct(tuple(s.shape) + (2,), np.uint32) if w else s
+                  for s, w in zip(flat, wide))
+
+    def host(*arrays):
+        out = []
+        for o, w, dt in zip(jax.tree.leaves(fn(*arrays)), wide, dtypes):
+            o = np.ascontiguousarray(o, dtype=dt)
+            out.append(o.reshape(o.shape + (1,)).view(np.uint32) if w else o)
+        return tuple(out)
+
+    outs = jax.pure_callback(host, specs, *args, vmap_method=vmap_method)
+    outs = [jax.lax.bitcast_convert_type(o, dt) if w else o
+            for o, w, dt in zip(outs, wide, dtypes)]
+    return jax.tree.unflatten(tree, outs)
