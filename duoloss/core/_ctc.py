@@ -615,3 +615,48 @@ def check_ctc_values(fn, targets, input_lengths, target_lengths, t_max, n_cls, b
     v.check_labels(fn, "targets", padded, target_lengths, n_cls, forbidden=blank,
                    forbidden_what="the blank index")
     return padded
+
+
+# ---- the gathered crossing ---------------------------------------------------
+# A sequence's CTC reads only the blank and its own labels.  With a large
+# vocabulary the frontends gather those columns in the framework, on the input's
+# device, into a ``(T, N, S+1)`` array (column 0: the blank; column ``1+i``: the
+# class of label ``i``) and run the same kernel on it with ``blank=0`` and each
+# label replaced by the column of its FIRST occurrence in the target (so repeated
+# labels share a column and the skip rule, which compares labels, is unchanged).
+# The per-sequence arithmetic is then identical — same values, same order — so
+# losses are bit-identical to the full-width call, and the framework's autograd
+# scatters the gathered gradient back (zero for every class the target does not
+# use; for a NaN sequence only its own columns are NaN).
+
+#: Gather when C >= this many times (S+1) ...
+GATHER_MIN_RATIO = 4
+#: ... and the full tensor has at least this many entries (below, a host copy of
+#: the whole tensor is cheaper than the framework ops of the gather).
+GATHER_MIN_SIZE = 1 << 18
+
+
+def ctc_gather_worthwhile(t_max: int, n: int, n_cls: int, s: int) -> bool:
+    """Whether the frontends should gather ``(T, N, C)`` to ``(T, N, S+1)``."""
+    return n_cls >= GATHER_MIN_RATIO * (s + 1) and t_max * n * n_cls >= GATHER_MIN_SIZE
+
+
+def ctc_gather_plan(targets: np.ndarray, target_lengths: np.ndarray, n_cls: int, blank: int):
+    """Host version: ``(columns (N, S+1), column_targets (N, S))`` int64.
+
+    ``columns[b]`` lists the classes to gather (blank first, then the target's
+    labels in order; padding reads the blank); ``column_targets[b, i]`` is the
+    gathered column of label ``i`` (its first occurrence), or -1 for a label
+    that is out of range or the blank (the kernel then returns NaN for that
+    sequence, as it would on the full tensor).
+    """
+    n, s = targets.shape
+    valid = np.arange(s)[None, :] < target_lengths[:, None]
+    labels = np.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = np.argmax(same, axis=2) if s else np.zeros((n, 0), np.int64)
+    column_targets = np.where(bad, -1, first + 1).astype(np.int64)
+    columns = np.concatenate([np.full((n, 1), blank, np.int64),
+                              np.clip(labels, 0, n_cls - 1).astype(np.int64)], axis=1)
+    return columns, column_targets

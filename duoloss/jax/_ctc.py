@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import _NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
+                               ctc_gather_worthwhile)
 
 from ._adapter import apply_kernel, is_concrete, reduce_losses
 
@@ -95,10 +96,31 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     return log_probs, targets, input_lengths, target_lengths, batched
 
 
+def _gathered(log_probs, targets, target_lengths, blank):
+    """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
+    the columns each sequence reads, gathered here in jnp on the input's device
+    (see :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged."""
+    t_max, n, n_cls = log_probs.shape
+    s = targets.shape[1]
+    if not ctc_gather_worthwhile(t_max, n, n_cls, s):
+        return log_probs, targets, blank
+    valid = jnp.arange(s)[None, :] < target_lengths[:, None]
+    labels = jnp.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = jnp.argmax(same, axis=2) if s else jnp.zeros((n, 0), labels.dtype)
+    column_targets = jnp.where(bad, -1, first + 1).astype(targets.dtype)
+    columns = jnp.concatenate([jnp.full((n, 1), blank, labels.dtype),
+                               jnp.clip(labels, 0, n_cls - 1)], axis=1)
+    index = jnp.broadcast_to(columns[None], (t_max, n, s + 1))
+    return jnp.take_along_axis(log_probs, index, axis=2), column_targets, 0
+
+
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+    log_probs, targets, blank = _gathered(log_probs, targets, target_lengths, int(blank))
     losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
                           blank=int(blank), zero_infinity=bool(zero_infinity))
     return losses, target_lengths, batched

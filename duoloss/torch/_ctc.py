@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values
+from duoloss.core._ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
+                               ctc_gather_plan, ctc_gather_worthwhile)
 
 from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
                        reduction_weights, to_numpy, torchscript_error)
@@ -80,6 +81,40 @@ def _concat_to_padded_traced(targets, target_lengths):
     return torch.where(valid, targets[idx.clamp(0, s - 1)], torch.zeros_like(idx))
 
 
+def _gather_plan_traced(targets, target_lengths, n_cls, blank):
+    """:func:`duoloss.core._ctc.ctc_gather_plan` in torch ops, for values that
+    cannot be read (torch.compile tracing, vmap)."""
+    n, s = targets.shape
+    valid = torch.arange(s, device=targets.device)[None, :] < target_lengths[:, None]
+    labels = torch.where(valid, targets, blank)
+    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
+    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
+    first = (torch.argmax(same.to(torch.int8), dim=2) if s
+             else torch.zeros((n, 0), dtype=torch.int64, device=targets.device))
+    column_targets = torch.where(bad, -1, first + 1)
+    columns = torch.cat([torch.full((n, 1), blank, dtype=torch.int64, device=targets.device),
+                         labels.clamp(0, n_cls - 1)], dim=1)
+    return columns, column_targets
+
+
+def _gathered(log_probs, targets, target_lengths, blank):
+    """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
+    the columns each sequence reads, gathered here on the input's device (see
+    :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged.
+    ``targets``/``target_lengths``: host int64 arrays, or tensors when traced."""
+    t_max, n, n_cls = log_probs.shape
+    s = targets.shape[1]
+    if not ctc_gather_worthwhile(t_max, n, n_cls, s):
+        return log_probs, targets, blank
+    if isinstance(targets, np.ndarray):
+        columns, column_targets = ctc_gather_plan(targets, target_lengths, n_cls, blank)
+        columns = torch.from_numpy(columns).to(log_probs.device)
+    else:
+        columns, column_targets = _gather_plan_traced(targets, target_lengths, n_cls, blank)
+    index = columns.unsqueeze(0).expand(t_max, n, s + 1)
+    return log_probs.gather(2, index), column_targets, 0
+
+
 def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
                 zero_infinity):
     """ctc_loss when target/length values cannot be read on the host (torch.compile
@@ -104,6 +139,7 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         tg = _concat_to_padded_traced(tg, tl)
     elif not batched:
         tg = tg.reshape(1, -1)
+    lp, tg, blank = _gathered(lp, tg, tl, int(blank))
     out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
                        blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
@@ -189,6 +225,7 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         tg = tg.reshape(1, -1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
     weights = reduction_weights(reduction, tl)
+    lp, padded, blank = _gathered(lp, padded, tl, int(blank))
     out = apply_kernel(
         CTC_KERNEL,
         (lp, padded, il, tl),
@@ -220,6 +257,7 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     if _first_invalid(tg, il, tl, t_max, n_cls, blank)[0]:
         return None
     want = (torch.is_grad_enabled() and log_probs.requires_grad, False, False, False)
+    log_probs, tg, blank = _gathered(log_probs, tg, tl, int(blank))
     return apply_kernel_eager(CTC_KERNEL, (log_probs, tg, il, tl), want,
                               reduction_weights(reduction, tl),
                               {"blank": int(blank), "zero_infinity": bool(zero_infinity)})
