@@ -63,9 +63,14 @@ class _LogProbGather(torch.autograd.Function):
 
     Forward: ``logp = log_softmax(x)`` (saved, as torch's own log_softmax
     does), then ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
-    ``(N, T, U + 1)``.  Backward: ``d x = onehot-scatter(g) - softmax * sum(g)``
-    per cell, and exactly 0 in cells whose upstream gradients are all 0 (padded
-    cells), so a NaN there stays out of the gradient (no ``0 * NaN``).
+    ``(N, T, U + 1)``.  Backward: ``d x = softmax * c + onehot-scatter(g)`` with
+    ``c = -sum(g)`` per cell: one ``exp`` and one in-place multiply over the
+    ``(N, T, U + 1, V)`` logits, plus two small scatters.  The softmax term is
+    exactly 0 in cells with ``c = 0`` (padded cells), so a NaN there stays out of
+    the gradient (no ``0 * NaN``).  ``exp(logp)`` is NaN only in rows whose
+    normaliser is not finite, and there ``py`` is NaN or -inf, so the small
+    ``(N, T, U + 1)`` tensors tell whether the masking pass over the logits is
+    needed at all (eager; it always runs under compile and vmap).
     """
 
     generate_vmap_rule = True
@@ -80,18 +85,30 @@ class _LogProbGather(torch.autograd.Function):
         _, idx, blank = inputs
         ctx.blank = blank
         ctx.mark_non_differentiable(output[2])
-        ctx.save_for_backward(idx, output[2])
+        # no full-size zero cotangent for the (non-differentiable) logp output
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(idx, output[1], output[2])
 
     @staticmethod
     def backward(ctx, gpx, gpy, _):
-        idx, logp = ctx.saved_tensors
-        gsum = gpy.clone()
-        gsum[..., :-1] += gpx
-        gsum = gsum.unsqueeze(-1)
+        idx, py, logp = ctx.saved_tensors
+        if gpx is None and gpy is None:
+            return None, None, None
+        if gpy is None:
+            gpy = torch.zeros_like(py)
+        # c = 0 - (g_blank + g_label): +0.0 (not -0.0) in cells without cotangent
+        c = torch.sub(0.0, gpy)
+        if gpx is not None:
+            c[..., :-1] -= gpx
         out = torch.exp(logp)  # the one (N, T, U + 1, V) temporary
-        out.mul_(-gsum)
-        out.masked_fill_(gsum == 0, 0.0)
-        out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
+        out.mul_(c.unsqueeze(-1))
+        # exp(logp) is NaN only in rows with a non-finite normaliser, where py is
+        # NaN or -inf; zero those rows where no cotangent arrives
+        dead = (c == 0) & ~torch.isfinite(py)
+        if not is_concrete(dead, out) or bool(dead.any()):
+            out.masked_fill_(dead.unsqueeze(-1), 0.0)
+        if gpx is not None:
+            out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
         out[..., ctx.blank] += gpy
         return out, None, None
 
