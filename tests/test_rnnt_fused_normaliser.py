@@ -55,6 +55,7 @@ def _torch_loss_grad(x, tg, il, tl, **kw):
 @pytest.mark.parametrize("block_rows", [1, 3, 4, 10_000])
 def test_torch_blocked_matches_reference(monkeypatch, block_rows):
     x, tg, il, tl = _case()
+    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
     monkeypatch.setattr(trnnt, "_BLOCK_BYTES", block_rows * x.shape[-1] * 8)
     loss, grad = _torch_loss_grad(x, tg, il, tl)
     xr = torch.tensor(x, requires_grad=True)
@@ -66,6 +67,7 @@ def test_torch_blocked_matches_reference(monkeypatch, block_rows):
 
 def test_torch_blocked_is_bit_identical_to_whole_tensor_path(monkeypatch):
     x, tg, il, tl = _case(1)
+    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
     monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 3 * x.shape[-1] * 8)
     blocked = _torch_loss_grad(x, tg, il, tl)
     monkeypatch.setattr(trnnt, "_row_blocks", lambda x: None)
@@ -75,6 +77,7 @@ def test_torch_blocked_is_bit_identical_to_whole_tensor_path(monkeypatch):
 
 def test_torch_no_grad_loss_is_bit_identical_and_retain_graph_works(monkeypatch):
     x, tg, il, tl = _case(2)
+    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
     monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 2 * x.shape[-1] * 8)
     args = (torch.tensor(tg), torch.tensor(il), torch.tensor(tl))
     with torch.no_grad():
@@ -90,6 +93,7 @@ def test_torch_no_grad_loss_is_bit_identical_and_retain_graph_works(monkeypatch)
 
 def test_torch_nan_in_padding_stays_out_with_blocks(monkeypatch):
     x, tg, il, tl = _case(3)
+    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
     monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 2 * x.shape[-1] * 8)
     clean = _torch_loss_grad(x, tg, il, tl)
     dirty = x.copy()

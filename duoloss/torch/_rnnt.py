@@ -58,15 +58,21 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
-#: Bytes of logits per block of rows in the CPU path of :class:`_LogProbGather`.
-_BLOCK_BYTES = 1 << 20
+#: Bytes of logits per block of rows in the CPU path of :class:`_LogProbGather`
+#: (few blocks: each is one parallel region of torch's own threads).
+_BLOCK_BYTES = 16 << 20
+#: Smaller logits take the whole-tensor path (blocks only pay where fresh
+#: full-size buffers cost page faults).
+_BLOCKED_MIN_BYTES = 256 << 20
 
 
 def _row_blocks(x):
     """``(rows (R, V), [(r0, r1), ...])`` blocks of about :data:`_BLOCK_BYTES`,
     or ``None`` where the blocked path does not apply (not a plain contiguous CPU
-    tensor, under ``torch.compile`` or a ``torch.func`` transform)."""
-    if (x.device.type != "cpu" or not x.is_contiguous() or x.numel() == 0
+    tensor of at least :data:`_BLOCKED_MIN_BYTES`, under ``torch.compile`` or a
+    ``torch.func`` transform)."""
+    if (x.device.type != "cpu" or not x.is_contiguous() or x.numel() * x.element_size()
+            < _BLOCKED_MIN_BYTES
             or not is_concrete(x) or torch._C._are_functorch_transforms_active()):
         return None
     n_cls = x.shape[-1]
@@ -82,11 +88,12 @@ class _LogProbGather(torch.autograd.Function):
     ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
     ``c = -sum(g)`` per cell: ``d x = exp(logp) * c + onehot-scatter(g)``.  Only
     ``x`` is saved: the backward recomputes ``logp`` (the same kernel on the same
-    rows, so the same bits).  On a contiguous CPU tensor both passes work through
-    blocks of rows of about 1 MiB in one reused buffer, so the only full-size
-    tensor written per call is the gradient itself (fresh multi-GB buffers cost
-    more in page faults than the arithmetic); elsewhere (GPU, ``torch.compile``,
-    ``torch.func``) the same formula runs on the whole tensor.
+    rows, so the same bits).  On a contiguous CPU tensor of 256 MiB or more both
+    passes work through blocks of rows of about 16 MiB in one reused buffer, so
+    the only full-size tensor written per call is the gradient itself (fresh
+    multi-GB buffers cost more in page faults than the arithmetic); elsewhere
+    (smaller, GPU, ``torch.compile``, ``torch.func``) the same formula runs on
+    the whole tensor.
 
     The softmax term is exactly 0 in cells with ``c = 0`` (padded cells), so a
     NaN there stays out of the gradient (no ``0 * NaN``).  ``exp(logp)`` is NaN
