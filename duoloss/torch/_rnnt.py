@@ -140,7 +140,7 @@ class _LogProbGather(torch.autograd.Function):
         c[..., :-1] -= gpx
         blocks = _row_blocks(x)
         if blocks is None:
-            out = torch.exp(torch.log_softmax(x, dim=-1))
+            out = torch.log_softmax(x, dim=-1).exp_()  # one full-size temporary
             out.mul_(c.unsqueeze(-1))
         else:
             rows, spans = blocks
