@@ -3,8 +3,9 @@
 The joiner output never leaves its device: ``log_softmax`` (as a
 ``logsumexp``) and the gathers of the target and blank log-probabilities run in
 torch, and only the two ``(N, U(+1), T(+1))`` lattices cross to the host for
-the core recursion (:mod:`duoloss.core._transducer`); torch's autograd scatters
-their gradients back through the gathers and the normaliser.
+the core recursion (:mod:`duoloss.core._transducer`); one custom backward
+(:class:`_LogProbGather`) takes their gradients back through the gathers and the
+normaliser.
 """
 from __future__ import annotations
 
