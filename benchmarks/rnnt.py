@@ -3,25 +3,32 @@
 Compares, in one process and on the same inputs:
 
 * ``duoloss.torch.rnnt_loss`` (eager autograd) and ``duoloss.jax.rnnt_loss``
-  (``jit(value_and_grad)``): the normaliser and gathers run in the framework,
-  only the two ``(N, U(+1), T(+1))`` lattices cross to the host core;
-* a straightforward pure-JAX transducer written here: ``log_softmax``, gathers,
-  then ``lax.scan`` over frames with an inner ``lax.scan`` over target positions,
-  differentiated by JAX (``jit(value_and_grad)``);
+  (``jit(value_and_grad)``): the normaliser and gathers run in the framework
+  (one fused custom backward), only the two ``(N, U(+1), T(+1))`` lattices cross
+  to the host core;
+* two straightforward pure-JAX transducers written here, both
+  ``jit(value_and_grad)`` of ``log_softmax``, the two gathers and a ``lax.scan``,
+  differentiated by JAX, neither hand-optimised: "pure-JAX scan" scans over
+  frames with an inner ``lax.scan`` over target positions (the textbook row
+  recursion), "pure-JAX diag" scans once over anti-diagonals, each step a
+  vectorised ``logaddexp`` over ``(N, U + 1)``;
 * ``warprnnt_numba`` (NeMo's numba port of warp-transducer, CPU path, torch
   autograd), when importable.
 
-Prints median milliseconds, ratios to the pure-JAX scan and to warprnnt-numba,
-and the bytes that duoloss moves to and from the host per call (independent of
-``V``) next to the size of the logits.
+Every implementation is warmed up (compiles), then timed in alternating rounds
+(each round calls each once, in rotating order); a ratio is the median over
+rounds of the per-round ratio, so drifting load on a shared machine cancels.
+Also printed: the bytes that duoloss moves to and from the host per call
+(independent of ``V``) next to the size of the logits.
 
-    python benchmarks/rnnt.py                       # the three default sizes
-    python benchmarks/rnnt.py --sizes 32,150,40,28 --repeats 5
-    python benchmarks/rnnt.py --skip jax_scan       # leave a peer out
+    python -m benchmarks.rnnt                       # the three default sizes
+    python -m benchmarks.rnnt --sizes 32,150,40,28 --rounds 9 --threads 1
+    python -m benchmarks.rnnt --skip jax_scan       # leave a peer out
 
-Sizes are ``N,T,U,V`` (batch, frames, target length, classes with the blank).
-The two large default sizes hold 1.6-2 GB of logits: each implementation needs
-a few times that in memory.
+(``python benchmarks/rnnt.py`` also works where ``benchmarks/threading.py``
+does not shadow the standard library.)  Sizes are ``N,T,U,V`` (batch, frames,
+target length, classes with the blank).  The two large default sizes hold
+1.6-2 GB of logits: each implementation needs a few times that in memory.
 """
 from __future__ import annotations
 
@@ -39,16 +46,29 @@ WARP_MAX_CELLS = 20_000
 DEFAULT_SIZES = ((32, 150, 40, 28), (32, 150, 20, 5000), (16, 500, 100, 500))
 
 
-def _timeit(fn, repeats):
-    fn()  # warm-up: compiles (numba cache, XLA)
-    if repeats <= 0:
-        return float("nan")
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+def _paired(fns, rounds):
+    """Alternating rounds: each round calls every function once (rotating order).
+
+    Returns per-function median ms and, per function, the list of its per-round
+    times, so that ratios can be taken round by round (both sides of a ratio
+    see the same machine load, which drifts on a shared machine).
+    """
+    for f in fns.values():
+        f()  # warm-up: compiles (numba cache, XLA)
+    names = list(fns)
+    per = {k: [] for k in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            t0 = time.perf_counter()
+            fns[k]()
+            per[k].append(1e3 * (time.perf_counter() - t0))
+    return {k: statistics.median(v) for k, v in per.items()}, per
+
+
+def _ratio(per, a, b):
+    """Median over rounds of ``a / b``."""
+    return statistics.median(x / y for x, y in zip(per[a], per[b]))
 
 
 def jax_scan_rnnt(logits, targets, il, tl, blank):
@@ -86,7 +106,48 @@ def jax_scan_rnnt(logits, targets, il, tl, blank):
     return -last
 
 
-def bench(n, t, u, v, repeats, skip):
+def jax_diag_rnnt(logits, targets, il, tl, blank):
+    """Pure-JAX RNN-T NLL per sequence, one ``lax.scan`` over anti-diagonals.
+
+    ``log_softmax`` and the two gathers as in :func:`jax_scan_rnnt`; the lattice
+    is skewed once (``blk``/``emit`` read at ``t = d - u``), then each of the
+    ``T + U - 1`` scan steps updates a whole anti-diagonal ``(N, U + 1)`` with
+    one ``logaddexp``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    n, t_max, u1, _ = lp.shape
+    emit = jnp.take_along_axis(lp[:, :, :-1], targets[:, None, :, None], axis=3)[..., 0]
+    emit = jnp.pad(emit, ((0, 0), (0, 0), (1, 0)), constant_values=-jnp.inf)  # u-1 -> u
+    blk = lp[..., blank]                                                       # (N, T, U+1)
+    n_diag = t_max + u1 - 1
+    d = jnp.arange(n_diag)[:, None]
+    u = jnp.arange(u1)[None, :]
+    t = d - u                                                                  # (D, U+1)
+    ok = (t >= 0) & (t < t_max)
+    tc = jnp.clip(t, 0, t_max - 1)
+    # skewed: blk_s[d, :, u] = blk[:, d - u, u], emit_s[d, :, u] = emit[:, d - u, u]
+    blk_s = jnp.where(ok[:, None], jnp.moveaxis(blk[:, tc, u], 0, 1), -jnp.inf)
+    emit_s = jnp.where(ok[:, None], jnp.moveaxis(emit[:, tc, u], 0, 1), -jnp.inf)
+    a0 = jnp.full((n, u1), -jnp.inf).at[:, 0].set(0.0)
+
+    def step(prev, xs):
+        b_prev, e_cur, ok_cur = xs          # blk at diagonal d-1, emit at d
+        from_t = prev + b_prev              # alpha[t-1, u] + blank
+        from_u = jnp.pad(prev[:, :-1], ((0, 0), (1, 0)), constant_values=-jnp.inf) + e_cur
+        a = jnp.where(ok_cur[None], jnp.logaddexp(from_t, from_u), -jnp.inf)
+        return a, a
+
+    _, diags = jax.lax.scan(step, a0, (blk_s[:-1], emit_s[1:], ok[1:]))
+    diags = jnp.concatenate([a0[None], diags], axis=0)                         # (D, N, U+1)
+    b = jnp.arange(n)
+    last = diags[il - 1 + tl, b, tl] + blk[b, il - 1, tl]
+    return -last
+
+
+def bench(n, t, u, v, rounds, skip):
     import jax
     import jax.numpy as jnp
     import torch
@@ -102,15 +163,14 @@ def bench(n, t, u, v, repeats, skip):
     il[::2] = max(1, t - t // 5)
     tl = np.full(n, u, np.int32)
     tl[1::2] = max(0, u - u // 4)
-    res, losses = {}, {}
+    fns, losses = {}, {}
 
     # the host part alone: the core lattice recursion, fwd+bwd, on lattices of this size
     from duoloss.core import transducer_loss_and_grad
     lpx = np.log(rng.uniform(0.01, 1.0, (n, u, t + 1))).astype(np.float32)
     lpy = np.log(rng.uniform(0.01, 1.0, (n, u + 1, t))).astype(np.float32)
     bd = np.stack([np.zeros(n), np.zeros(n), tl, il], 1).astype(np.int64)
-    res["core lattice only"] = _timeit(lambda: transducer_loss_and_grad(lpx, lpy, bd), repeats)
-    losses["core lattice only"] = float("nan")
+    fns["core lattice only"] = lambda: transducer_loss_and_grad(lpx, lpy, bd)
 
     xt = torch.from_numpy(logits).requires_grad_()
     args_t = (torch.from_numpy(tg), torch.from_numpy(il), torch.from_numpy(tl))
@@ -119,29 +179,21 @@ def bench(n, t, u, v, repeats, skip):
         xt.grad = None
         loss = dt.rnnt_loss(xt, *args_t, blank=blank, reduction="sum")
         loss.backward()
-        return loss
+        return loss.detach()
 
-    res["duoloss torch"] = _timeit(torch_run, repeats)
-    losses["duoloss torch"] = float(torch_run().detach())
-    xt.grad = None
-    gc.collect()
-
+    fns["duoloss torch"] = torch_run
     xj = jnp.asarray(logits)
     if "duoloss_jax" not in skip:
         f = jax.jit(jax.value_and_grad(
             lambda x: dj.rnnt_loss(x, tg, il, tl, blank=blank, reduction="sum")))
-        res["duoloss jax"] = _timeit(lambda: jax.block_until_ready(f(xj)), repeats)
-        losses["duoloss jax"] = float(f(xj)[0])
-        del f
-        gc.collect()
+        fns["duoloss jax"] = lambda: jax.block_until_ready(f(xj))[0]
+    targs = (jnp.asarray(tg), jnp.asarray(il), jnp.asarray(tl), blank)
     if "jax_scan" not in skip:
-        g = jax.jit(jax.value_and_grad(
-            lambda x: jax_scan_rnnt(x, jnp.asarray(tg), jnp.asarray(il), jnp.asarray(tl),
-                                    blank).sum()))
-        res["pure-JAX scan"] = _timeit(lambda: jax.block_until_ready(g(xj)), repeats)
-        losses["pure-JAX scan"] = float(g(xj)[0])
-        del g
-        gc.collect()
+        g = jax.jit(jax.value_and_grad(lambda x: jax_scan_rnnt(x, *targs).sum()))
+        fns["pure-JAX scan"] = lambda: jax.block_until_ready(g(xj))[0]
+    if "jax_diag" not in skip:
+        h = jax.jit(jax.value_and_grad(lambda x: jax_diag_rnnt(x, *targs).sum()))
+        fns["pure-JAX diag"] = lambda: jax.block_until_ready(h(xj))[0]
     if "warprnnt" not in skip and n * t * (u + 1) > WARP_MAX_CELLS:
         print(f"  (warprnnt-numba skipped: its CPU path took 4.3 s per call already at "
               f"8,50,10,28 here; N*T*(U+1) = {n * t * (u + 1)} > {WARP_MAX_CELLS})")
@@ -155,28 +207,35 @@ def bench(n, t, u, v, repeats, skip):
                 xt.grad = None
                 loss = warp(xt, *args_t, blank=blank, reduction="sum")
                 loss.backward()
-                return loss
+                return loss.detach().sum()
 
-            res["warprnnt-numba"] = _timeit(warp_run, repeats)
-            losses["warprnnt-numba"] = float(warp_run().detach().sum())
-            xt.grad = None
-            gc.collect()
+            fns["warprnnt-numba"] = warp_run
+    for k, fn in fns.items():
+        losses[k] = float("nan") if k == "core lattice only" else float(fn())
+    med, per = _paired(fns, rounds)
+    gc.collect()
 
     # host crossing of duoloss per call (float32): lattices in, losses + grads out
     lattice = 4 * (n * u * (t + 1) + n * (u + 1) * t) + 8 * 4 * n
     to_host, from_host = lattice, lattice - 8 * 4 * n + 4 * n
-    return res, losses, to_host, from_host, 4 * logits.size
+    return med, per, losses, to_host, from_host, 4 * logits.size
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="*", default=None, help="N,T,U,V (several allowed)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="alternating rounds (each calls every implementation once)")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for torch, numba and XLA (default: all cores)")
+    ap.add_argument("--thp", action="store_true",
+                    help="set THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator asks for "
+                         "transparent huge pages: far fewer page faults on fresh GB buffers)")
     ap.add_argument("--skip", nargs="*", default=(),
-                    choices=("duoloss_jax", "jax_scan", "warprnnt"))
+                    choices=("duoloss_jax", "jax_scan", "jax_diag", "warprnnt"))
     a = ap.parse_args()
+    if a.thp:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read once, before torch allocates
     if a.threads:
         # before jax/torch/numba start their pools
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -189,20 +248,17 @@ def main():
     sizes = ([tuple(int(x) for x in s.split(",")) for s in a.sizes] if a.sizes
              else DEFAULT_SIZES)
     import torch
-    print(f"torch threads {torch.get_num_threads()}, float32, fwd+bwd w.r.t. logits, "
-          f"median of {a.repeats} (ms)")
+    print(f"torch threads {torch.get_num_threads()}, float32, fwd+bwd w.r.t. logits; "
+          f"median ms over {a.rounds} alternating rounds; ratios = median of per-round ratios")
     for size in sizes:
-        res, losses, to_h, from_h, lbytes = bench(*size, a.repeats, set(a.skip))
+        med, per, losses, to_h, from_h, lbytes = bench(*size, a.rounds, set(a.skip))
         print(f"\nN,T,U,V = {size}: logits {lbytes / 2**20:.0f} MiB; duoloss host crossing "
               f"{to_h / 2**20:.2f} MiB in + {from_h / 2**20:.2f} MiB out per call")
-        scan = res.get("pure-JAX scan")
-        warp = res.get("warprnnt-numba")
-        for name, ms in res.items():
-            line = f"  {name:16s} {ms:10.1f} ms"
-            if scan:
-                line += f"   x{ms / scan:6.2f} of pure-JAX scan"
-            if warp:
-                line += f"   x{ms / warp:6.2f} of warprnnt-numba"
+        refs = [r for r in ("pure-JAX scan", "pure-JAX diag", "warprnnt-numba") if r in med]
+        for name, ms in med.items():
+            line = f"  {name:18s} {ms:10.1f} ms"
+            for r in refs:
+                line += f"   x{_ratio(per, name, r):5.2f} of {r}"
             line += f"   loss {losses[name]:.6g}"
             print(line)
 

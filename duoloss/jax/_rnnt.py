@@ -1,10 +1,10 @@
 """RNN-T for JAX: ``rnnt_loss`` and ``rnnt_align``.
 
 The normaliser (``logsumexp``) and the gathers of the target and blank
-log-probabilities are jnp code on the input's device; one ``pure_callback``
-carries only the two lattices ``(N, U, T + 1)`` and ``(N, U + 1, T)`` to the
-core recursion (:mod:`duoloss.core._transducer`), and JAX's own autodiff takes
-the lattice gradients back to the logits.
+log-probabilities are jnp code on the input's device, with one fused custom
+backward (softmax times the per-cell cotangent plus the two one-hot terms); one
+``pure_callback`` carries only the two lattices ``(N, U, T + 1)`` and
+``(N, U + 1, T)`` to the core recursion (:mod:`duoloss.core._transducer`).
 """
 from __future__ import annotations
 
@@ -57,25 +57,47 @@ def _scale_bwd(factor, _, g):
 _scale_grad.defvjp(_scale_fwd, _scale_bwd)
 
 
-@jax.custom_vjp
-def _log_normaliser(x):
-    """``logsumexp`` over the last axis; the backward skips cells with a zero
-    cotangent, so a NaN in a padded cell stays out of the gradient."""
-    return jax.nn.logsumexp(x, axis=-1)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _log_probs_gather(x, idx, blank):
+    """``log_softmax`` over ``V`` and the two lattice gathers, with one fused backward.
+
+    ``x`` ``(N, T, U + 1, V)``, ``idx`` ``(N, U)`` target labels already clipped
+    to ``[0, V)``.  Returns ``px = logp[:, :, :U, idx]`` ``(N, T, U)`` and
+    ``py = logp[..., blank]`` ``(N, T, U + 1)`` with ``logp = x - logsumexp(x)``;
+    the full-size ``logp`` is never stored.
+
+    Backward: with ``c = -(g_px + g_py)`` per cell, ``d x = softmax(x) * c +
+    onehot(idx) * g_px + onehot(blank) * g_py``, written as one elementwise
+    expression over ``V`` that XLA fuses into a single pass (no full-size zero
+    scatter for the gathers).  The softmax term is exactly 0 where ``c = 0``
+    (padded cells), so a NaN there stays out of the gradient.
+    """
+    return _log_probs_gather_fwd(x, idx, blank)[0]
 
 
-def _log_normaliser_fwd(x):
+def _log_probs_gather_fwd(x, idx, blank):
+    u_max = x.shape[2] - 1
     lse = jax.nn.logsumexp(x, axis=-1)
-    return lse, (x, lse)
+    px = jnp.take_along_axis(x[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
+    px = px - lse[:, :, :u_max]
+    py = x[..., blank] - lse
+    return (px, py), (x, idx, lse)
 
 
-def _log_normaliser_bwd(res, g):
-    x, lse = res
-    g = g[..., None]
-    return (jnp.where(g != 0, jnp.exp(x - lse[..., None]) * g, 0.0).astype(x.dtype),)
+def _log_probs_gather_bwd(blank, res, g):
+    x, idx, lse = res
+    gpx, gpy = g
+    n, t_max, u1, n_cls = x.shape
+    gpx = jnp.pad(gpx, ((0, 0), (0, 0), (0, 1)))                    # (N, T, U + 1)
+    lab = jnp.pad(idx, ((0, 0), (0, 1)), constant_values=-1)[:, None, :, None]
+    c = -(gpx + gpy)[..., None]
+    v = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, n_cls), 3)
+    dx = jnp.where(c != 0, jnp.exp(x - lse[..., None]) * c, 0.0)
+    dx = dx + jnp.where(v == lab, gpx[..., None], 0.0) + jnp.where(v == blank, gpy[..., None], 0.0)
+    return dx.astype(x.dtype), None
 
 
-_log_normaliser.defvjp(_log_normaliser_fwd, _log_normaliser_bwd)
+_log_probs_gather.defvjp(_log_probs_gather_fwd, _log_probs_gather_bwd)
 
 
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
@@ -103,12 +125,11 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
     valid = (il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max) & ~bad_label.any(axis=1)
     idx = jnp.clip(tg, 0, n_cls - 1)
-    px = jnp.take_along_axis(logits[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
-    py = logits[..., blank]
     if fused_log_softmax:
-        lse = _log_normaliser(logits)
-        px = px - lse[:, :, :u_max]
-        py = py - lse
+        px, py = _log_probs_gather(logits, idx, blank)
+    else:
+        px = jnp.take_along_axis(logits[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
+        py = logits[..., blank]
     if fastemit_lambda > 0:
         px = _scale_grad(px, 1.0 + float(fastemit_lambda))
     px = jnp.swapaxes(px, 1, 2)

@@ -3,8 +3,9 @@
 The joiner output never leaves its device: ``log_softmax`` (as a
 ``logsumexp``) and the gathers of the target and blank log-probabilities run in
 torch, and only the two ``(N, U(+1), T(+1))`` lattices cross to the host for
-the core recursion (:mod:`duoloss.core._transducer`); torch's autograd scatters
-their gradients back through the gathers and the normaliser.
+the core recursion (:mod:`duoloss.core._transducer`); one custom backward
+(:class:`_LogProbGather`) takes their gradients back through the gathers and the
+normaliser.
 """
 from __future__ import annotations
 
@@ -58,39 +59,107 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
+#: Bytes of logits per block of rows in the CPU path of :class:`_LogProbGather`
+#: (few blocks: each is one parallel region of torch's own threads).
+_BLOCK_BYTES = 16 << 20
+#: Smaller logits take the whole-tensor path (blocks only pay where fresh
+#: full-size buffers cost page faults).
+_BLOCKED_MIN_BYTES = 256 << 20
+
+
+def _row_blocks(x):
+    """``(rows (R, V), [(r0, r1), ...])`` blocks of about :data:`_BLOCK_BYTES`,
+    or ``None`` where the blocked path does not apply (not a plain contiguous CPU
+    tensor of at least :data:`_BLOCKED_MIN_BYTES`, under ``torch.compile`` or a
+    ``torch.func`` transform)."""
+    if (x.device.type != "cpu" or not x.is_contiguous() or x.numel() * x.element_size()
+            < _BLOCKED_MIN_BYTES
+            or not is_concrete(x) or torch._C._are_functorch_transforms_active()):
+        return None
+    n_cls = x.shape[-1]
+    rows = x.reshape(-1, n_cls)
+    step = max(1, _BLOCK_BYTES // (n_cls * x.element_size()))
+    return rows, [(r, min(r + step, rows.shape[0])) for r in range(0, rows.shape[0], step)]
+
+
 class _LogProbGather(torch.autograd.Function):
     """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
 
-    Forward: ``logp = log_softmax(x)`` (saved, as torch's own log_softmax
-    does), then ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
-    ``(N, T, U + 1)``.  Backward: ``d x = onehot-scatter(g) - softmax * sum(g)``
-    per cell, and exactly 0 in cells whose upstream gradients are all 0 (padded
-    cells), so a NaN there stays out of the gradient (no ``0 * NaN``).
+    Forward: ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
+    ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
+    ``c = -sum(g)`` per cell: ``d x = exp(logp) * c + onehot-scatter(g)``.  Only
+    ``x`` is saved: the backward recomputes ``logp`` (the same kernel on the same
+    rows, so the same bits).  On a contiguous CPU tensor of 256 MiB or more both
+    passes work through blocks of rows of about 16 MiB in one reused buffer, so
+    the only full-size tensor written per call is the gradient itself (fresh
+    multi-GB buffers cost more in page faults than the arithmetic); elsewhere
+    (smaller, GPU, ``torch.compile``, ``torch.func``) the same formula runs on
+    the whole tensor.
+
+    The softmax term is exactly 0 in cells with ``c = 0`` (padded cells), so a
+    NaN there stays out of the gradient (no ``0 * NaN``).  ``exp(logp)`` is NaN
+    only in rows whose normaliser is not finite, where ``py`` is NaN or -inf, so
+    the small ``(N, T, U + 1)`` tensors tell whether that masking pass over the
+    logits is needed at all (eager; it always runs under compile and vmap).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, idx, blank):
-        logp = torch.log_softmax(x, dim=-1)
-        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp
+        blocks = _row_blocks(x)
+        if blocks is None:
+            logp = torch.log_softmax(x, dim=-1)
+            return torch.gather(logp, 3, idx)[..., 0], logp[..., blank]
+        rows, spans = blocks
+        n, t_max, u1, n_cls = x.shape
+        u_max = u1 - 1
+        # one label index per row (the last target position of each (n, t) has none)
+        lab = torch.nn.functional.pad(idx[..., 0], (0, 1)).reshape(-1, 1)
+        buf = torch.empty((spans[0][1] - spans[0][0], n_cls), dtype=x.dtype)
+        px = torch.empty((n, t_max, u1), dtype=x.dtype)
+        py = torch.empty((n, t_max, u1), dtype=x.dtype)
+        px_r, py_r = px.view(-1), py.view(-1)
+        for r0, r1 in spans:
+            b = buf[:r1 - r0]
+            torch._log_softmax(rows[r0:r1], -1, False, out=b)
+            torch.gather(b, 1, lab[r0:r1], out=px_r[r0:r1, None])
+            py_r[r0:r1] = b[:, blank]
+        return px[..., :u_max], py
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, idx, blank = inputs
+        x, idx, blank = inputs
         ctx.blank = blank
-        ctx.mark_non_differentiable(output[2])
-        ctx.save_for_backward(idx, output[2])
+        ctx.save_for_backward(x, idx, output[1])
 
     @staticmethod
-    def backward(ctx, gpx, gpy, _):
-        idx, logp = ctx.saved_tensors
-        gsum = gpy.clone()
-        gsum[..., :-1] += gpx
-        gsum = gsum.unsqueeze(-1)
-        out = torch.exp(logp)  # the one (N, T, U + 1, V) temporary
-        out.mul_(-gsum)
-        out.masked_fill_(gsum == 0, 0.0)
+    def backward(ctx, gpx, gpy):
+        x, idx, py = ctx.saved_tensors
+        # c = 0 - (g_blank + g_label): +0.0 (not -0.0) in cells without cotangent
+        c = torch.sub(0.0, gpy)
+        c[..., :-1] -= gpx
+        blocks = _row_blocks(x)
+        if blocks is None:
+            out = torch.log_softmax(x, dim=-1).exp_()  # one full-size temporary
+            out.mul_(c.unsqueeze(-1))
+        else:
+            rows, spans = blocks
+            out = torch.empty_like(x)
+            out_r = out.view(rows.shape)
+            c_r = c.reshape(-1, 1)
+            buf = torch.empty((spans[0][1] - spans[0][0], rows.shape[1]), dtype=x.dtype)
+            for r0, r1 in spans:
+                b = buf[:r1 - r0]
+                torch._log_softmax(rows[r0:r1], -1, False, out=b)
+                o = out_r[r0:r1]
+                torch.exp(b, out=o)
+                o.mul_(c_r[r0:r1])
+        # exp(logp) is NaN only in rows with a non-finite normaliser, where py is
+        # NaN or -inf; zero those rows where no cotangent arrives
+        dead = (c == 0) & ~torch.isfinite(py)
+        if not is_concrete(dead, out) or bool(dead.any()):
+            out.masked_fill_(dead.unsqueeze(-1), 0.0)
         out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
         out[..., ctx.blank] += gpy
         return out, None, None
@@ -142,7 +211,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
     gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
     if fused_log_softmax:
-        px, py, _ = _LogProbGather.apply(logits, gidx, blank)
+        px, py = _LogProbGather.apply(logits, gidx, blank)
     else:
         px = torch.gather(logits[:, :, :u_max], 3, gidx)[..., 0]
         py = logits[..., blank]
