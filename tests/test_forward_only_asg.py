@@ -96,7 +96,19 @@ def test_jax_jit_loss_equals_value_and_grad(with_trans):
     import jax.numpy as jnp
     import duoloss.jax as dj
 
+    old = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
+    try:
+        _jax_jit_case(with_trans)
+    finally:
+        jax.config.update("jax_enable_x64", old)
+
+
+def _jax_jit_case(with_trans):
+    import jax
+    import jax.numpy as jnp
+    import duoloss.jax as dj
+
     em, trans, start, target = _case(10000, 5, 500)
     tr = jnp.asarray(trans) if with_trans else None
     il, tl = jnp.asarray([10000]), jnp.asarray([500])
