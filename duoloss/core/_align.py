@@ -56,26 +56,19 @@ import numpy as np
 
 from ._ctc import ctc_states
 from ._graph_loss import _eps_order
-from ._threading import parallel_guard
+from ._numerics import NEG_INF as _NEG_INF
+from ._numerics import run_batch
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
-_NEG_INF = -np.inf
 _PARALLEL_MIN_CELLS = 200_000
 
 
 def _run(kernel_serial, kernel_parallel, cells, args):
     n = cells.shape[0]
     order = np.argsort(-cells, kind="stable").astype(np.int64)
-    if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
-        with parallel_guard():
-            old = numba.set_parallel_chunksize(1)
-            try:
-                kernel_parallel(order, *args)
-            finally:
-                numba.set_parallel_chunksize(old)
-    else:
-        kernel_serial(order, *args)
+    run_batch(kernel_serial, kernel_parallel, n, int(cells.sum()), _PARALLEL_MIN_CELLS,
+              (order,) + tuple(args))
 
 
 # --------------------------------------------------------------------------- #

@@ -79,10 +79,16 @@ import numba
 import numpy as np
 
 # NB: the kernels inline these; numba's on-disk cache is keyed on this file's
-# mtime only, so touch it after editing _fastmath.py.
-from ._fastmath import exp_core, fast_exp
+# mtime only, so touch it after editing _numerics.py.
+from ._numerics import CHECK_TOL as _CHECK_TOL
+from ._numerics import FALLBACK as _FALLBACK
+from ._numerics import FLUSH as _FLUSH
+from ._numerics import NAN as _NAN
+from ._numerics import NEG_INF as _NEG_INF
+from ._numerics import OK as _OK
+from ._numerics import exp_core, fast_exp, run_batch
+from ._numerics import logaddexp as _lae
 from ._spec import LossKernel
-from ._threading import parallel_guard
 
 __all__ = [
     "ASG_KERNEL",
@@ -92,33 +98,8 @@ __all__ = [
 ]
 
 _TINY = 1e-200
-# A positive value below this has left (or is about to leave) float64's normal
-# range: the forward records it as "flushed" and the loss then needs the
-# backward sweep's per-frame check as its verdict.
-_FLUSH = 1e-290
-_CHECK_TOL = 1e-7
 _MAX_SCALE = 1e250  # 1 / (c_t r_t) beyond this: transition counts in log space
 _PARALLEL_MIN_CELLS = 40_000
-_NEG_INF = -np.inf
-
-# Status codes of one forward-backward pass.
-_OK = 0
-_FALLBACK = 1
-_NAN = 2
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _lae(a, b):
-    """log(exp(a) + exp(b)) with -inf handled."""
-    if a == _NEG_INF:
-        return b
-    if b == _NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
 # --------------------------------------------------------------------------- #
 # Normaliser: all C tokens at every frame                                      #
 # --------------------------------------------------------------------------- #
@@ -829,15 +810,7 @@ def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_len
         args = (em, trans, start, tg, il, tl, has_trans, want_e, want_t, want_s,
                 bool(zero_infinity), losses, g_em, g_tr, g_st)
         cells = int(np.clip(il, 0, t_max).sum()) * ((n_cls * n_cls) if has_trans else n_cls)
-        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
-            with parallel_guard():
-                old = numba.set_parallel_chunksize(1)
-                try:
-                    _asg_batch_parallel(*args)
-                finally:
-                    numba.set_parallel_chunksize(old)
-        else:
-            _asg_batch_serial(*args)
+        run_batch(_asg_batch_serial, _asg_batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_tr.astype(dtype, copy=False) if want_t else None,
                                               g_st.astype(dtype, copy=False) if want_s else None)

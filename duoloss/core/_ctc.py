@@ -66,33 +66,20 @@ import math
 import numba
 import numpy as np
 
-from ._fastmath import fast_exp
+from ._numerics import CHECK_TOL as _CHECK_TOL
+from ._numerics import FLUSH as _FLUSH
+from ._numerics import fast_exp
+from ._numerics import logaddexp as _logaddexp
+from ._numerics import run_batch
 from ._spec import LossKernel
-from ._threading import parallel_guard
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
 
 # A frame whose total mass (relative to its best class) falls below this is
 # recomputed in log space: float64's range ends near 1e-308.
 _TINY = 1e-200
-# A positive value below this has left (or is about to leave) float64's normal
-# range: the forward records it as "flushed" (see ``_ctc_one``).
-_FLUSH = 1e-290
-# Relative tolerance of the per-frame "posteriors sum to one" check.
-_CHECK_TOL = 1e-7
 # Below this many trellis cells in a batch, a serial loop beats the thread launch.
 _PARALLEL_MIN_CELLS = 40_000
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _logaddexp(a, b):
-    if a == -np.inf:
-        return b
-    if b == -np.inf:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -461,15 +448,8 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
     gscale = (_NO_SCALE if grad_weights is None
               else np.ascontiguousarray(grad_weights, dtype=np.float64).reshape(n))
     args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale)
-    if n > 1 and logp.shape[0] * (2 * tg.shape[1] + 1) * n >= _PARALLEL_MIN_CELLS:
-        with parallel_guard():
-            old = numba.set_parallel_chunksize(1)
-            try:
-                losses, grad = _ctc_batch_parallel(*args)
-            finally:
-                numba.set_parallel_chunksize(old)
-    else:
-        losses, grad = _ctc_batch_serial(*args)
+    losses, grad = run_batch(_ctc_batch_serial, _ctc_batch_parallel, n,
+                             logp.shape[0] * (2 * tg.shape[1] + 1) * n, _PARALLEL_MIN_CELLS, args)
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 

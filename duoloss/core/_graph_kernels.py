@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._fastmath import exp_core, fast_exp
+from ._numerics import exp_core, fast_exp
 
 _NEG_INF = -np.inf
 
@@ -1186,7 +1186,7 @@ def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.
     ``y > mx[v]``, rescales ``sm[v]`` by ``exp(mx[v] - y)`` and moves the offset
     to ``y``.  So each arc costs one exponential of a non-positive number and no
     node needs a logarithm (``sm`` is folded into ``mx`` only if it exceeds
-    ``1e30``).  The exponential is branch-free (:func:`~._fastmath.exp_core`;
+    ``1e30``).  The exponential is branch-free (:func:`~._numerics.exp_core`;
     its argument is clamped at -708, below which the term is smaller than the
     rounding error of the sum ``>= 1`` it joins).  Arcs leaving a node with
     ``alpha = -inf`` are skipped and NaN / infinite weights take a slow path,

@@ -83,27 +83,19 @@ import numpy as np
 from typing import Any, NamedTuple
 
 from ._spec import LossKernel
-from ._threading import parallel_guard
+from ._numerics import CHECK_TOL as _CHECK_TOL
+from ._numerics import FALLBACK as _FALLBACK
+from ._numerics import NAN as _NAN
+from ._numerics import NEG_INF as _NEG_INF
+from ._numerics import OK as _OK
+from ._numerics import logaddexp as _lae
+from ._numerics import run_batch
 
 __all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
            "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
 
 _TINY = 1e-200
-_CHECK_TOL = 1e-7
 _PARALLEL_MIN_CELLS = 40_000
-_NEG_INF = -np.inf
-_OK, _FALLBACK, _NAN = 0, 1, 2
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _lae(a, b):
-    if a == _NEG_INF:
-        return b
-    if b == _NEG_INF:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -786,15 +778,8 @@ def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, norma
         args = (order, lp, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
                 accept, widx, bool(normalize), want_e, want_w, bool(zero_infinity), losses,
                 g_em, g_w)
-        if n > 1 and int(cells.sum()) >= _PARALLEL_MIN_CELLS:
-            with parallel_guard():
-                old = numba.set_parallel_chunksize(1)
-                try:
-                    _graph_batch_parallel(*args)
-                finally:
-                    numba.set_parallel_chunksize(old)
-        else:
-            _graph_batch_serial(*args)
+        run_batch(_graph_batch_serial, _graph_batch_parallel, n, int(cells.sum()),
+                  _PARALLEL_MIN_CELLS, args)
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_w.astype(dtype, copy=False) if want_w else None)
 

@@ -78,8 +78,8 @@ import numba
 import numpy as np
 
 # NB: the kernels inline fast_exp; numba's on-disk cache is keyed on this
-# file's mtime only, so touch it after editing _fastmath.py.
-from ._fastmath import fast_exp
+# file's mtime only, so touch it after editing _numerics.py.
+from ._numerics import fast_exp
 from ._spec import LossKernel
 from ._threading import parallel_guard
 

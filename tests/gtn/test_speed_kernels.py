@@ -155,7 +155,7 @@ def test_sorted_kernels_large_sums_and_wide_ranges():
 
 
 def test_fast_exp_accuracy():
-    from duoloss.core._fastmath import fast_exp
+    from duoloss.core._numerics import fast_exp
     import numba
 
     @numba.njit
@@ -232,7 +232,7 @@ def test_grad_graph_is_independent_of_its_graph():
 
 
 def test_fast_exp_tables():
-    from duoloss.core import _fastmath as f
+    from duoloss.core import _numerics as f
 
     hi, lo, l_hi, l_lo, inv = f._tables()
     assert np.array_equal(hi, f._T_HI) and np.array_equal(lo, f._T_LO)

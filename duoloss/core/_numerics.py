@@ -1,4 +1,21 @@
-"""An inlinable ``exp`` for the numba kernels (float64, about 0.5 ulp).
+"""The numerics every core kernel shares: one definition each.
+
+* **Constants**: ``NEG_INF``; ``FLUSH`` (a positive value below it has left, or
+  is about to leave, float64's normal range: a rescaled linear-space forward
+  records it as "flushed" and then needs the backward sweep's per-frame check);
+  ``CHECK_TOL`` (relative tolerance of the per-frame "posteriors sum to one"
+  check); ``OK`` / ``FALLBACK`` / ``NAN``, the status codes of one
+  forward-backward pass.
+* **Log-add**: :func:`logaddexp` (the C library's ``exp``/``log1p``; ``-inf`` is
+  the identity, NaN propagates) and :func:`logaddexp_fast` (the same with
+  :func:`fast_exp`; the transducer lattice's inner loop).
+* **Fast exp**: :func:`fast_exp` / :func:`exp_core`, below.
+* **Batch driver**: :func:`run_batch` picks a kernel's serial or ``prange``
+  variant by the batch's cell count, under the threading guard, with chunk
+  size 1 (the kernels order sequences longest first, so threads balance).
+
+An inlinable ``exp`` for the numba kernels (float64, about 0.5 ulp).
+
 
 Without Intel SVML, ``math.exp`` / ``np.exp`` on scalars inside a numba kernel is
 a call into the C library: ~7 ns, and much more inside the score kernels, whose
@@ -19,8 +36,7 @@ Arguments below -708 or above 709, and NaN, go to the C library, so ``-inf``,
 ``tests/gtn/test_speed_kernels.py`` checks the error against ``mpmath``.
 
 NB: numba's on-disk cache of a kernel that inlines these functions is keyed on the
-kernel's own source file: after editing this file, touch ``_graph_kernels.py``,
-``_asg.py`` and ``_ctc.py`` (or clear ``__pycache__``) so the kernels are recompiled.
+kernel's own source file: after editing this file, touch every module that imports it (or clear ``__pycache__``) so the kernels are recompiled.
 """
 from __future__ import annotations
 
@@ -33,7 +49,15 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["fast_exp", "exp_core"]
+from ._threading import parallel_guard
+
+__all__ = ["CHECK_TOL", "FALLBACK", "FLUSH", "NAN", "NEG_INF", "OK", "exp_core", "fast_exp",
+           "logaddexp", "logaddexp_fast", "run_batch"]
+
+NEG_INF = -np.inf
+FLUSH = 1e-290
+CHECK_TOL = 1e-7
+OK, FALLBACK, NAN = 0, 1, 2
 
 
 @intrinsic
@@ -140,3 +164,44 @@ def fast_exp(x):
     if -708.0 <= x <= 709.0:
         return exp_core(x)
     return math.exp(x)   # overflow, underflow / subnormal results, +-inf, NaN
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def logaddexp(a, b):
+    """``log(exp(a) + exp(b))`` with the C library's ``exp``; ``-inf`` is the identity."""
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def logaddexp_fast(a, b):
+    """``log(exp(a) + exp(b))`` with :func:`fast_exp`; ``-inf`` is the identity, NaN propagates."""
+    if a < b:
+        a, b = b, a
+    if b == NEG_INF:
+        return a
+    return a + math.log1p(fast_exp(b - a))
+
+
+def run_batch(serial, parallel, n, cells, min_cells, args):
+    """Run ``parallel(*args)`` when the batch is worth threads, else ``serial(*args)``.
+
+    ``n`` is the number of sequences and ``cells`` the batch's total work
+    (trellis or lattice cells); one sequence, or fewer than ``min_cells`` cells,
+    run serially (the thread launch costs more than it saves).  The parallel
+    variant runs under :func:`~._threading.parallel_guard` (fork safety, the
+    workqueue lock) with numba's chunk size 1.
+    """
+    if n > 1 and cells >= min_cells:
+        with parallel_guard():
+            old = numba.set_parallel_chunksize(1)
+            try:
+                return parallel(*args)
+            finally:
+                numba.set_parallel_chunksize(old)
+    return serial(*args)
