@@ -6,12 +6,12 @@ and central finite differences.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 import duoloss.gtn as gtn
+from rnnt_reference import lattice_paths
+
 from duoloss.core import TRANSDUCER_KERNEL, transducer_loss_and_grad, transducer_viterbi
 
 
@@ -19,30 +19,8 @@ from duoloss.core import TRANSDUCER_KERNEL, transducer_loss_and_grad, transducer
 # Brute force                                                                  #
 # --------------------------------------------------------------------------- #
 def _paths(s0, t0, s1, t1, modified):
-    """Every monotone path from (s0, t0) to (s1, t1) as a list of moves.
-
-    A move is ('x', s, t) (reads px[s, t]) or ('y', s, t) (reads py[s, t]).
-    """
-    if modified:
-        n_moves, n_x = t1 - t0, s1 - s0
-    else:
-        n_moves, n_x = (s1 - s0) + (t1 - t0), s1 - s0
-    if n_x > n_moves:
-        return []
-    out = []
-    for xs in itertools.combinations(range(n_moves), n_x):
-        s, t, path = s0, t0, []
-        for k in range(n_moves):
-            if k in xs:
-                path.append(("x", s, t))
-                s += 1
-                t += 1 if modified else 0
-            else:
-                path.append(("y", s, t))
-                t += 1
-        assert (s, t) == (s1, t1)
-        out.append(path)
-    return out
+    """Every monotone path from (s0, t0) to (s1, t1) (k2's px/py moves)."""
+    return lattice_paths(s1 - s0, t1 - t0, modified, s0=s0, t0=t0)
 
 
 def _brute(px, py, bd, modified):

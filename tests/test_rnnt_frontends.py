@@ -9,8 +9,6 @@ build, so it is not a peer here.
 """
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,30 +18,18 @@ from jax.test_util import check_grads
 
 import duoloss.jax as dj
 import duoloss.torch as dt
+from rnnt_reference import lattice_paths
 
 
 # --------------------------------------------------------------------------- #
 # References                                                                   #
 # --------------------------------------------------------------------------- #
 def _alignments(tb, ub):
-    """Every RNN-T alignment as a list of moves ('b', t, u) / ('y', t, u)."""
+    """Every RNN-T alignment: moves ('x', u, t) (emit target u at frame t) and ('y', u, t)
+    (blank at frame t), the last move the final blank; no frames and no targets: one empty path."""
     if tb == 0:
         return [] if ub > 0 else [[]]
-    out = []
-    n = tb - 1 + ub  # the last move is always the final blank
-    for ys in itertools.combinations(range(n), ub):
-        t = u = 0
-        path = []
-        for k in range(n):
-            if k in ys:
-                path.append(("y", t, u))
-                u += 1
-            else:
-                path.append(("b", t, u))
-                t += 1
-        path.append(("b", t, u))
-        out.append(path)
-    return out
+    return lattice_paths(ub, tb, modified=False, last_is_blank=True)
 
 
 def brute_losses(logits, targets, il, tl, blank, fused=True, fastemit=0.0, delay=0.0):
@@ -55,8 +41,8 @@ def brute_losses(logits, targets, il, tl, blank, fused=True, fastemit=0.0, delay
         scores = []
         for path in _alignments(tb, ub):
             s = torch.zeros((), dtype=lp.dtype)
-            for k, t, u in path:
-                if k == "b":
+            for k, u, t in path:
+                if k == "y":
                     s = s + lp[b, t, u, blank]
                 else:
                     x = lp[b, t, u, int(targets[b, u])]
@@ -79,12 +65,12 @@ def brute_best(logits, targets, il, tl, blank):
     for b in range(lp.shape[0]):
         best, arg = -np.inf, None
         for path in _alignments(int(il[b]), int(tl[b])):
-            s = sum(lp[b, t, u, blank] if k == "b" else lp[b, t, u, targets[b, u]]
-                    for k, t, u in path)
+            s = sum(lp[b, t, u, blank] if k == "y" else lp[b, t, u, targets[b, u]]
+                    for k, u, t in path)
             if s > best:
                 best, arg = s, path
-        toks = None if arg is None else [blank if k == "b" else int(targets[b, u])
-                                         for k, t, u in arg]
+        toks = None if arg is None else [blank if k == "y" else int(targets[b, u])
+                                         for k, u, t in arg]
         res.append((best, toks))
     return res
 

@@ -20,6 +20,7 @@ from jax.test_util import check_grads
 
 import duoloss.jax as dj
 import duoloss.torch as dt
+from rnnt_reference import lattice_paths
 
 
 
@@ -41,37 +42,11 @@ def _log_softmax(x):
 
 
 def _paths(ns, nt, rnnt_type):
-    """Every alignment on an (ns symbols, nt frames) lattice as a list of moves
-    ('x', s, t) (symbol y_s emitted at frame t) / ('y', s, t) (blank at frame t)."""
-    out = []
+    """Every alignment on an (ns symbols, nt frames) lattice: ('x', s, t) emits y_s at
+    frame t, ('y', s, t) is a blank at frame t; regular paths end with a blank."""
     if rnnt_type == "regular":
-        if nt == 0:
-            return []
-        n = ns + nt - 1  # the last move is always a blank on the last frame
-        for pos in itertools.combinations(range(n), ns):
-            s = t = 0
-            path = []
-            for i in range(n):
-                if i in pos:
-                    path.append(("x", s, t))
-                    s += 1
-                else:
-                    path.append(("y", s, t))
-                    t += 1
-            path.append(("y", s, t))
-            out.append(path)
-        return out
-    for pos in itertools.combinations(range(nt), ns):
-        s = 0
-        path = []
-        for t in range(nt):
-            if t in pos:
-                path.append(("x", s, t))
-                s += 1
-            else:
-                path.append(("y", s, t))
-        out.append(path)
-    return out
+        return lattice_paths(ns, nt, modified=False, last_is_blank=True)
+    return lattice_paths(ns, nt, modified=True)
 
 
 def brute_force(lp_fn, symbols, blank, boundary, rnnt_type, delay_penalty=0.0):
