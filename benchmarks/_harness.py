@@ -19,17 +19,19 @@ writes none): ``{"schema": 1, "script", "date", "argv", "args", "machine": {...}
 "results": [{"size", "case", "impls": {name: {"median_ms", "rounds_ms", ...}},
 "ratios": [{"num", "den", "median", "q25", "q75", "min", "max", "rounds"}], "extra"}],
 "table"}``.  ``machine`` records the CPU count, load average, numba's threading layer and
-thread count, and the versions of python, numpy, numba, torch, jax, jaxlib and optax.
+thread count, the versions of python, numpy, numba, torch, jax, jaxlib and optax, and which
+duoloss ran (``duoloss_path``, ``git_commit``).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import importlib
+import importlib.metadata
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -241,10 +243,11 @@ def table(headers, rows, align=None):
     return "\n".join(lines)
 
 
-def _version(mod):
+def _version(dist):
+    """Installed version of a distribution, without importing it (None if absent)."""
     try:
-        return importlib.import_module(mod).__version__
-    except Exception:  # not installed, or broken: record that, not fail the benchmark
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
@@ -255,6 +258,19 @@ def machine_info():
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
     for mod in ("numpy", "numba", "torch", "jax", "jaxlib", "optax"):
         info[mod] = _version(mod)
+    try:
+        import duoloss
+
+        info["duoloss"] = getattr(duoloss, "__version__", None)
+        info["duoloss_path"] = os.path.dirname(os.path.abspath(duoloss.__file__))
+    except Exception:
+        info["duoloss"] = info["duoloss_path"] = None
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+            text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        info["git_commit"] = None
     try:
         import numba
 

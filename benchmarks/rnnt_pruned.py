@@ -96,7 +96,8 @@ def _case(kind, n, t, u, v, s_range, reps, threads):
         t0 = time.perf_counter()
         value = step()
         times.append(time.perf_counter() - t0)
-    return dict(kind=kind, ms=1e3 * float(np.median(times)), peak_mib=_peak_mib() - base,
+    return dict(kind=kind, torch=torch.__version__, ms=1e3 * float(np.median(times)),
+                peak_mib=_peak_mib() - base,
                 loss=value, steps_ms=[1e3 * x for x in times])
 
 
@@ -112,8 +113,6 @@ def main(argv=None):
         n, t, u, v = args.sizes[0]
         print(json.dumps(_case(args.case, n, t, u, v, args.s_range, args.rounds, args.threads)))
         return
-    import torch
-
     parts, results = [], []
     for i, size in enumerate(args.sizes):
         res = {}
@@ -131,7 +130,7 @@ def main(argv=None):
         ratio = H.ratio_stats("full", "pruned", f["steps_ms"], p["steps_ms"])
         n, t, u, v = size
         parts.append(
-            f"(N,T,U,V)=({n},{t},{u},{v}) s_range={args.s_range}, torch {torch.__version__}, "
+            f"(N,T,U,V)=({n},{t},{u},{v}) s_range={args.s_range}, torch {f['torch']}, "
             f"{os.cpu_count()} cpus, torch threads {args.threads or 'default'}, "
             f"median of {args.rounds}\n\n"
             + H.table(["case", "fwd+bwd ms", "peak extra RSS MiB"],
