@@ -1,4 +1,5 @@
-"""The one harness behind every script in ``benchmarks/`` (private; the scripts are the entry points).
+"""The one harness behind every script in ``benchmarks/`` (private: the scripts are the
+entry points).
 
 What every script shares:
 
@@ -86,7 +87,7 @@ def parser(doc, *, names, sizes, quick_sizes, rounds, quick_rounds=2, threads=No
     p.set_defaults(_names=names, _sizes=list(sizes), _quick_sizes=list(quick_sizes),
                    _rounds=rounds, _quick_rounds=quick_rounds)
     default = ";".join(format_size(s) for s in sizes)
-    p.add_argument("--sizes", default=None, metavar=names.replace(",", ",") + "[;...]",
+    p.add_argument("--sizes", default=None, metavar=names + "[;...]",
                    help=SIZES_HELP.format(example=format_size(sizes[0]), default=default))
     p.add_argument("--rounds", type=int, default=None,
                    help=f"timed rounds (default {rounds}; --quick: {quick_rounds})")
@@ -179,7 +180,8 @@ def paired(fns, rounds, *, warmup=1, block_s=0.0, label=""):
     Every function is first called ``warmup`` times (compiles, caches).  With
     ``block_s > 0`` it is called once more to size its block: a round calls it
     ``block_s / (time per call)`` times in a row (1 to 200) and records the block's
-    median; with ``block_s = 0`` (the default) a round calls it once.  Each of the ``rounds`` rounds runs every function's block, in an order
+    median; with ``block_s = 0`` (the default) a round calls it once.  Each of the
+    ``rounds`` rounds runs every function's block, in an order
     rotated by one each round, so that no function always runs right after the same other.
     Blocks rather than single calls where libraries keep worker threads spinning after a
     call (OpenMP's wait policy): the next call of the *other* library would pay for it,
