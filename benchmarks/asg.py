@@ -1,30 +1,42 @@
 """ASG, all-alignments and graph_loss speed against duoloss's CTC kernel (fwd+bwd).
 
 Times the core kernels (numpy in, numpy out) and the torch frontends, float32,
-and prints medians and ratios to the CTC kernel at the same (B, T, C, L).
+in paired rounds (each round calls every implementation once, in rotating
+order), and prints medians and ratios to the CTC kernel at the same
+(B, T, C, L): the median over rounds of the per-round ratio, with the rounds'
+interquartile range.
 GTN cannot be installed here: its all-alignments loss via graphs took
 ~100 ms at B=8, T=200, C=30, L=40 on this project's machines (NOTES.md) and is
 quoted as a reference number only.
 
     python benchmarks/asg.py                       # default sizes
-    python benchmarks/asg.py --sizes 8,200,30,40 --repeats 30
+    python benchmarks/asg.py --sizes 8,200,30,40 --rounds 30
+    python benchmarks/asg.py --sizes 8,200,30,40 --no-frontends --threads 1
+    python -m benchmarks.asg --quick               # a smoke run
+
+Sizes are ``B,T,C,L`` (batch, frames, classes, target length).
 """
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import os
+import sys
 
 import numpy as np
 
-from duoloss.graphs import ctc_graph
+if __package__ in (None, ""):  # ``python benchmarks/asg.py``: time this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import _harness as H
 
 GTN_REFERENCE_MS = {(8, 200, 30, 40): 100.0}
+DEFAULT_SIZES = [(1, 50, 20, 10), (8, 200, 30, 40), (16, 500, 50, 100)]
+QUICK_SIZES = [(2, 30, 10, 5)]
+BASE = "ctc (core)"
 
 
-def bench(b, t, c, l, repeats, frontends):
+def bench(b, t, c, l, rounds, frontends, label=""):
     from duoloss.core import asg_loss_and_grad, ctc_loss_and_grad
     from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
+    from duoloss.graphs import ctc_graph
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((t, b, c)).astype(np.float32)
@@ -59,33 +71,17 @@ def bench(b, t, c, l, repeats, frontends):
         fns["asg_loss (torch)"] = lambda: dt.asg_loss(xt, trt, tgt, ilt, tlt).backward()
         fns["graph_loss, CTC graphs (torch)"] = (
             lambda: dt.graph_loss(lpt, graphs, ilt, target_lengths=tlt).backward())
-    return interleaved_medians(fns, repeats)
+    return H.paired(fns, rounds, warmup=2, label=label)
 
 
-def interleaved_medians(fns, repeats, warmup=2):
-    """Median ms of each function, timed round-robin so load drift hits all alike."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", nargs="*", default=["1,50,20,10", "8,200,30,40", "16,500,50,100"],
-                   help="B,T,C,L tuples")
-    p.add_argument("--repeats", type=int, default=20)
+def main(argv=None):
+    p = H.parser(__doc__, names="B,T,C,L", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
+                 rounds=20, threads=0,
+                 threads_help="numba (and torch) threads; 0 = default. 1 gives stable ratios "
+                              "on a shared machine")
+    p.add_argument("--repeats", dest="rounds", type=int, help="alias of --rounds")
     p.add_argument("--no-frontends", action="store_true", help="core kernels only")
-    p.add_argument("--threads", type=int, default=0,
-                   help="numba (and torch) threads; 0 = default. 1 gives stable ratios on a "
-                        "shared machine")
-    args = p.parse_args()
+    args = H.finish_args(p.parse_args(argv), "asg")
     if args.threads:
         import numba
         numba.set_num_threads(args.threads)
@@ -94,18 +90,23 @@ def main():
             torch.set_num_threads(args.threads)
         except ImportError:
             pass
-    print(f"{'B,T,C,L':>14} | {'loss':<32} | {'median ms':>9} | {'vs ctc core':>11} | "
-          f"{'GTN ~ms':>8}")
-    print("-" * 88)
-    for s in args.sizes:
-        b, t, c, l = (int(v) for v in s.split(","))
-        rows = bench(b, t, c, l, args.repeats, not args.no_frontends)
-        base = rows["ctc (core)"]
-        gtn = GTN_REFERENCE_MS.get((b, t, c, l))
-        for name, ms in rows.items():
-            ref = f"{gtn:8.0f}" if gtn and name.startswith("all-alignments") else f"{'':8}"
-            print(f"{s:>14} | {name:<32} | {ms:9.3f} | {ms / base:10.2f}x | {ref}")
-        print("-" * 88)
+    rows, results = [], []
+    for i, size in enumerate(args.sizes):
+        tm = bench(*size, args.rounds, not args.no_frontends,
+                   label=H.size_label(i, len(args.sizes)))
+        gtn = GTN_REFERENCE_MS.get(tuple(size))
+        ratios = [tm.ratio(name, BASE) for name in tm.rounds_ms]
+        for name, r in zip(tm.rounds_ms, ratios):
+            ref = f"{gtn:.0f}" if gtn and name.startswith("all-alignments") else ""
+            rows.append([H.format_size(size), name, H.fmt_ms(tm.median(name)), H.fmt_ratio(r), ref])
+        results.append(H.result(size, tm, ratios=ratios,
+                                extra={"gtn_reference_ms": gtn}))
+    text = (f"fwd+bwd, float32, median ms over {args.rounds} paired rounds; ratio to the CTC "
+            f"core kernel = median of per-round ratios (interquartile range in brackets); "
+            f"GTN ~ms: quoted reference, not measured here\n\n"
+            + H.table(["B,T,C,L", "loss", "median ms", "vs ctc core", "GTN ~ms"], rows,
+                      align="llrrr"))
+    H.emit(args, results, text)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,39 @@
 """CTC forward+backward: duoloss vs torch's F.ctc_loss and optax.ctc_loss.
 
-All four run in one process on the same data; each peer is timed interleaved
-with its duoloss counterpart (alternating blocks of calls), and the ratio is
-the median of the per-round paired ratios, so drifting machine load cancels.
-Each call is a full training step's worth of loss work: logits -> log_softmax
--> CTC -> backward to the logits (optax and duoloss.jax under ``jax.jit``).
+All four run in one process on the same data; each peer is timed in paired
+rounds with its duoloss counterpart (alternating blocks of calls, about 20 ms
+each), and the ratio is the median of the per-round paired ratios (with the
+rounds' interquartile range), so drifting machine load cancels.  Each call is a
+full training step's worth of loss work: logits -> log_softmax -> CTC ->
+backward to the logits (optax and duoloss.jax under ``jax.jit``).
 
     python benchmarks/ctc.py                       # the default grid
-    python benchmarks/ctc.py --sizes 8,200,30,40 --reps 30
+    python benchmarks/ctc.py --sizes 8,200,30,40 --rounds 30
     python benchmarks/ctc.py --cold-start          # also: first call in a new process
     python benchmarks/ctc.py --sizes 16,500,8000,100   # a large vocabulary (gathered crossing)
+    python -m benchmarks.ctc --quick               # a smoke run
 
+Sizes are ``B,T,C,L`` (batch, frames, classes with the blank, target length).
 The "host MB" column is what duoloss moves between the framework and the core
 per call (float32 scores in, their gradient out): ``(T, N, C)`` both ways, or
 ``(T, N, S+1)`` when the frontends gather a large vocabulary's used columns.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 
-DEFAULT_SIZES = "1,50,20,10;8,200,30,40;32,500,50,100;16,1000,100,200;16,500,8000,100"
+if __package__ in (None, ""):  # ``python benchmarks/ctc.py``: time this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import _harness as H
 
-
-def _parse_sizes(text):
-    return [tuple(int(v) for v in item.split(",")) for item in text.split(";") if item]
+DEFAULT_SIZES = [(1, 50, 20, 10), (8, 200, 30, 40), (32, 500, 50, 100), (16, 1000, 100, 200),
+                 (16, 500, 8000, 100)]
+QUICK_SIZES = [(2, 30, 10, 5)]
+PAIRS = (("torch F.ctc_loss", "duoloss.torch"), ("optax.ctc_loss", "duoloss.jax"))
 
 
 def _make_fns(b, t, c, l, seed=0):
@@ -80,59 +84,6 @@ def _make_fns(b, t, c, l, seed=0):
     }
 
 
-def _interleaved(fns, reps, warmup, block_s=0.02):
-    """Per-call medians (ms) of each function and the median paired ratio of
-    the second function to the first.
-
-    The functions take turns in blocks of about ``block_s`` seconds (one call
-    per block for slow ones), ``reps`` rounds.  Blocks rather than single
-    alternating calls: a library's worker threads keep spinning for a while
-    after each parallel region (OpenMP's wait policy), and right after a call
-    of the other library they would be timed as part of this one's call, a
-    cost no training loop that uses one library pays.  The ratio is the median
-    over rounds of (second's block median / first's block median): both blocks
-    of a round see the same machine, so drifting load cancels.
-    """
-    block = {}
-    for k, f in fns.items():
-        for _ in range(warmup):
-            f()
-        t0 = time.perf_counter()
-        f()  # warm now: the block length comes from a warm call
-        per_call = time.perf_counter() - t0
-        block[k] = max(1, min(200, int(block_s / max(per_call, 1e-9))))
-    times = {k: [] for k in fns}
-    rounds = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            ts = []
-            for _ in range(block[k]):
-                t0 = time.perf_counter()
-                f()
-                ts.append(time.perf_counter() - t0)
-            times[k].extend(ts)
-            rounds[k].append(np.median(ts))
-    first, second = list(fns)[:2]
-    ratio = float(np.median(np.asarray(rounds[second]) / np.asarray(rounds[first])))
-    return {k: float(np.median(v)) * 1e3 for k, v in times.items()}, ratio
-
-
-def bench(sizes, reps, warmup):
-    """Each framework's pair runs interleaved (torch pair, then JAX pair): JAX's and
-    torch's worker threads would otherwise compete for the cores inside one rep."""
-    rows = []
-    for size in sizes:
-        fns = _make_fns(*size)
-        med = {}
-        ratios = []
-        for pair in (("torch F.ctc_loss", "duoloss.torch"), ("optax.ctc_loss", "duoloss.jax")):
-            m, r = _interleaved({k: fns[k] for k in pair}, reps, warmup)
-            med.update(m)
-            ratios.append(r)
-        rows.append((size, med, ratios))
-    return rows
-
-
 def cold_start():
     """Seconds for import + first call in a fresh process (numba cache warm)."""
     code = (
@@ -145,8 +96,13 @@ def cold_start():
         "duoloss.torch.ctc_loss(torch.from_numpy(lp).requires_grad_(), torch.ones(2, 5, dtype=torch.long), [50, 50], [5, 5]).backward();"
         "t3 = time.perf_counter(); print(f'{t1 - t0:.3f} {t3 - t2:.3f}')"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)  # warm cache
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    env = H.child_env()
+    H.progress("cold start: warming the numba cache in a new process")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=env)
+    H.progress("cold start: timing a new process")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env)
+    H.progress_done()
     core, torch_call = (float(v) for v in out.stdout.split())
     return core, torch_call
 
@@ -160,33 +116,49 @@ def host_bytes(b, t, c, l):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="'B,T,C,L;B,T,C,L;...'")
-    p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--cold-start", action="store_true")
-    args = p.parse_args(argv)
+    p = H.parser(__doc__, names="B,T,C,L", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
+                 rounds=15, threads=2, threads_help="torch intra-op threads (default 2)")
+    p.add_argument("--reps", dest="rounds", type=int, help="alias of --rounds")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up calls per implementation")
+    p.add_argument("--cold-start", action="store_true",
+                   help="also time import + first call in a new process")
+    args = H.finish_args(p.parse_args(argv), "ctc")
 
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = bench(_parse_sizes(args.sizes), args.reps, args.warmup)
-    print(f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms per call "
-          f"over {args.reps} alternating rounds, {args.threads} threads; ratio = median of the "
-          f"rounds' paired ratios (duoloss / peer)")
-    print("| B,T,C,L | torch F.ctc_loss | duoloss.torch | ratio | optax (jit) | duoloss.jax (jit) "
-          "| ratio | host MB (full width) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for size, m, (r_torch, r_jax) in rows:
+    rows, results = [], []
+    for i, size in enumerate(args.sizes):
+        fns = _make_fns(*size)
+        med, ratios, impls = {}, [], {}
+        # each framework's pair alone: JAX's and torch's worker threads would otherwise
+        # compete for the cores inside one round
+        for peer, ours in PAIRS:
+            tm = H.paired({k: fns[k] for k in (peer, ours)}, args.rounds, warmup=args.warmup,
+                          block_s=0.02, label=H.size_label(i, len(args.sizes)))
+            med.update(tm.medians())
+            impls.update(tm.impls())
+            ratios.append(tm.ratio(ours, peer))
         sent, full = host_bytes(*size)
-        print(f"| {','.join(map(str, size))} | {m['torch F.ctc_loss']:.2f} | {m['duoloss.torch']:.2f} "
-              f"| {r_torch:.2f}x | {m['optax.ctc_loss']:.2f} | {m['duoloss.jax']:.2f} "
-              f"| {r_jax:.2f}x | {sent / 2**20:.2f} ({full / 2**20:.2f}) |")
+        rows.append([H.format_size(size), H.fmt_ms(med["torch F.ctc_loss"]),
+                     H.fmt_ms(med["duoloss.torch"]), H.fmt_ratio(ratios[0]),
+                     H.fmt_ms(med["optax.ctc_loss"]), H.fmt_ms(med["duoloss.jax"]),
+                     H.fmt_ratio(ratios[1]), f"{sent / 2**20:.2f} ({full / 2**20:.2f})"])
+        results.append(H.result(size, impls=impls, ratios=ratios,
+                                extra={"host_mb": sent / 2**20, "host_mb_full_width": full / 2**20}))
+    text = (f"CTC fwd+bwd (logits -> log_softmax -> loss -> grad), float32, median ms per call "
+            f"over {args.rounds} paired rounds, {args.threads} threads; ratio = median of the "
+            f"rounds' paired ratios (duoloss / peer), interquartile range in brackets\n\n"
+            + H.table(["B,T,C,L", "torch F.ctc_loss", "duoloss.torch", "ratio", "optax (jit)",
+                       "duoloss.jax (jit)", "ratio", "host MB (full width)"], rows))
     if args.cold_start:
         core, torch_call = cold_start()
-        print(f"\nnew process, numba cache warm: import + first core call {core:.2f} s; "
-              f"first duoloss.torch call {torch_call:.2f} s (after importing torch)")
+        text += (f"\n\nnew process, numba cache warm: import + first core call {core:.2f} s; "
+                 f"first duoloss.torch call {torch_call:.2f} s (after importing torch)")
+        results.append(H.result(None, case="cold start",
+                                extra={"import_and_first_core_call_s": core,
+                                       "first_duoloss_torch_call_s": torch_call}))
+    H.emit(args, results, text)
 
 
 if __name__ == "__main__":

@@ -10,38 +10,44 @@ denominator in three forms:
 * ``topo o bigram (standard)``: ``compose(ctc_topo(30), bigram)``.
 
 The shared denominator is packed once (``pack_graphs([den])``) outside the
-timed loop, as a training loop would.  Prints median milliseconds of
-alternating blocks and the ratio to the numerator-only loss.
+timed loop, as a training loop would.  Prints median milliseconds over paired
+rounds (every case once per round, rotating order) and the ratio to the
+numerator-only loss (median of per-round ratios, interquartile range).
 
 Run::
 
-    python benchmarks/mmi.py [--repeats 15]
+    python benchmarks/mmi.py [--rounds 15]
+    python -m benchmarks.mmi --quick               # a smoke run
+
+Sizes are ``B,T,C,L`` (batch, frames, classes with the blank, numerator length).
 """
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import os
+import sys
 
 import numpy as np
-import torch
 
-import duoloss.torch as dt
-from duoloss import gtn
-from duoloss.core._graph_loss import pack_graphs
-from duoloss.graphs import ctc_graph, ctc_topo, token_ngram_graph
+if __package__ in (None, ""):  # ``python benchmarks/mmi.py``: time this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import _harness as H
+
+DEFAULT_SIZES = [(8, 200, 30, 40)]
+QUICK_SIZES = [(2, 30, 10, 5)]
+BASE = "numerator only"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    args = ap.parse_args(argv)
-    b, t, c, l = 8, 200, 30, 40
+def bench(b, t, c, l, rounds, dtype, label=""):
+    import torch
+
+    import duoloss.torch as dt
+    from duoloss import gtn
+    from duoloss.core._graph_loss import pack_graphs
+    from duoloss.graphs import ctc_graph, ctc_topo, token_ngram_graph
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((t, b, c))
-    lp = torch.tensor(x - np.log(np.exp(x).sum(-1, keepdims=True)),
-                      dtype=getattr(torch, args.dtype))
+    lp = torch.tensor(x - np.log(np.exp(x).sum(-1, keepdims=True)), dtype=getattr(torch, dtype))
     nums = pack_graphs(ctc_graph([list(rng.integers(1, c, l)) for _ in range(b)]))
     il = np.full(b, t)
     lm = token_ngram_graph([list(rng.integers(0, c, 60)) for _ in range(200)], c, order=2)
@@ -58,24 +64,40 @@ def main(argv=None):
         loss = dt.graph_loss(e, nums, il, reduction="sum", denominator=den)
         loss.backward()
 
-    cases = {"numerator only": None, **packed}
-    for den in cases.values():  # warm-up (compiles)
-        run(den)
-    times = {k: [] for k in cases}
-    for _ in range(args.repeats):  # alternate cases: load drifts hit all of them alike
-        for k, den in cases.items():
-            t0 = time.perf_counter()
-            run(den)
-            times[k].append(time.perf_counter() - t0)
-    base = statistics.median(times["numerator only"])
-    print(f"graph_loss fwd+bwd, B={b} T={t} C={c} L={l}, {args.dtype}, "
-          f"{torch.get_num_threads()} torch threads, median of {args.repeats}")
-    print(f"{'denominator':28s} {'nodes':>6s} {'arcs':>6s} {'ms':>8s} {'ratio':>6s}")
-    num_arcs = int(nums.arc_off[-1]) // b
-    print(f"{'numerator only':28s} {'':>6s} {num_arcs:6d} {base * 1e3:8.2f} {1.0:6.2f}")
-    for k, g in dens.items():
-        ms = statistics.median(times[k])
-        print(f"{k:28s} {g.num_nodes():6d} {g.num_arcs():6d} {ms * 1e3:8.2f} {ms / base:6.2f}")
+    cases = {BASE: None, **packed}
+    # every case once per round, rotating order: load drifts hit all of them alike
+    timing = H.paired({k: (lambda den=den: run(den)) for k, den in cases.items()}, rounds,
+                      label=label)
+    sizes = {BASE: ("", int(nums.arc_off[-1]) // b)}
+    sizes.update({k: (g.num_nodes(), g.num_arcs()) for k, g in dens.items()})
+    return timing, sizes
+
+
+def main(argv=None):
+    ap = H.parser(__doc__, names="B,T,C,L", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
+                  rounds=15, threads=None, threads_help="torch threads (default: torch's)")
+    ap.add_argument("--repeats", dest="rounds", type=int, help="alias of --rounds")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    args = H.finish_args(ap.parse_args(argv), "mmi")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts, results = [], []
+    for i, size in enumerate(args.sizes):
+        tm, graph_sizes = bench(*size, args.rounds, args.dtype,
+                                label=H.size_label(i, len(args.sizes)))
+        ratios = [tm.ratio(k, BASE) for k in tm.rounds_ms]
+        rows = [[k, graph_sizes[k][0], graph_sizes[k][1], H.fmt_ms(tm.median(k)), H.fmt_ratio(r)]
+                for k, r in zip(tm.rounds_ms, ratios)]
+        b, t, c, l = size
+        parts.append(f"graph_loss fwd+bwd, B={b} T={t} C={c} L={l}, {args.dtype}, "
+                     f"{torch.get_num_threads()} torch threads, median of {args.rounds} paired "
+                     f"rounds (numerator arcs: per graph)\n\n"
+                     + H.table(["denominator", "nodes", "arcs", "ms", "ratio"], rows))
+        results.append(H.result(size, tm, ratios=ratios, extra={
+            "graphs": {k: {"nodes": n or None, "arcs": a} for k, (n, a) in graph_sizes.items()}}))
+    H.emit(args, results, "\n\n".join(parts))
 
 
 if __name__ == "__main__":

@@ -24,51 +24,29 @@ Also printed: the bytes that duoloss moves to and from the host per call
     python -m benchmarks.rnnt                       # the three default sizes
     python -m benchmarks.rnnt --sizes 32,150,40,28 --rounds 9 --threads 1
     python -m benchmarks.rnnt --skip jax_scan       # leave a peer out
+    python benchmarks/rnnt.py --quick               # a smoke run
 
-(``python benchmarks/rnnt.py`` also works where ``benchmarks/threading.py``
-does not shadow the standard library.)  Sizes are ``N,T,U,V`` (batch, frames,
-target length, classes with the blank).  The two large default sizes hold
+Sizes are ``N,T,U,V`` (batch, frames, target length, classes with the blank).  The two large default sizes hold
 1.6-2 GB of logits: each implementation needs a few times that in memory.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import os
-import statistics
-import time
+import sys
 
 import numpy as np
+
+if __package__ in (None, ""):  # ``python benchmarks/rnnt.py``: time this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import _harness as H
 
 #: warprnnt-numba's CPU path is very slow (4.3 s per fwd+bwd at 8,50,10,28 on
 #: this project's 2-core machine): skipped above this many lattice cells.
 WARP_MAX_CELLS = 20_000
-DEFAULT_SIZES = ((32, 150, 40, 28), (32, 150, 20, 5000), (16, 500, 100, 500))
-
-
-def _paired(fns, rounds):
-    """Alternating rounds: each round calls every function once (rotating order).
-
-    Returns per-function median ms and, per function, the list of its per-round
-    times, so that ratios can be taken round by round (both sides of a ratio
-    see the same machine load, which drifts on a shared machine).
-    """
-    for f in fns.values():
-        f()  # warm-up: compiles (numba cache, XLA)
-    names = list(fns)
-    per = {k: [] for k in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for k in order:
-            t0 = time.perf_counter()
-            fns[k]()
-            per[k].append(1e3 * (time.perf_counter() - t0))
-    return {k: statistics.median(v) for k, v in per.items()}, per
-
-
-def _ratio(per, a, b):
-    """Median over rounds of ``a / b``."""
-    return statistics.median(x / y for x, y in zip(per[a], per[b]))
+DEFAULT_SIZES = [(32, 150, 40, 28), (32, 150, 20, 5000), (16, 500, 100, 500)]
+QUICK_SIZES = [(2, 12, 4, 6)]
+PEERS = ("pure-JAX scan", "pure-JAX diag", "warprnnt-numba")
 
 
 def jax_scan_rnnt(logits, targets, il, tl, blank):
@@ -147,7 +125,7 @@ def jax_diag_rnnt(logits, targets, il, tl, blank):
     return -last
 
 
-def bench(n, t, u, v, rounds, skip):
+def bench(n, t, u, v, rounds, skip, label="", notes=None):
     import jax
     import jax.numpy as jnp
     import torch
@@ -195,8 +173,11 @@ def bench(n, t, u, v, rounds, skip):
         h = jax.jit(jax.value_and_grad(lambda x: jax_diag_rnnt(x, *targs).sum()))
         fns["pure-JAX diag"] = lambda: jax.block_until_ready(h(xj))[0]
     if "warprnnt" not in skip and n * t * (u + 1) > WARP_MAX_CELLS:
-        print(f"  (warprnnt-numba skipped: its CPU path took 4.3 s per call already at "
-              f"8,50,10,28 here; N*T*(U+1) = {n * t * (u + 1)} > {WARP_MAX_CELLS})")
+        msg = (f"warprnnt-numba skipped at {n},{t},{u},{v}: its CPU path took 4.3 s per call "
+               f"already at 8,50,10,28 here; N*T*(U+1) = {n * t * (u + 1)} > {WARP_MAX_CELLS}")
+        print("# " + msg, file=sys.stderr)
+        if notes is not None:
+            notes.append(msg)
     elif "warprnnt" not in skip:
         try:
             from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss as warp
@@ -211,29 +192,27 @@ def bench(n, t, u, v, rounds, skip):
 
             fns["warprnnt-numba"] = warp_run
     for k, fn in fns.items():
+        H.progress(f"{label}{k} first call")
         losses[k] = float("nan") if k == "core lattice only" else float(fn())
-    med, per = _paired(fns, rounds)
+    timing = H.paired(fns, rounds, warmup=1, label=label)
     gc.collect()
 
     # host crossing of duoloss per call (float32): lattices in, losses + grads out
     lattice = 4 * (n * u * (t + 1) + n * (u + 1) * t) + 8 * 4 * n
     to_host, from_host = lattice, lattice - 8 * 4 * n + 4 * n
-    return med, per, losses, to_host, from_host, 4 * logits.size
+    return timing, losses, to_host, from_host, 4 * logits.size
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", nargs="*", default=None, help="N,T,U,V (several allowed)")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="alternating rounds (each calls every implementation once)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="threads for torch, numba and XLA (default: all cores)")
+def main(argv=None):
+    ap = H.parser(__doc__, names="N,T,U,V", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
+                  rounds=5, threads=None,
+                  threads_help="threads for torch, numba and XLA (default: all cores)")
     ap.add_argument("--thp", action="store_true",
                     help="set THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator asks for "
                          "transparent huge pages: far fewer page faults on fresh GB buffers)")
     ap.add_argument("--skip", nargs="*", default=(),
                     choices=("duoloss_jax", "jax_scan", "jax_diag", "warprnnt"))
-    a = ap.parse_args()
+    a = H.finish_args(ap.parse_args(argv), "rnnt")
     if a.thp:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read once, before torch allocates
     if a.threads:
@@ -245,22 +224,36 @@ def main():
         os.environ["OMP_NUM_THREADS"] = str(a.threads)
         import torch
         torch.set_num_threads(a.threads)
-    sizes = ([tuple(int(x) for x in s.split(",")) for s in a.sizes] if a.sizes
-             else DEFAULT_SIZES)
     import torch
-    print(f"torch threads {torch.get_num_threads()}, float32, fwd+bwd w.r.t. logits; "
-          f"median ms over {a.rounds} alternating rounds; ratios = median of per-round ratios")
-    for size in sizes:
-        med, per, losses, to_h, from_h, lbytes = bench(*size, a.rounds, set(a.skip))
-        print(f"\nN,T,U,V = {size}: logits {lbytes / 2**20:.0f} MiB; duoloss host crossing "
-              f"{to_h / 2**20:.2f} MiB in + {from_h / 2**20:.2f} MiB out per call")
-        refs = [r for r in ("pure-JAX scan", "pure-JAX diag", "warprnnt-numba") if r in med]
-        for name, ms in med.items():
-            line = f"  {name:18s} {ms:10.1f} ms"
-            for r in refs:
-                line += f"   x{_ratio(per, name, r):5.2f} of {r}"
-            line += f"   loss {losses[name]:.6g}"
-            print(line)
+    rows, results, notes = [], [], []
+    for i, size in enumerate(a.sizes):
+        tm, losses, to_h, from_h, lbytes = bench(*size, a.rounds, set(a.skip),
+                                                 label=H.size_label(i, len(a.sizes)), notes=notes)
+        refs = [r for r in PEERS if r in tm.rounds_ms]
+        ratios = [tm.ratio(name, r) for name in tm.rounds_ms for r in refs]
+        for name in tm.rounds_ms:
+            cells = [H.fmt_ratio(tm.ratio(name, r)) for r in refs]
+            rows.append((size, name, tm.median(name), cells, losses[name], refs))
+        results.append(H.result(size, tm, ratios=ratios, extra={
+            "logits_mib": lbytes / 2**20, "host_mib_in": to_h / 2**20,
+            "host_mib_out": from_h / 2**20, "losses": losses}))
+    text = (f"RNN-T, torch threads {torch.get_num_threads()}, float32, fwd+bwd w.r.t. logits; "
+            f"median ms over {a.rounds} alternating rounds; ratio = median of per-round ratios "
+            f"(interquartile range in brackets)\n")
+    for res in results:
+        size = tuple(res["size"])
+        e = res["extra"]
+        sub = [r for r in rows if r[0] == size]
+        refs = sub[0][5]
+        text += (f"\nN,T,U,V = {H.format_size(size)}: logits {e['logits_mib']:.0f} MiB; duoloss "
+                 f"host crossing {e['host_mib_in']:.2f} MiB in + {e['host_mib_out']:.2f} MiB "
+                 f"out per call\n\n")
+        text += H.table(["implementation", "ms"] + [f"x of {r}" for r in refs] + ["loss"],
+                        [[name, H.fmt_ms(ms)] + cells + [f"{loss:.6g}"]
+                         for _, name, ms, cells, loss, _ in sub]) + "\n"
+    if notes:
+        text += "\n" + "\n".join(f"({n})" for n in notes) + "\n"
+    H.emit(a, results, text.rstrip("\n"))
 
 
 if __name__ == "__main__":

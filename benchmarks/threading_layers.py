@@ -16,6 +16,11 @@ put on ``LD_LIBRARY_PATH`` for that subprocess only.
 
     python benchmarks/threading_layers.py                          # all layers, default sizes
     python benchmarks/threading_layers.py --layers omp,workqueue --sizes 8,200,30,40 --rounds 3
+    python -m benchmarks.threading_layers --quick                   # a smoke run
+
+Sizes are ``B,T,C,L`` (batch, frames, classes, target length).  Ratios to the
+first layer are medians over rounds of the per-round ratio (interquartile range
+in brackets); a round's time is the median of its calls.
 """
 from __future__ import annotations
 
@@ -31,7 +36,12 @@ import time
 
 import numpy as np
 
-DEFAULT_SIZES = "8,200,30,40;32,500,50,100"
+if __package__ in (None, ""):  # ``python benchmarks/threading_layers.py``: time this checkout
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import _harness as H
+
+DEFAULT_SIZES = [(8, 200, 30, 40), (32, 500, 50, 100)]
+QUICK_SIZES = [(4, 200, 12, 25)]  # above the core's serial cut-off: a parallel launch
 
 
 def _inputs(b, t, c, l):
@@ -132,12 +142,8 @@ class _Layer:
     """A long-lived worker process running one numba threading layer."""
 
     def __init__(self, layer, args):
-        env = dict(os.environ, NUMBA_THREADING_LAYER=layer,
-                   NUMBA_NUM_THREADS=str(args.threads))
         # Time this checkout's duoloss, not whichever one is installed.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        env = H.child_env(NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS=args.threads)
         if layer == "tbb":
             lib = args.tbb_lib or os.path.join(sys.prefix, "lib")
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -164,28 +170,30 @@ class _Layer:
         self.proc.wait()
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    p = H.parser(__doc__, names="B,T,C,L", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
+                 rounds=5, threads=2, threads_help="NUMBA_NUM_THREADS (default 2)")
     p.add_argument("--layers", default="omp,workqueue,tbb")
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="B,T,C,L;B,T,C,L;...")
-    p.add_argument("--threads", type=int, default=2, help="NUMBA_NUM_THREADS")
     p.add_argument("--callers", default="1,4", help="numbers of concurrent Python threads")
-    p.add_argument("--rounds", type=int, default=5,
-                   help="rounds; each times every layer in turn (interleaved)")
-    p.add_argument("--calls", type=int, default=10, help="calls per caller per round")
+    p.add_argument("--calls", type=int, default=None,
+                   help="calls per caller per round (default 10; --quick: 2)")
     p.add_argument("--fork-timeout", type=float, default=60.0)
     p.add_argument("--tbb-lib", default=None, help="folder holding libtbb.so.12")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         _worker(args.fork_timeout)
         return
-    sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes.split(";")]
+    args = H.finish_args(args, "threading_layers")
+    if args.calls is None:
+        args.calls = 2 if args.quick else 10
+    sizes = args.sizes
     callers = [int(v) for v in args.callers.split(",")]
     cases = [(size, kernel, c) for size in sizes for kernel in ("ctc", "asg") for c in callers]
 
     layers = [_Layer(name, args) for name in args.layers.split(",")]
-    times = {(layer.name, case): [] for layer in layers for case in cases}
+    times = {(layer.name, case): [] for layer in layers for case in cases}  # every call
+    rounds = {(layer.name, case): [] for layer in layers for case in cases}  # round medians
     try:
         for layer in layers:
             layer.ask(op="hello")
@@ -195,10 +203,15 @@ def main():
                 # the other jobs on a shared machine hit all layers alike.
                 for layer in layers[r % len(layers):] + layers[:r % len(layers)]:
                     size, kernel, c = case
+                    H.progress(f"[size {sizes.index(size) + 1}/{len(sizes)}] {layer.name} "
+                               f"{kernel} {c} caller(s) round {r + 1}/{args.rounds}")
                     out = layer.ask(op="time", size=size, kernel=kernel, callers=c,
                                     calls=args.calls)
                     times[layer.name, case] += out["ms"]
+                    rounds[layer.name, case].append(statistics.median(out["ms"]))
+        H.progress("fork check")
         fork_ok = {layer.name: layer.ask(op="fork")["fork_ok"] for layer in layers}
+        H.progress_done()
     finally:
         for layer in layers:
             layer.close()
@@ -207,22 +220,34 @@ def main():
         if layer.loaded != layer.name:
             print(f"# asked for {layer.name}, numba loaded {layer.loaded}", file=sys.stderr)
     base = layers[0].name
-    print(f"numba threading layers, NUMBA_NUM_THREADS={args.threads}, float32 fwd+bwd, "
-          f"median ms per call over {args.rounds} interleaved rounds (ratio to {base}); "
-          f"N callers: wall time / calls with N Python threads calling at once")
     cols = ["1 caller" if c == 1 else f"{c} callers" for c in callers]
-    print("| kernel (B,T,C,L) | layer | " + " | ".join(cols) + " | fork ok |")
-    print("|" + "---|" * (len(cols) + 3))
+    rows, results = [], []
     for size in sizes:
         for kernel in ("ctc", "asg"):
+            impls, ratios = {}, []
             for layer in layers:
                 cells = []
                 for c in callers:
-                    ms = statistics.median(times[layer.name, (size, kernel, c)])
-                    ref = statistics.median(times[base, (size, kernel, c)])
-                    cells.append(f"{ms:.2f} ({ms / ref:.2f}x)")
-                print(f"| {kernel} ({','.join(map(str, size))}) | {layer.loaded} | "
-                      + " | ".join(cells) + f" | {'yes' if fork_ok[layer.name] else 'no'} |")
+                    case = (size, kernel, c)
+                    ms = statistics.median(times[layer.name, case])
+                    r = H.ratio_stats(f"{layer.name}, {c} callers", f"{base}, {c} callers",
+                                      rounds[layer.name, case], rounds[base, case])
+                    impls[f"{layer.name}, {c} callers"] = {
+                        "median_ms": ms, "rounds_ms": rounds[layer.name, case],
+                        "calls_per_round": args.calls * c, "loaded_layer": layer.loaded}
+                    ratios.append(r)
+                    cells.append(f"{ms:.2f} ({r['median']:.2f}x)")
+                rows.append([f"{kernel} ({H.format_size(size)})", layer.loaded] + cells
+                            + ["yes" if fork_ok[layer.name] else "no"])
+            results.append(H.result(size, case=kernel, impls=impls, ratios=ratios, extra={
+                "fork_ok": fork_ok, "loaded": {la.name: la.loaded for la in layers}}))
+    text = (f"numba threading layers, NUMBA_NUM_THREADS={args.threads}, float32 fwd+bwd, "
+            f"median ms per call over {args.rounds} interleaved rounds (ratio to {base}: median "
+            f"of per-round ratios); N callers: wall time / calls with N Python threads calling "
+            f"at once\n\n"
+            + H.table(["kernel (B,T,C,L)", "layer"] + cols + ["fork ok"], rows,
+                      align="ll" + "r" * len(cols) + "l"))
+    H.emit(args, results, text)
 
 
 if __name__ == "__main__":
