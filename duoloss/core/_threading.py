@@ -17,7 +17,7 @@ Unless the user chose a layer (``NUMBA_THREADING_LAYER`` or
 ``numba.config.THREADING_LAYER``), duoloss asks numba for ``'forksafe'``: ``tbb``
 when it loads, else ``workqueue``.  On ``workqueue`` every parallel launch of
 duoloss is serialised with a process-wide lock, so concurrent Python threads stay
-safe (``benchmarks/threading.py`` measures what that costs against ``omp``).
+safe (``benchmarks/threading_layers.py`` measures what that costs against ``omp``).
 
 If the requested layer cannot be loaded (e.g. the user forced ``omp`` and libgomp
 is missing), duoloss falls back to ``workqueue`` with the lock and warns once,
