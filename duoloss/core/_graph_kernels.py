@@ -120,39 +120,70 @@ def dag_prepare(n, src, dst, start, accept):
     return status, order, useful_node, useful_arc, out_ptr, out_idx, in_ptr, in_idx
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _node_scores(order, reverse, useful_arc, ptr, idx, far_end, weight, is_end, scores, back,
+                 tropical):
+    """Scores of the useful nodes in topological order, in either semiring.
+
+    The one recursion behind :func:`log_forward`, :func:`log_backward` and
+    :func:`max_forward`.  Node ``v`` is visited in ``order`` (backwards when
+    ``reverse``); its arcs are ``idx[ptr[v]:ptr[v+1]]`` (useful ones only) and
+    the node at their far end is ``far_end[a]``:
+
+    * log semiring: ``scores[v] = log([is_end[v]] + sum_a exp(scores[far_end[a]] + w_a))``
+      (the largest term is factored out; NaN terms make the node NaN);
+    * tropical semiring: ``scores[v] = max(0 if is_end[v] else -inf,
+      max_a scores[far_end[a]] + w_a)`` and ``back[v]`` the first arc reaching
+      the maximum (``-1``: the empty path; NaN terms never win).
+
+    ``reverse`` and ``tropical`` are constants of the calling wrapper: the
+    function is inlined there and the compiler drops the other branches.
+    """
+    count = order.shape[0]
+    for step in range(count):
+        v = order[count - 1 - step] if reverse else order[step]
+        top = 0.0 if is_end[v] else _NEG_INF
+        arg = -1
+        nan = False
+        for k in range(ptr[v], ptr[v + 1]):
+            a = idx[k]
+            if useful_arc[a]:
+                x = scores[far_end[a]] + weight[a]
+                if x != x:
+                    nan = True
+                elif x > top:
+                    top = x
+                    arg = a
+        if tropical:
+            scores[v] = top
+            back[v] = arg
+            continue
+        if nan:
+            scores[v] = np.nan
+            continue
+        if top == _NEG_INF or top == np.inf:
+            scores[v] = top
+            continue
+        s = np.exp(-top) if is_end[v] else 0.0
+        for k in range(ptr[v], ptr[v + 1]):
+            a = idx[k]
+            if useful_arc[a]:
+                s += np.exp(scores[far_end[a]] + weight[a] - top)
+        scores[v] = top + np.log(s)
+
+
 @numba.njit(cache=True, nogil=True)
 def log_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n):
     """Log-semiring forward pass.
 
     ``alpha[v] = log( [v is start] + sum_{a: u -> v} exp(alpha[u] + w_a) )`` over
     useful arcs, in topological order; the score is ``logsumexp`` of ``alpha``
-    over accept nodes.  Returns ``(score, alpha)`` (float64).
+    over accept nodes.  Returns ``(score, alpha)`` (float64).  Shares its
+    recursion with :func:`max_forward` and :func:`log_backward` (:func:`_node_scores`).
     """
     alpha = np.full(n, _NEG_INF)
-    for i in range(order.shape[0]):
-        v = order[i]
-        mx = 0.0 if start[v] else _NEG_INF
-        nan = False
-        for k in range(in_ptr[v], in_ptr[v + 1]):
-            a = in_idx[k]
-            if useful_arc[a]:
-                x = alpha[src[a]] + weight[a]
-                if x != x:
-                    nan = True
-                elif x > mx:
-                    mx = x
-        if nan:
-            alpha[v] = np.nan
-            continue
-        if mx == _NEG_INF or mx == np.inf:
-            alpha[v] = mx
-            continue
-        s = np.exp(-mx) if start[v] else 0.0
-        for k in range(in_ptr[v], in_ptr[v + 1]):
-            a = in_idx[k]
-            if useful_arc[a]:
-                s += np.exp(alpha[src[a]] + weight[a] - mx)
-        alpha[v] = mx + np.log(s)
+    _node_scores(order, False, useful_arc, in_ptr, in_idx, src, weight, start, alpha,
+                 np.empty(0, np.int64), False)
     mx = _NEG_INF
     nan = False
     for i in range(order.shape[0]):
@@ -183,7 +214,8 @@ def log_backward(order, useful_arc, out_ptr, out_idx, src, dst, weight, accept, 
     ``d score / d w_a = exp(alpha[u] + w_a + beta[v] - score)``: the probability
     that a path drawn with probability ``exp(path weight - score)`` uses ``a``.
     Arcs on no path, or whose paths all weigh ``-inf``, get exactly 0 (never NaN).
-    If the score is NaN or ``+inf`` the useful arcs get NaN.
+    If the score is NaN or ``+inf`` the useful arcs get NaN.  ``beta`` is
+    :func:`_node_scores` on the reversed graph.
     """
     m = src.shape[0]
     grad = np.zeros(m, np.float64)
@@ -195,30 +227,8 @@ def log_backward(order, useful_arc, out_ptr, out_idx, src, dst, weight, accept, 
                 grad[a] = np.nan
         return grad
     beta = np.full(n, _NEG_INF)
-    for i in range(order.shape[0] - 1, -1, -1):
-        u = order[i]
-        mx = 0.0 if accept[u] else _NEG_INF
-        nan = False
-        for k in range(out_ptr[u], out_ptr[u + 1]):
-            a = out_idx[k]
-            if useful_arc[a]:
-                x = weight[a] + beta[dst[a]]
-                if x != x:
-                    nan = True
-                elif x > mx:
-                    mx = x
-        if nan:
-            beta[u] = np.nan
-            continue
-        if mx == _NEG_INF or mx == np.inf:
-            beta[u] = mx
-            continue
-        s = np.exp(-mx) if accept[u] else 0.0
-        for k in range(out_ptr[u], out_ptr[u + 1]):
-            a = out_idx[k]
-            if useful_arc[a]:
-                s += np.exp(weight[a] + beta[dst[a]] - mx)
-        beta[u] = mx + np.log(s)
+    _node_scores(order, True, useful_arc, out_ptr, out_idx, dst, weight, accept, beta,
+                 np.empty(0, np.int64), False)
     for a in range(m):
         if useful_arc[a]:
             au = alpha[src[a]]
@@ -237,24 +247,13 @@ def max_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n
     Returns ``(score, best_accept, back)``: ``back[v]`` is the best incoming arc
     of ``v`` (``-1``: the empty path at a start node is best).  Ties keep the
     first maximum (empty path first, then incoming arcs in arc order; accept
-    nodes in id order).  NaN arc weights never win.  ``best_accept`` is ``-1``
-    when no path has a score above ``-inf``.
+    nodes: the lowest id).  NaN arc weights never win.  ``best_accept`` is ``-1``
+    when no path has a score above ``-inf``.  The recursion is
+    :func:`log_forward`'s in the tropical semiring (:func:`_node_scores`).
     """
     best = np.full(n, _NEG_INF)
     back = np.full(n, -1, np.int64)
-    for i in range(order.shape[0]):
-        v = order[i]
-        mx = 0.0 if start[v] else _NEG_INF
-        arg = -1
-        for k in range(in_ptr[v], in_ptr[v + 1]):
-            a = in_idx[k]
-            if useful_arc[a]:
-                x = best[src[a]] + weight[a]
-                if x > mx:
-                    mx = x
-                    arg = a
-        best[v] = mx
-        back[v] = arg
+    _node_scores(order, False, useful_arc, in_ptr, in_idx, src, weight, start, best, back, True)
     score = _NEG_INF
     best_acc = -1
     for i in range(order.shape[0]):
