@@ -1033,27 +1033,20 @@ def csr_into(n, keys, ptr, idx):
 
 
 @numba.njit(cache=True, nogil=True)
-def log_forward_fast(n, src, dst, weight, start, accept, scratch):
-    """Fused topological sort and log-semiring forward pass over the whole graph.
+def _order_all_nodes(n, src, dst, scratch):
+    """Arc adjacency and a topological order of *all* nodes, for :func:`log_forward_fast`.
 
-    Kahn's algorithm orders *all* nodes; an arc whose source has ``alpha = -inf``
-    (not accessible, or only through ``-inf`` arcs) is skipped, so unreachable
-    parts cannot leak NaN or ``+inf`` into the score.  One ``exp`` per arc (none
-    for each node's best arc) and one ``log`` per node.
-
-    ``scratch`` is a caller-owned int64 buffer of at least ``2 * n + m + 1``
-    entries (in-arc index and in-degrees; reused across calls).
+    Out-arcs by a counting sort (skipped when the arcs are already sorted by
+    source) and in-arcs into ``scratch`` (:func:`csr_into`); Kahn's algorithm,
+    skipped when every arc goes to a higher node id (e.g. results of
+    compose/intersect with a linear graph).
 
     Returns:
-      ``(status, score, alpha, order, out_ptr, out_idx)``; ``status`` is 1 when
-      the graph has a cycle anywhere (the caller then falls back to the
-      useful-part kernels, which accept cycles off every path), 2 when
-      ``scratch`` is too small.
+      ``(status, order, out_ptr, out_idx, in_ptr, in_idx)``; ``status`` 1: a
+      cycle somewhere (``order`` is then incomplete), 2: ``scratch`` has fewer
+      than ``2 * n + m + 1`` entries.
     """
     m = src.shape[0]
-    # Fast paths for graphs whose arcs are already sorted by source and/or whose
-    # node ids are a topological order (e.g. results of compose/intersect with a
-    # linear graph): skip the counting sort and/or Kahn's algorithm.
     by_src = True
     forward_ids = True
     for a in range(m):
@@ -1072,9 +1065,8 @@ def log_forward_fast(n, src, dst, weight, start, accept, scratch):
     else:
         out_ptr, out_idx = csr(n, src)
     order = np.empty(n, np.int64)
-    alpha = np.full(n, _NEG_INF)
     if scratch.shape[0] < 2 * n + m + 1:
-        return 2, 0.0, alpha, order, out_ptr, out_idx
+        return 2, order, out_ptr, out_idx, scratch[:0], scratch[:0]
     in_ptr = scratch[: n + 1]
     in_idx = scratch[n + 1: n + 1 + m]
     indeg = scratch[n + 1 + m: 2 * n + 1 + m]
@@ -1100,8 +1092,34 @@ def log_forward_fast(n, src, dst, weight, start, accept, scratch):
                 if indeg[v] == 0:
                     order[tail] = v
                     tail += 1
-    if tail < n:
-        return 1, 0.0, alpha, order, out_ptr, out_idx
+    return (0 if tail == n else 1), order, out_ptr, out_idx, in_ptr, in_idx
+
+
+@numba.njit(cache=True, nogil=True)
+def log_forward_fast(n, src, dst, weight, start, accept, scratch):
+    """Fused topological sort and log-semiring forward pass over the whole graph.
+
+    Kahn's algorithm orders *all* nodes (:func:`_order_all_nodes`); an arc whose
+    source has ``alpha = -inf`` (not accessible, or only through ``-inf`` arcs)
+    is skipped, so unreachable parts cannot leak NaN or ``+inf`` into the
+    score.  One ``exp`` per arc (none for each node's best arc) and one ``log``
+    per node.  A specialised log-semiring kernel (no tropical twin): it is the
+    whole-graph fast path of ``forward_score`` and skipping the best arc's
+    ``exp`` is what :func:`_node_scores` does not do.
+
+    ``scratch`` is a caller-owned int64 buffer of at least ``2 * n + m + 1``
+    entries (in-arc index and in-degrees; reused across calls).
+
+    Returns:
+      ``(status, score, alpha, order, out_ptr, out_idx)``; ``status`` is 1 when
+      the graph has a cycle anywhere (the caller then falls back to the
+      useful-part kernels, which accept cycles off every path), 2 when
+      ``scratch`` is too small.
+    """
+    status, order, out_ptr, out_idx, in_ptr, in_idx = _order_all_nodes(n, src, dst, scratch)
+    alpha = np.full(n, _NEG_INF)
+    if status:
+        return status, 0.0, alpha, order, out_ptr, out_idx
     for i in range(n):
         v = order[i]
         mx = 0.0 if start[v] else _NEG_INF
