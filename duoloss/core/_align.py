@@ -55,7 +55,7 @@ import numba
 import numpy as np
 
 from ._ctc import ctc_states
-from ._graph_loss import _eps_order
+from ._graph_loss import _frames_forward, _load_graph
 from ._numerics import NEG_INF as _NEG_INF
 from ._numerics import run_batch
 
@@ -402,74 +402,27 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
 @numba.njit(cache=True, nogil=True)
 def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
                      start_all, accept_all, widx_all, labels, arcs, scores):
+    """Viterbi alignment of sequence ``b``: the loss's trellis recursion
+    (:func:`duoloss.core._graph_loss._frames_forward`) in the tropical semiring,
+    then a trace back through the winning arcs."""
     t_max, _, n_cls = em.shape
-    n_graphs = node_off.shape[0] - 1
     for t in range(t_max):
         labels[b, t] = -1
         arcs[b, t] = -1
     tb = in_len[b]
-    ok = n_graphs > 0 and 0 <= tb <= t_max
-    n0 = n1 = a0 = a1 = 0
-    if ok:
-        g = b % n_graphs
-        n0, n1 = node_off[g], node_off[g + 1]
-        a0, a1 = arc_off[g], arc_off[g + 1]
-        ok = (0 <= n0 <= n1 <= start_all.shape[0] and n1 <= accept_all.shape[0]
-              and 0 <= a0 <= a1 <= src_all.shape[0] and a1 <= dst_all.shape[0]
-              and a1 <= lab_all.shape[0] and a1 <= gw_all.shape[0] and a1 <= widx_all.shape[0])
-    if ok:
-        for a in range(a0, a1):
-            s, d, k, j = src_all[a], dst_all[a], lab_all[a], widx_all[a]
-            if (s < 0 or s >= n1 - n0 or d < 0 or d >= n1 - n0 or k < -1 or k >= n_cls
-                    or j < -1 or j >= theta.shape[0]):
-                ok = False
+    ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept = _load_graph(
+        b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
+        start_all, accept_all, widx_all)
     if not ok:
         scores[b] = np.nan
         return
-    v_n = n1 - n0
-    a_n = a1 - a0
-    perm = np.empty(a_n, np.int64)
-    a_e = _eps_order(v_n, src_all[a0:a1], dst_all[a0:a1], lab_all[a0:a1], perm)
-    if a_e < 0:
-        scores[b] = np.nan
-        return
-    lw = np.empty(a_n)
-    for i in range(a_n):
-        a = a0 + perm[i]
-        lw[i] = np.float64(gw_all[a])
-        if widx_all[a] >= 0:
-            lw[i] += np.float64(theta[widx_all[a]])
     delta = np.full((tb + 1, v_n), _NEG_INF)
     back = np.full((tb + 1, v_n), -1, np.int64)
-    for n in range(v_n):
-        if start_all[n0 + n] != 0:
-            delta[0, n] = 0.0
-    for t in range(tb + 1):
-        if t > 0:
-            for i in range(a_e):
-                a = a0 + perm[i]
-                x = delta[t - 1, src_all[a]]
-                if x == _NEG_INF:
-                    continue
-                v = x + lw[i] + np.float64(em[t - 1, b, lab_all[a]])
-                d = dst_all[a]
-                if v > delta[t, d] or (v != v and back[t, d] < 0):
-                    delta[t, d] = v
-                    back[t, d] = i
-        for i in range(a_e, a_n):  # epsilon arcs: no frame, topological order
-            a = a0 + perm[i]
-            x = delta[t, src_all[a]]
-            if x == _NEG_INF:
-                continue
-            v = x + lw[i]
-            d = dst_all[a]
-            if v > delta[t, d] or (v != v and back[t, d] < 0):
-                delta[t, d] = v
-                back[t, d] = i
+    _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, delta, back, True)
     best = _NEG_INF
     node = -1
     for n in range(v_n):
-        if accept_all[n0 + n] != 0:
+        if accept[n]:
             v = delta[tb, n]
             if v > best or (v != v and node < 0):
                 best = v
@@ -483,13 +436,12 @@ def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, 
     t = tb
     while t > 0:
         i = back[t, node]
-        a = perm[i]
-        node = src_all[a0 + a]
+        node = src[i]
         if i >= a_e:
             continue
         t -= 1
-        arcs[b, t] = a
-        labels[b, t] = lab_all[a0 + a]
+        arcs[b, t] = perm[i]
+        labels[b, t] = lab[i]
 
 
 @numba.njit(cache=True, nogil=True)

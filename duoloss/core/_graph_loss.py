@@ -110,6 +110,12 @@ def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs
     lost to underflow, so a loss without gradient takes the same decision (and
     has the same value) as one with.  Adds label posteriors to ``ge`` and (if
     ``want_cnt``) arc counts to ``cnt``.
+
+    Kept specialised (not a semiring instance of :func:`_frames_forward`):
+    products of rescaled probabilities need no ``exp``/``log`` per arc and
+    frame, and the backward pass needs no ``logaddexp`` either.  Measured here
+    (B=8, T=200, CTC graphs of 40 labels, forward and backward): 7.0 ms, against
+    13.5 ms for a batch that takes the log-space path (:func:`_graph_log`).
     """
     a_n = src.shape[0]
     alpha = np.zeros((tb + 1, v_n))
@@ -219,25 +225,71 @@ def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs
     return logz, _OK
 
 
-@numba.njit(cache=True, nogil=True)
-def _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ge, cnt):
-    """Exact log-space forward-backward (slow fallback); returns logZ."""
+@numba.njit(cache=True, nogil=True, inline="always")
+def _relax(table, back, t, node, arc, value, tropical):
+    """One arc's contribution to ``table[t, node]`` in the log or tropical semiring.
+
+    Log: ``logaddexp``.  Tropical: the value wins when strictly larger (first
+    maximum in arc order), or when it is NaN and no arc has won yet (NaN
+    propagates); ``back[t, node]`` records the winning arc.
+    """
+    if tropical:
+        if value > table[t, node] or (value != value and back[t, node] < 0):
+            table[t, node] = value
+            back[t, node] = arc
+    else:
+        table[t, node] = _lae(table[t, node], value)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, table, back, tropical):
+    r"""Forward scores over the graph x frames trellis, log or tropical semiring.
+
+    The one recursion behind the log-space loss (:func:`_graph_log`) and the
+    Viterbi alignment (:func:`duoloss.core._align._graph_align_one`).  Arcs
+    ``0 .. a_e-1`` consume a frame, arcs ``a_e ..`` are epsilon arcs in
+    topological order of their sources; ``lw`` are the arcs' log weights.  Fills
+    ``table[t, n]`` (``(tb+1, v_n)``, all ``-inf`` on entry) with the
+    ``logsumexp`` (log) or the maximum (tropical, with the winning arc in
+    ``back``) of the paths of ``t`` frame arcs from a start node to ``n``, the
+    epsilon arcs taken after each frame:
+
+    .. math::
+
+        \text{table}_t(n) = \bigoplus_{a: \text{dst}_a = n,\, a < a_e}
+            \text{table}_{t-1}(\text{src}_a) + w_a + e_{t-1}(k_a)
+            \;\oplus \bigoplus_{a: \text{dst}_a = n,\, a \ge a_e}
+            \text{table}_t(\text{src}_a) + w_a.
+
+    ``tropical`` is a constant of the caller (the function is inlined there and
+    the other semiring's branch is dropped by the compiler).
+    """
     a_n = src.shape[0]
-    la = np.full((tb + 1, v_n), _NEG_INF)
     for n in range(v_n):
         if start[n]:
-            la[0, n] = 0.0
+            table[0, n] = 0.0
     for t in range(tb + 1):
         if t > 0:
             for a in range(a_e):
-                x = la[t - 1, src[a]]
+                x = table[t - 1, src[a]]
                 if x != _NEG_INF:
-                    la[t, dst[a]] = _lae(la[t, dst[a]],
-                                         x + lw[a] + np.float64(em[t - 1, b, lab[a]]))
+                    _relax(table, back, t, dst[a], a,
+                           x + lw[a] + np.float64(em[t - 1, b, lab[a]]), tropical)
         for a in range(a_e, a_n):
-            x = la[t, src[a]]
+            x = table[t, src[a]]
             if x != _NEG_INF:
-                la[t, dst[a]] = _lae(la[t, dst[a]], x + lw[a])
+                _relax(table, back, t, dst[a], a, x + lw[a], tropical)
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ge, cnt):
+    """Exact log-space forward-backward (slow fallback); returns logZ.
+
+    The forward is :func:`_frames_forward` in the log semiring."""
+    a_n = src.shape[0]
+    la = np.full((tb + 1, v_n), _NEG_INF)
+    _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, la,
+                    np.empty((0, 0), np.int64), False)
     logz = _NEG_INF
     for n in range(v_n):
         if accept[n]:
@@ -329,52 +381,55 @@ def _eps_order(v_n, src, dst, lab, perm):
 
 
 @numba.njit(cache=True, nogil=True)
-def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
-               gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
-               losses, g_em, g_w):
-    t_max, _, n_cls = em.shape
-    k_n = theta.shape[0]
+def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
+                gw_all, start_all, accept_all, widx_all):
+    """Sequence ``b``'s graph (``b % G``), checked and with its arcs in trellis order.
+
+    Shared by the loss (:func:`_graph_one`) and the alignment
+    (:func:`duoloss.core._align._graph_align_one`).
+
+    Returns:
+      ``(ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept)``.  ``ok`` is
+      False (and the arrays empty) when ``input_lengths[b]`` is outside ``[0, T]``,
+      an offset, node id, label or weight index is out of range, or the epsilon
+      arcs form a cycle.  Arc ``i`` of the returned arrays is the graph's local
+      arc ``perm[i]`` (global ``a0 + perm[i]``): the ``a_e`` frame arcs first, in
+      graph order, then the epsilon arcs in topological order (:func:`_eps_order`);
+      ``lw`` is its log weight, graph weight plus its tied ``theta`` (float64).
+    """
     n_graphs = node_off.shape[0] - 1
-    if want_e:
-        for t in range(t_max):
-            for k in range(n_cls):
-                g_em[t, b, k] = 0.0
-    if want_w:
-        for k in range(k_n):
-            g_w[b, k] = 0.0
     tb = in_len[b]
     ok = n_graphs > 0 and 0 <= tb <= t_max
-    g = b % n_graphs if n_graphs > 0 else 0
     n0 = n1 = a0 = a1 = 0
     if ok:
+        g = b % n_graphs
         n0, n1 = node_off[g], node_off[g + 1]
         a0, a1 = arc_off[g], arc_off[g + 1]
         ok = (0 <= n0 <= n1 <= start_all.shape[0] and n1 <= accept_all.shape[0]
               and 0 <= a0 <= a1 <= src_all.shape[0] and a1 <= dst_all.shape[0]
               and a1 <= lab_all.shape[0] and a1 <= gw_all.shape[0] and a1 <= widx_all.shape[0])
-    if not ok:
-        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
-        return
     v_n = n1 - n0
     a_n = a1 - a0
-    for i in range(a_n):
-        s = src_all[a0 + i]
-        d = dst_all[a0 + i]
-        k = lab_all[a0 + i]
-        j = widx_all[a0 + i]
-        if s < 0 or s >= v_n or d < 0 or d >= v_n or k < -1 or k >= n_cls or j < -1 or j >= k_n:
-            _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
-            return
-    perm = np.empty(a_n, np.int64)
-    a_e = _eps_order(v_n, src_all[a0:a1], dst_all[a0:a1], lab_all[a0:a1], perm)
+    if ok:
+        for a in range(a0, a1):
+            s, d, k, j = src_all[a], dst_all[a], lab_all[a], widx_all[a]
+            if (s < 0 or s >= v_n or d < 0 or d >= v_n or k < -1 or k >= n_cls
+                    or j < -1 or j >= theta.shape[0]):
+                ok = False
+                break
+    perm = np.empty(a_n if ok else 0, np.int64)
+    a_e = -1
+    if ok:
+        a_e = _eps_order(v_n, src_all[a0:a1], dst_all[a0:a1], lab_all[a0:a1], perm)
     if a_e < 0:
-        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
-        return
+        empty_i = np.empty(0, np.int64)
+        empty_b = np.empty(0, np.bool_)
+        return (False, a0, 0, 0, empty_i, empty_i, empty_i, empty_i, np.empty(0), empty_b,
+                empty_b)
     src = np.empty(a_n, np.int64)
     dst = np.empty(a_n, np.int64)
     lab = np.empty(a_n, np.int64)
     lw = np.empty(a_n)
-    omega = _NEG_INF
     for i in range(a_n):
         o = a0 + perm[i]
         src[i] = src_all[o]
@@ -385,8 +440,28 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
         if j >= 0:
             x += np.float64(theta[j])
         lw[i] = x
-        if i < a_e and x > omega:
-            omega = x
+    start = np.empty(v_n, np.bool_)
+    accept = np.empty(v_n, np.bool_)
+    for n in range(v_n):
+        start[n] = start_all[n0 + n] != 0
+        accept[n] = accept_all[n0 + n] != 0
+    return True, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept
+
+
+@numba.njit(cache=True, nogil=True)
+def _linear_weights(lw, a_e):
+    """Linear-space arc weights for :func:`_graph_linear`: ``(omega, w, eps_ok)``.
+
+    Frame arcs are taken relative to ``omega``, the largest finite frame-arc
+    log weight (0 if none); epsilon arcs keep absolute weights (they take no
+    per-frame factor), and ``eps_ok`` is False when one of them is too large,
+    too small (but not ``-inf``) or NaN for linear space.
+    """
+    a_n = lw.shape[0]
+    omega = _NEG_INF
+    for i in range(a_e):
+        if lw[i] > omega:
+            omega = lw[i]
     if omega == _NEG_INF or omega != omega:
         omega = 0.0
     w = np.empty(a_n)
@@ -394,34 +469,71 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
     for i in range(a_n):
         if i < a_e:
             w[i] = math.exp(lw[i] - omega)
-        else:  # epsilon arcs keep absolute weights (they take no per-frame factor)
+        else:
             w[i] = math.exp(lw[i])
             if lw[i] > 30.0 or (lw[i] < -600.0 and lw[i] != _NEG_INF) or lw[i] != lw[i]:
                 eps_ok = False
-    start = np.empty(v_n, np.bool_)
-    accept = np.empty(v_n, np.bool_)
-    for n in range(v_n):
-        start[n] = start_all[n0 + n] != 0
-        accept[n] = accept_all[n0 + n] != 0
+    return omega, w, eps_ok
+
+
+@numba.njit(cache=True, nogil=True)
+def _normaliser(b, tb, probs, fmax, ge):
+    """Forward score of the unconstrained emissions of sequence ``b`` (``normalize``).
+
+    Returns ``(lognorm, nan)``: ``sum_t logsumexp_k e_t(k)`` (``-inf`` when a
+    frame has every class at ``-inf``), and whether a frame sum is NaN or
+    ``+inf``.  Writes the softmax of each frame into ``ge[t]``.
+    """
+    n_cls = probs.shape[2]
+    lognorm = 0.0
+    for t in range(tb):
+        s = 0.0
+        for k in range(n_cls):
+            s += probs[t, b, k]
+        if s != s or s == np.inf:
+            return lognorm, True
+        if s == 0.0:  # every class -inf: no path at all
+            return _NEG_INF, False
+        lognorm += fmax[t, b] + math.log(s)
+        inv = 1.0 / s
+        for k in range(n_cls):
+            ge[t, k] = probs[t, b, k] * inv
+    return lognorm, False
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
+               gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
+               losses, g_em, g_w):
+    """Loss and gradients of sequence ``b``: linear-space forward-backward
+    (:func:`_graph_linear`), or the exact log-space one (:func:`_graph_log`)
+    when the former reports a fallback."""
+    t_max, _, n_cls = em.shape
+    k_n = theta.shape[0]
+    if want_e:
+        for t in range(t_max):
+            for k in range(n_cls):
+                g_em[t, b, k] = 0.0
+    if want_w:
+        for k in range(k_n):
+            g_w[b, k] = 0.0
+    tb = in_len[b]
+    ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept = _load_graph(
+        b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
+        start_all, accept_all, widx_all)
+    if not ok:
+        _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+        return
+    a_n = src.shape[0]
+    omega, w, eps_ok = _linear_weights(lw, a_e)
     want = want_e or want_w
-    # ---- the unconstrained normaliser (only with normalize) ---------------
     lognorm = 0.0
     ge = np.zeros((max(tb, 1), n_cls))
     if normalize:
-        for t in range(tb):
-            s = 0.0
-            for k in range(n_cls):
-                s += probs[t, b, k]
-            if s != s or s == np.inf:
-                _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
-                return
-            if s == 0.0:  # every class -inf: no path at all
-                lognorm = _NEG_INF
-                break
-            lognorm += fmax[t, b] + math.log(s)
-            inv = 1.0 / s
-            for k in range(n_cls):
-                ge[t, k] = probs[t, b, k] * inv
+        lognorm, nan = _normaliser(b, tb, probs, fmax, ge)
+        if nan:
+            _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
+            return
     ne = np.zeros((tb, n_cls))
     cnt = np.zeros(a_n)
     st = _FALLBACK

@@ -651,6 +651,94 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
 
 
 # --------------------------------------------------------------- remove (eps)
+def _removable_closure(u, n, order_from_u, out_ptr, out_idx, e_dst, e_w):
+    """``(alpha, seen)`` of node ``u`` for :func:`remove`: ``alpha[v]`` is the
+    ``logsumexp`` of the removable paths ``u -> v`` (``v = n``: the virtual
+    final node behind every accept node), ``seen[v]`` whether there is one.
+    ``order_from_u`` is the removable arcs' topological order from ``u`` on."""
+    alpha = np.full(n + 1, -np.inf)
+    seen = np.zeros(n + 1, np.bool_)
+    alpha[u] = 0.0
+    seen[u] = True
+    for y in order_from_u:
+        if not seen[y]:
+            continue
+        for k in range(out_ptr[y], out_ptr[y + 1]):
+            e = out_idx[k]
+            z = e_dst[e]
+            seen[z] = True
+            alpha[z] = np.logaddexp(alpha[z], alpha[y] + e_w[e])
+    return alpha, seen
+
+
+def _removable_closure_backward(alpha, seen, s, order_from_u, out_ptr, out_idx, e_dst, e_w,
+                                e_idx, grad):
+    """Backward of :func:`_removable_closure`: ``s[v]`` holds the incoming
+    gradient of ``alpha[v]`` and becomes the total gradient; each removable
+    arc's share (its posterior on the paths ``u -> v``) is added to ``grad``."""
+    for y in order_from_u[::-1]:
+        if not seen[y]:
+            continue
+        acc = s[y]
+        for k in range(out_ptr[y], out_ptr[y + 1]):
+            e = out_idx[k]
+            z = e_dst[e]
+            if alpha[z] == -np.inf or alpha[y] == -np.inf or e_w[e] == -np.inf:
+                continue
+            p = np.exp(alpha[y] + e_w[e] - alpha[z])
+            acc += p * s[z]
+            if e_idx[e] >= 0:
+                grad[e_idx[e]] += p * s[z]
+        s[y] = acc
+
+
+def _remove_rows(out, final_rho, st, kept_ids, newid, il, ol, il_rm, ol_rm, n):
+    """The arcs and nodes of :func:`remove`'s result, from the re-rooted arcs
+    ``out`` (``(u, x, a, weight, u, v)``: kept node ``u`` reaches ``v`` through
+    removable arcs, then real arc ``a = v -> x``) and the final weights
+    ``final_rho`` (``None``: a plain accept node).
+
+    Returns ``(N, rows, start, accept)``: the node count, one row
+    ``(src, dst, ilabel, olabel, weight, a, deps)`` per output arc (``a = -1``:
+    a companion start node's removable arc; ``deps`` the closures ``(u, v)``
+    its weight depends on), and the start / accept masks.
+    """
+    # a sink (no kept out-arcs, not a start node) whose removable paths reach
+    # acceptance with weight exactly 0 simply becomes an accept node (GTN's
+    # result): every path into it ends there, so the in-arcs' gradients are the
+    # flow through rho and the epsilon weights keep their gradient
+    has_out = {u for (u, x, a, wt, uu, v) in out}
+    sinks = {u for u, r in final_rho.items()
+             if r is not None and r == 0.0 and not st[u] and u not in has_out}
+    need_f = [u for u, r in final_rho.items() if r is not None and u not in sinks]
+    # start nodes whose empty string has a non-trivial weight get a new start node
+    # with one removable arc into F (using the start node itself would let paths
+    # that merely pass through it end there as well)
+    empty_starts = [u for u in need_f if st[u]]
+    F = kept_ids.size
+    N = kept_ids.size + (1 if need_f else 0) + len(empty_starts)
+    accept_new = np.zeros(N, np.bool_)
+    for u, r in final_rho.items():
+        if r is None or u in sinks:
+            accept_new[newid[u]] = True
+    if need_f:
+        accept_new[F] = True
+    rows = []   # (src_new, dst_new, ilabel, olabel, weight, a, deps[(u, v)])
+    for (u, x, a, wt, uu, v) in out:
+        deps = ((uu, v), (x, n)) if x in sinks else ((uu, v),)
+        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, deps))
+    need_set = set(need_f)
+    for (u, x, a, wt, uu, v) in out:
+        if x in need_set:
+            rows.append((newid[u], F, int(il[a]), int(ol[a]), wt + final_rho[x], a, ((uu, v), (x, n))))
+    for j, u in enumerate(empty_starts):
+        rows.append((F + 1 + j, F, il_rm, ol_rm, final_rho[u], -1, ((u, n),)))
+    start_new = np.zeros(N, np.bool_)
+    start_new[newid[np.flatnonzero(st)]] = True
+    start_new[F + 1:] = True
+    return N, rows, start_new, accept_new
+
+
 def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Graph:
     """Epsilon removal that keeps the weighted language.
 
@@ -714,18 +802,7 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     reach = {}
     final_rho = {}
     for u in kept_ids:
-        alpha = np.full(n + 1, -np.inf)
-        seen = np.zeros(n + 1, np.bool_)
-        alpha[u] = 0.0
-        seen[u] = True
-        for y in order[pos[u]:]:
-            if not seen[y]:
-                continue
-            for k in range(out_ptr[y], out_ptr[y + 1]):
-                e = out_idx[k]
-                z = e_dst[e]
-                seen[z] = True
-                alpha[z] = np.logaddexp(alpha[z], alpha[y] + e_w[e])
+        alpha, seen = _removable_closure(u, n, order[pos[u]:], out_ptr, out_idx, e_dst, e_w)
         alphas[u] = alpha
         reach[u] = seen
         for v in np.flatnonzero(seen[:n]):
@@ -738,36 +815,8 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
             other[u] = False
             simple = ac[u] and not other.any()
             final_rho[u] = None if simple else alpha[n]
-    # a sink (no kept out-arcs, not a start node) whose removable paths reach
-    # acceptance with weight exactly 0 simply becomes an accept node (GTN's
-    # result): every path into it ends there, so the in-arcs' gradients are the
-    # flow through rho and the epsilon weights keep their gradient
-    has_out = {u for (u, x, a, wt, uu, v) in out}
-    sinks = {u for u, r in final_rho.items()
-             if r is not None and r == 0.0 and not st[u] and u not in has_out}
-    need_f = [u for u, r in final_rho.items() if r is not None and u not in sinks]
-    # start nodes whose empty string has a non-trivial weight get a new start node
-    # with one removable arc into F (using the start node itself would let paths
-    # that merely pass through it end there as well)
-    empty_starts = [u for u in need_f if st[u]]
-    F = kept_ids.size
-    N = kept_ids.size + (1 if need_f else 0) + len(empty_starts)
-    accept_new = np.zeros(N, np.bool_)
-    for u, r in final_rho.items():
-        if r is None or u in sinks:
-            accept_new[newid[u]] = True
-    if need_f:
-        accept_new[F] = True
-    rows = []   # (src_new, dst_new, ilabel, olabel, weight, a, deps[(u, v)])
-    for (u, x, a, wt, uu, v) in out:
-        deps = ((uu, v), (x, n)) if x in sinks else ((uu, v),)
-        rows.append((newid[u], newid[x], int(il[a]), int(ol[a]), wt, a, deps))
-    need_set = set(need_f)
-    for (u, x, a, wt, uu, v) in out:
-        if x in need_set:
-            rows.append((newid[u], F, int(il[a]), int(ol[a]), wt + final_rho[x], a, ((uu, v), (x, n))))
-    for j, u in enumerate(empty_starts):
-        rows.append((F + 1 + j, F, il_rm, ol_rm, final_rho[u], -1, ((u, n),)))
+    N, rows, start_new, accept_new = _remove_rows(out, final_rho, st, kept_ids, newid, il, ol,
+                                                  il_rm, ol_rm, n)
     M = len(rows)
     r_src = np.array([r[0] for r in rows], np.int64)
     r_dst = np.array([r[1] for r in rows], np.int64)
@@ -776,9 +825,6 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     r_w = np.array([r[4] for r in rows], np.float64).astype(np.float32)
     r_a = np.array([r[5] for r in rows], np.int64)
     r_deps = [r[6] for r in rows]
-    start_new = np.zeros(N, np.bool_)
-    start_new[newid[np.flatnonzero(st)]] = True
-    start_new[F + 1:] = True
 
     def grad_fn(gout, inputs):
         grad = _gather_grad(r_a, gout, A) if M else np.zeros(A)
@@ -796,20 +842,8 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
             s = np.zeros(n + 1)
             for v, val in Gu.items():
                 s[v] += val
-            for y in order[::-1]:
-                if not seen[y] or pos[y] < pos[u]:
-                    continue
-                acc = s[y]
-                for k in range(out_ptr[y], out_ptr[y + 1]):
-                    e = out_idx[k]
-                    z = e_dst[e]
-                    if alpha[z] == -np.inf or alpha[y] == -np.inf or e_w[e] == -np.inf:
-                        continue
-                    p = np.exp(alpha[y] + e_w[e] - alpha[z])
-                    acc += p * s[z]
-                    if e_idx[e] >= 0:
-                        grad[e_idx[e]] += p * s[z]
-                s[y] = acc
+            _removable_closure_backward(alpha, seen, s, order[pos[u]:], out_ptr, out_idx, e_dst,
+                                        e_w, e_idx, grad)
         return (grad,)
 
     return _make(N, r_src, r_dst, r_il, r_ol, r_w, start_new, accept_new, (g,), grad_fn)
