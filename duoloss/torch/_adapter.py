@@ -254,22 +254,34 @@ class _KernelFunction(torch.autograd.Function):
         ctx.want = want
         ctx.weighted = weights is not None
         grads = output[1:]
+        ctx.inputs = None
         if grads:
             ctx.mark_non_differentiable(*grads)
             # The wanted inputs too: a backward that builds a graph links each
-            # gradient to its input (_GradientNode).
-            tensors = inputs[4:]
-            ctx.save_for_backward(*grads, *[t for t, w in zip(tensors, want) if w])
+            # gradient to its input (_GradientNode).  Under a torch.func
+            # transform they must be saved tensors (functorch rewraps them per
+            # level); in plain eager code plain references do, so that, as for
+            # a Function that does not save its inputs, changing an input in
+            # place after the call (under no_grad) does not fail the backward.
+            wanted = tuple(t for t, w in zip(inputs[4:], want) if w)
+            if _transforms_active():
+                ctx.save_for_backward(*grads, *wanted)
+            else:
+                ctx.save_for_backward(*grads)
+                ctx.inputs = wanted
         # The gradient outputs never get a cotangent: no zeros to build for them.
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
         saved = ctx.saved_tensors
-        k = len(saved) // 2
+        if ctx.inputs is None:
+            k = len(saved) // 2
+            saved, inputs = saved[:k], saved[k:]
+        else:
+            inputs = ctx.inputs
         return (None, None, None, None,
-                *_scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss,
-                               saved[k:]))
+                *_scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved, grad_loss, inputs))
 
     @staticmethod
     def jvp(ctx, *unused):
