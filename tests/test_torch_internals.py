@@ -86,7 +86,7 @@ def test_function_apply_matches_function_apply():
             return 3 * g  # not the true derivative: shows which backward ran
 
     x = torch.ones(3, requires_grad=True)
-    y = _private.function_apply(Double, x)
+    y = _private.function_apply(Double)(x)
     y.sum().backward()
     torch.testing.assert_close(y.detach(), torch.full((3,), 2.0))
     torch.testing.assert_close(x.grad, torch.full((3,), 3.0))

@@ -263,7 +263,7 @@ class _KernelFunction(torch.autograd.Function):
             # level); in plain eager code plain references do, so that, as for
             # a Function that does not save its inputs, changing an input in
             # place after the call (under no_grad) does not fail the backward.
-            wanted = tuple(t for t, w in zip(inputs[4:], want) if w)
+            wanted = [t for t, w in zip(inputs[4:], want) if w]
             if _transforms_active():
                 ctx.save_for_backward(*grads, *wanted)
             else:
@@ -306,7 +306,10 @@ class _KernelFunction(torch.autograd.Function):
             if type(a) is not np.ndarray and isinstance(a, torch.Tensor) and _is_wrapped(a):
                 args = _private.unwrap_dead_wrappers(args)
                 break
-        return _private.function_apply(cls, *args)
+        return _fast_apply(*args)
+
+
+_fast_apply = _private.function_apply(_KernelFunction)
 
 
 def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:

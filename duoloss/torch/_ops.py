@@ -129,7 +129,8 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
                 weights: Optional[np.ndarray], static: dict):
     """One core call on host arrays: ``(losses, grads)``, every path's forward.
 
-    ``grads`` has one entry per input (None where not wanted).  With ``weights``
+    ``grads`` has one entry per input (None where not wanted: the
+    :class:`~duoloss.core.LossKernel` contract).  With ``weights``
     (float64 ``(N,)``) the losses are reduced to ``sum_b w_b loss_b`` and the
     gradients weighted (:func:`~duoloss.torch._weights.weigh_host`); a kernel
     that takes ``grad_weights`` (``weighted``) weighs them in its own stores.
@@ -140,7 +141,6 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
         losses, grads = run(arrays, want, grad_weights=weights, **static)
     else:
         losses, grads = run(arrays, want, **static)
-    grads = tuple(g if w else None for g, w in zip(grads, want))
     if weights is not None:
         losses, grads = weigh_host(losses, grads, weights, batch_axes, prescaled=weighted)
     return losses, grads

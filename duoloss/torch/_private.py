@@ -24,6 +24,7 @@ Why each is needed:
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -87,22 +88,20 @@ except ImportError:  # pragma: no cover
         return args
 
 
-_function_base_apply = getattr(getattr(torch._C, "_FunctionBase", None), "apply", None)
-
-
-def function_apply(cls, *args):
-    """``cls.apply(*args)`` of an ``autograd.Function`` without ``Function.apply``'s
-    Python layer (its ``inspect.signature`` binding of default arguments and its
-    functorch dispatch), i.e. ``torch._C._FunctionBase.apply``.
+def function_apply(cls):
+    """``cls.apply`` of an ``autograd.Function`` without ``Function.apply``'s Python
+    layer (its ``inspect.signature`` binding of default arguments and its
+    functorch dispatch): ``torch._C._FunctionBase.apply`` bound to ``cls``.
 
     Only for plain eager calls (no ``torch.func`` transform active, arguments
     already free of dead functorch wrappers) of a ``forward`` without default
     arguments.  Checked on 2.13.0 (it handles ``setup_context``-style
-    Functions).  Absent: ``torch.autograd.Function.apply`` itself.
+    Functions).  Absent (no ``_FunctionBase.apply``): ``cls.apply`` of
+    ``torch.autograd.Function`` itself.
     """
-    if _function_base_apply is None:  # pragma: no cover
-        return torch.autograd.Function.apply.__func__(cls, *args)
-    return super(torch.autograd.Function, cls).apply(*args)
+    if getattr(getattr(torch._C, "_FunctionBase", None), "apply", None) is None:
+        return functools.partial(torch.autograd.Function.apply.__func__, cls)  # pragma: no cover
+    return super(torch.autograd.Function, cls).apply
 
 
 def mark_constant_result(fn):
