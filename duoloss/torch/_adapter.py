@@ -4,21 +4,23 @@ The forward runs the core once on host numpy views of the inputs (CUDA tensors
 make one round trip through the host) and, when a gradient is needed, keeps the
 per-sequence gradients it returns; the backward only scales them by the
 upstream gradient.  A batch reduction given as per-sequence weights is folded
-into the same autograd node (one node per loss call).
+into the same autograd node (one node per loss call); the weighting and the
+scaling are :mod:`duoloss.torch._weights`, shared by every path.
 
-Three paths, chosen per call by :func:`apply_kernel`:
+Two paths, chosen per call by :func:`apply_kernel`:
 
-* plain eager code: :class:`_EagerKernelFunction`, the same core call with the
-  least bookkeeping (on tiny batches the per-call overhead is what is left to
-  measure);
-* ``torch.func`` transforms: a ``torch.autograd.Function`` with
-  ``setup_context`` (so ``torch.func.grad``/``vjp`` work) and a ``vmap`` rule
-  that folds the vmapped dimension into the batch axis: one core call per
-  ``torch.func.vmap``, nested ones included;
+* eager code and ``torch.func`` transforms: :class:`_KernelFunction`, one
+  ``torch.autograd.Function`` in ``setup_context`` form (so ``torch.func.grad``
+  and ``vjp`` work) with a ``vmap`` rule that folds the vmapped dimension into
+  the batch axis: one core call per ``torch.func.vmap``, nested ones included.
+  Plain eager calls skip ``Function.apply``'s Python layer (on tiny batches the
+  per-call overhead is what is left to measure);
 * while ``torch.compile`` traces: the ``duoloss::kernel_loss`` custom operator
   (:mod:`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
   no graph break.  (The custom operator is not used eagerly: ``torch.func.grad``
-  rejects custom operators with ``register_autograd``, pytorch#168393.)
+  rejects custom operators with ``register_autograd``, pytorch#168393.)  Both
+  share the host forward (:func:`~duoloss.torch._ops.run_on_host`) and the
+  ``vmap`` rule (:func:`~duoloss.torch._ops.vmap_fold`).
 
 On every path the gradient is first order only: differentiating it again
 (``create_graph=True`` then a second ``grad``, ``torch.func.grad`` of ``grad``,
@@ -27,6 +29,8 @@ instead of silently treating the gradient as a constant.  float16/bfloat16
 inputs run the kernels on float32 copies (float64 inside) and return the loss
 in the input dtype; under ``torch.autocast`` the loss is float32, as for
 ``F.ctc_loss`` (on autocast's float32 list).
+
+Private torch APIs: only through :mod:`duoloss.torch._private`.
 """
 from __future__ import annotations
 
@@ -37,26 +41,18 @@ import torch
 
 from duoloss.core import LossKernel
 
-from ._ops import fold as _fold
-from ._ops import kernel_id, kernel_loss_op, second_order_message, static_json
-from ._ops import unfold as _unfold
-from ._ops import weigh_batched
+from . import _private
+from ._ops import host as _host
+from ._ops import (kernel_id, kernel_loss_op, run_on_host, second_order_message, static_json,
+                   vmap_fold)
+from ._weights import reduction_weights, scale_cotangent
 
-__all__ = ["apply_kernel", "apply_kernel_eager", "check_not_torchscript", "is_concrete",
-           "reduction_weights", "to_numpy", "torchscript_error"]
+__all__ = ["apply_kernel", "apply_kernel_eager", "autocast_inputs", "check_not_torchscript",
+           "forward_mode_message", "is_concrete", "reduction_weights", "to_numpy",
+           "torchscript_error"]
 
-try:  # torch >= 2.0: run plain-tensor code inside functorch transforms
-    from torch._functorch.pyfunctorch import (
-        temporarily_clear_interpreter_stack as _clear_interpreter_stack)
-except ImportError:  # pragma: no cover
-    import contextlib
-    _clear_interpreter_stack = contextlib.nullcontext
-
-try:  # torch >= 2.0: what Function.apply does before running a single-level function
-    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap_dead_wrappers
-except ImportError:  # pragma: no cover
-    def _unwrap_dead_wrappers(args):
-        return args
+_transforms_active = _private.transforms_active
+_is_wrapped = _private.is_wrapped
 
 
 def torchscript_error(fn: str) -> RuntimeError:
@@ -70,8 +66,8 @@ def torchscript_error(fn: str) -> RuntimeError:
 
 def check_not_torchscript(fn: str) -> None:
     """Raise :func:`torchscript_error` while ``torch.jit.trace`` runs."""
-    # (dynamo cannot trace _is_tracing; under torch.compile it is never true)
-    if not torch.compiler.is_compiling() and torch._C._is_tracing():
+    # (dynamo cannot trace is_tracing; under torch.compile it is never true)
+    if not torch.compiler.is_compiling() and torch.jit.is_tracing():
         raise torchscript_error(fn)
 
 
@@ -83,27 +79,16 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     batched by ``torch.func.vmap`` or traced by ``torch.compile``, whose values
     are unknown here (check :func:`is_concrete` first).
     """
-    if torch._C._are_functorch_transforms_active():
+    if _transforms_active():
         if _is_batched(t):
             raise TypeError("duoloss: cannot read the values of a tensor batched by "
                             "torch.func.vmap on the host (vmap over this argument is not "
                             "supported here; pass it unbatched)")
-        with _clear_interpreter_stack():
-            while torch._C._functorch.is_functorch_wrapped_tensor(t):
-                t = torch._C._functorch.get_unwrapped(t)
+        with _private.clear_interpreter_stack():
+            while _is_wrapped(t):
+                t = _private.unwrap(t)
             return _host(t)
     return _host(t)
-
-
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    if t.requires_grad:
-        t = t.detach()
-    if not t.is_cpu:
-        t = t.cpu()
-    return t.numpy()
 
 
 def is_concrete(*xs) -> bool:
@@ -116,17 +101,17 @@ def is_concrete(*xs) -> bool:
     """
     if torch.compiler.is_compiling():
         return False
-    if not torch._C._are_functorch_transforms_active():
+    if not _transforms_active():
         return True  # no vmap level is alive
     return not any(isinstance(x, torch.Tensor) and _is_batched(x) for x in xs)
 
 
 def _is_batched(t: torch.Tensor) -> bool:
     """Whether ``t`` is batched by ``torch.func.vmap`` at some level."""
-    while torch._C._functorch.is_functorch_wrapped_tensor(t):
-        if torch._C._functorch.is_batchedtensor(t):
+    while _is_wrapped(t):
+        if _private.is_batched_level(t):
             return True
-        t = torch._C._functorch.get_unwrapped(t)
+        t = _private.unwrap(t)
     return False
 
 
@@ -137,27 +122,9 @@ def _requires_grad(t) -> bool:
     while True:
         if t.requires_grad:
             return True
-        if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if not _is_wrapped(t):
             return False
-        t = torch._C._functorch.get_unwrapped(t)
-
-
-def _scale(grad: torch.Tensor, g: torch.Tensor, axis: Optional[int]) -> torch.Tensor:
-    if axis is None:  # shared input: (N, *shape) per-sequence gradients
-        return torch.tensordot(g.to(grad.dtype), grad, dims=1)
-    shape = [1] * grad.dim()
-    shape[axis] = -1
-    return grad * g.to(grad.dtype).reshape(shape)
-
-
-def _weigh(grad: np.ndarray, weights: np.ndarray, axis: Optional[int]) -> np.ndarray:
-    """sum_b weights[b] * d loss_b / d x, from the per-sequence gradients."""
-    if axis is None:
-        return np.tensordot(weights.astype(grad.dtype), grad, axes=1)
-    shape = [1] * grad.ndim
-    shape[axis] = -1
-    grad *= weights.astype(grad.dtype).reshape(shape)
-    return grad
+        t = _private.unwrap(t)
 
 
 def _device(tensors) -> torch.device:
@@ -173,30 +140,19 @@ def _host_weights(weights) -> Optional[np.ndarray]:
     return to_numpy(weights).astype(np.float64)
 
 
-def _host_forward(kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights, tensors,
-                  host=to_numpy):
+def _host_forward(kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights, tensors):
     """One core call: ``[losses, *wanted gradients]`` as tensors on the inputs' device.
 
     With ``weights`` the loss is ``sum_b w_b loss_b`` (reduced on the host in
-    float64) and the gradients are already weighted (in the kernel's own
-    stores when it can), so a backward is a single multiply.  ``host`` turns a
-    tensor into a host numpy array.
+    float64) and the gradients are already weighted, so a backward is a single
+    multiply.
     """
-    arrays = tuple([host(t) if isinstance(t, torch.Tensor) else t for t in tensors])
-    weights = _host_weights(weights)
-    if weights is None:
-        losses, grads = kernel.run(arrays, want, **static)
+    if _transforms_active():
+        arrays = tuple([to_numpy(t) if isinstance(t, torch.Tensor) else t for t in tensors])
     else:
-        if kernel.weighted:
-            losses, grads = kernel.run(arrays, want, grad_weights=weights, **static)
-            if None in kernel.batch_axes:
-                grads = tuple(g if g is None or axis is not None else g.sum(axis=0)
-                              for g, axis in zip(grads, kernel.batch_axes))
-        else:
-            losses, grads = kernel.run(arrays, want, **static)
-            grads = tuple(g if g is None else _weigh(g, weights, axis)
-                          for g, axis in zip(grads, kernel.batch_axes))
-        losses = np.array(np.dot(weights, losses), losses.dtype)  # float64 dot
+        arrays = tuple([_host(t) if isinstance(t, torch.Tensor) else t for t in tensors])
+    losses, grads = run_on_host(kernel.run, kernel.weighted, kernel.batch_axes, arrays, want,
+                                _host_weights(weights), static)
     out = [torch.from_numpy(losses)]
     for w, g in zip(want, grads):
         if w:
@@ -209,18 +165,29 @@ def _host_forward(kernel: LossKernel, static: dict, want: Tuple[bool, ...], weig
     return out
 
 
-def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss):
-    """The inputs' gradients from the saved per-sequence ones and the cotangent."""
+def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, inputs):
+    """The inputs' gradients from the saved per-sequence ones and the cotangent.
+
+    While grad mode is on (a ``create_graph=True`` backward, or a ``torch.func``
+    transform, whose backward always builds a graph) each gradient is a
+    :class:`_GradientNode` linked to its input, so differentiating it raises.
+    """
+    graph = torch.is_grad_enabled()
     result = []
     grads = iter(grads)
+    inputs = iter(inputs)
     for i, wanted in enumerate(want):
-        if not wanted or grad_loss is None:
+        if not wanted:
             result.append(None)
-        elif weighted:  # scalar output, weights already applied
-            g = next(grads)
-            result.append(g * grad_loss.to(g.dtype))
+            continue
+        g, x = next(grads), next(inputs)
+        if grad_loss is None:
+            result.append(None)
+        elif graph:
+            result.append(_GradientNode.apply(kernel.name, kernel.batch_axes[i], weighted,
+                                              g, grad_loss, x))
         else:
-            result.append(_scale(next(grads), grad_loss, kernel.batch_axes[i]))
+            result.append(scale_cotangent(g, grad_loss, kernel.batch_axes[i], weighted))
     return result
 
 
@@ -247,9 +214,7 @@ class _GradientNode(torch.autograd.Function):
 
     @staticmethod
     def forward(name, axis, weighted, grad, grad_loss, x):
-        if weighted:
-            return grad * grad_loss.to(grad.dtype)
-        return _scale(grad, grad_loss, axis)
+        return scale_cotangent(grad, grad_loss, axis, weighted)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -264,75 +229,22 @@ class _GradientNode(torch.autograd.Function):
         raise NotImplementedError(second_order_message(ctx.name))
 
 
-def _graph_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, inputs):
-    """:func:`_scaled_grads` while grad mode is on: each gradient is a
-    :class:`_GradientNode` linked to its input, so differentiating it raises."""
-    result = []
-    grads = iter(grads)
-    for i, wanted in enumerate(want):
-        if not wanted or grad_loss is None:
-            result.append(None)
-        else:
-            result.append(_GradientNode.apply(kernel.name, kernel.batch_axes[i], weighted,
-                                              next(grads), grad_loss, inputs[i]))
-    return result
+class _KernelFunction(torch.autograd.Function):
+    """``loss = kernel(*tensors)`` (or ``sum_b w_b loss_b``), gradients from the same core call.
 
+    Outputs: the loss and the wanted per-sequence gradients (non-differentiable
+    outputs, saved for the backward, so the ``setup_context`` form works under
+    ``torch.func``).  Saved tensors also make a second backward without
+    ``retain_graph=True`` raise torch's "Trying to backward through the graph a
+    second time".
 
-class _EagerKernelFunction(torch.autograd.Function):
-    """Plain eager autograd (no ``torch.func`` transform active, not compiling).
-
-    The same core call as :class:`_KernelFunction`, with less bookkeeping: the
-    per-sequence gradients are saved directly (``save_for_backward`` of
-    intermediate tensors) instead of travelling as extra (non-differentiable)
-    outputs.  That is only valid outside functorch, whose transforms need the
-    ``setup_context`` form; on tiny batches it saves about a fifth of a
-    training step's loss time.  Saving them (rather than keeping them on
-    ``ctx``) makes a second backward without ``retain_graph=True`` raise
-    torch's "Trying to backward through the graph a second time".
-
-    NB: the gradient is not differentiable: a ``create_graph=True`` backward
+    NB: the gradient is not differentiable: a backward that builds a graph
     returns it through :class:`_GradientNode`, whose own backward raises, and
     forward mode (``jvp``) raises too.
     """
 
     @staticmethod
-    def forward(ctx, kernel: LossKernel, static: dict, want: Tuple[bool, ...], weights,
-                *tensors):
-        out = _host_forward(kernel, static, want, weights, tensors, _host)
-        ctx.state = (kernel, want, weights is not None)
-        # Saved (not kept on ctx) so that a second backward without retain_graph
-        # raises torch's "Trying to backward through the graph a second time".
-        ctx.save_for_backward(*out[1:])
-        # Only a create_graph=True backward uses them (to link the gradient to them).
-        ctx.inputs = tensors
-        return out[0]
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grads = ctx.saved_tensors
-        kernel, want, weighted = ctx.state
-        if torch.is_grad_enabled():  # create_graph=True: a gradient that refuses a 2nd one
-            return (None, None, None, None,
-                    *_graph_grads(kernel, want, weighted, grads, grad_loss, ctx.inputs))
-        return (None, None, None, None, *_scaled_grads(kernel, want, weighted, grads, grad_loss))
-
-    @staticmethod
-    def jvp(ctx, *unused):
-        raise NotImplementedError(forward_mode_message(ctx.state[0].name))
-
-    @classmethod
-    def apply(cls, *args):
-        # Straight to the C++ implementation: Function.apply's own work (the
-        # functorch check, unwrapping dead functorch wrappers) is done by
-        # apply_kernel_eager, the only caller.
-        return super(torch.autograd.Function, cls).apply(*args)
-
-
-class _KernelFunction(torch.autograd.Function):
-    """loss = kernel(*tensors) (or sum_b w_b loss_b); gradients from the same core call."""
-
-    @staticmethod
-    def forward(kernel: LossKernel, static: Tuple, want: Tuple[bool, ...], weights, *tensors):
+    def forward(kernel: LossKernel, static, want: Tuple[bool, ...], weights, *tensors):
         return tuple(_host_forward(kernel, dict(static), want, weights, tensors))
 
     @staticmethod
@@ -342,26 +254,34 @@ class _KernelFunction(torch.autograd.Function):
         ctx.want = want
         ctx.weighted = weights is not None
         grads = output[1:]
-        ctx.mark_non_differentiable(*grads)
-        # The wanted inputs too: a backward that builds a graph (torch.func, or
-        # create_graph=True) links each gradient to its input (_GradientNode).
-        tensors = inputs[4:]
-        ctx.save_for_backward(*grads, *[t for t, w in zip(tensors, want) if w])
+        ctx.inputs = None
+        if grads:
+            ctx.mark_non_differentiable(*grads)
+            # The wanted inputs too: a backward that builds a graph links each
+            # gradient to its input (_GradientNode).  Under a torch.func
+            # transform they must be saved tensors (functorch rewraps them per
+            # level); in plain eager code plain references do, so that, as for
+            # a Function that does not save its inputs, changing an input in
+            # place after the call (under no_grad) does not fail the backward.
+            wanted = [t for t, w in zip(inputs[4:], want) if w]
+            if _transforms_active():
+                ctx.save_for_backward(*grads, *wanted)
+            else:
+                ctx.save_for_backward(*grads)
+                ctx.inputs = wanted
         # The gradient outputs never get a cotangent: no zeros to build for them.
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
         saved = ctx.saved_tensors
-        k = len(saved) // 2
-        if torch.is_grad_enabled():
-            inputs = iter(saved[k:])
-            inputs = [next(inputs) if w else None for w in ctx.want]
-            grads = _graph_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss,
-                                 inputs)
+        if ctx.inputs is None:
+            k = len(saved) // 2
+            saved, inputs = saved[:k], saved[k:]
         else:
-            grads = _scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved[:k], grad_loss)
-        return (None, None, None, None, *grads)
+            inputs = ctx.inputs
+        return (None, None, None, None,
+                *_scaled_grads(ctx.kernel, ctx.want, ctx.weighted, saved, grad_loss, inputs))
 
     @staticmethod
     def jvp(ctx, *unused):
@@ -369,51 +289,27 @@ class _KernelFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, kernel, static, want, weights, *tensors):
-        """``torch.func.vmap`` rule: fold the vmapped dimension into the batch axis.
-
-        One core call for all ``info.batch_size`` instances (nested vmaps arrive
-        here one level at a time, each folding into the same call).  Only when a
-        shared input (``batch_axes[i] is None``, e.g. a transition matrix) is
-        itself vmapped are the instances run one by one.
-        """
-        dims = in_dims[4:]
-        wdim = in_dims[3]
-        m = info.batch_size
-        if any(axis is None and d is not None for axis, d in zip(kernel.batch_axes, dims)):
-            outs = []
-            for j in range(m):
-                args = [t.select(d, j) if d is not None else t for t, d in zip(tensors, dims)]
-                w = weights.select(wdim, j) if wdim is not None else weights
-                outs.append(_KernelFunction.apply(kernel, static, want, w, *args))
-            return tuple(torch.stack(o) for o in zip(*outs)), (0,) * len(outs[0])
-        n = next(t.shape[axis + (d is not None and d <= axis)]
-                 for t, d, axis in zip(tensors, dims, kernel.batch_axes) if axis is not None)
-        folded = tuple(_fold(t, d, axis, m) for t, d, axis in zip(tensors, dims, kernel.batch_axes))
-        out = _KernelFunction.apply(kernel, static, want, None, *folded)
-        losses = out[0].reshape(m, n)
-        grads = []
-        j = 1
-        for i, wanted in enumerate(want):
-            if wanted:
-                grads.append((_unfold(out[j], kernel.batch_axes[i], m, n), kernel.batch_axes[i]))
-                j += 1
-        if weights is None:
-            return (losses,) + tuple(g for g, _ in grads), (0,) * (1 + len(grads))
-        w = torch.as_tensor(weights, device=losses.device)
-        w = w.unsqueeze(0).expand(m, n) if wdim is None else w.movedim(wdim, 0)
-        losses, weighted = weigh_batched(losses, grads, w, m, n)
-        return (losses,) + tuple(weighted), (0,) * (1 + len(weighted))
+        """``torch.func.vmap`` rule: :func:`~duoloss.torch._ops.vmap_fold`."""
+        outs, dims = vmap_fold(
+            info.batch_size, in_dims[4:], in_dims[3], kernel.batch_axes, want, weights, tensors,
+            lambda w, args: _KernelFunction.apply(kernel, static, want, w, *args))
+        return tuple(outs), tuple(dims)
 
     @classmethod
     def apply(cls, *args):
         # Function.apply binds default arguments with inspect.signature on every
         # call (tens of microseconds); forward has no defaults, so outside
         # functorch transforms go straight to the C++ implementation.
-        if torch._C._are_functorch_transforms_active():
+        if _transforms_active():
             return super().apply(*args)
-        if any(isinstance(a, torch.Tensor) and _is_wrapped(a) for a in args[4:]):
-            args = _unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)
+        for a in args[4:]:
+            if type(a) is not np.ndarray and isinstance(a, torch.Tensor) and _is_wrapped(a):
+                args = _private.unwrap_dead_wrappers(args)
+                break
+        return _fast_apply(*args)
+
+
+_fast_apply = _private.function_apply(_KernelFunction)
 
 
 def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:
@@ -458,11 +354,7 @@ def apply_kernel(kernel: LossKernel, tensors: Sequence[torch.Tensor], *,
         want = tuple(d and _requires_grad(t) for d, t in zip(kernel.differentiable, tensors))
     else:  # non-differentiable inputs may be passed as numpy arrays
         want = (False,) * len(tensors)
-    out = _apply_eager(kernel, tensors, want, weights, static)
-    if out is not None:
-        return out
-    static_items = tuple(sorted(static.items()))
-    return _KernelFunction.apply(kernel, static_items, want, weights, *tensors)[0]
+    return _KernelFunction.apply(kernel, static, want, weights, *tensors)[0]
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -519,46 +411,7 @@ def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, 
     active); returns None for anything else, and the caller then uses
     :func:`apply_kernel`.
     """
-    if torch.compiler.is_compiling() or _half_dtype(tensors) is not None:
+    if (torch.compiler.is_compiling() or _transforms_active()
+            or _half_dtype(tensors) is not None):
         return None
-    return _apply_eager(kernel, tensors, want, weights, static)
-
-
-def _apply_eager(kernel, tensors, want, weights, static) -> Optional[torch.Tensor]:
-    """The eager Function, unless a ``torch.func`` transform is active or an
-    input is a (dead) functorch wrapper; the caller has ruled out compiling."""
-    if torch._C._are_functorch_transforms_active():
-        return None
-    for t in tensors:
-        if type(t) is not np.ndarray and isinstance(t, torch.Tensor) and _is_wrapped(t):
-            return None
-    return _EagerKernelFunction.apply(kernel, static, want, weights, *tensors)
-
-
-# 'sum' weights per batch size, shared by every call (never written to).
-_ONES = {}
-
-
-def reduction_weights(reduction: str, target_lengths):
-    """Per-sequence weights of a reduction: None for 'none', ones for 'sum', and
-    ``1 / (N * max(target_length, 1))`` for 'mean' (ctc_loss's convention).
-
-    ``target_lengths`` is a numpy array (numpy weights) or a tensor (float64
-    tensor weights on its device, e.g. while ``torch.compile`` traces).
-    """
-    if reduction == "none":
-        return None
-    if isinstance(target_lengths, torch.Tensor):
-        tl = target_lengths.reshape(-1).to(torch.float64)
-        if reduction == "sum":
-            return torch.ones_like(tl)
-        return 1.0 / (tl.shape[0] * torch.clamp(tl, min=1.0))
-    n = target_lengths.shape[0]
-    if reduction == "sum":
-        ones = _ONES.get(n)
-        if ones is None:
-            ones = _ONES[n] = np.ones(n)
-        return ones
-    if n == 0:
-        return np.zeros(0)
-    return 1.0 / (n * np.maximum(target_lengths.astype(np.float64), 1.0))
+    return _KernelFunction.apply(kernel, static, want, weights, *tensors)[0]

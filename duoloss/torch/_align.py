@@ -15,9 +15,8 @@ from duoloss.core._ctc import check_ctc_static, check_ctc_values
 from duoloss.core._graph_loss import check_graph_args
 
 from ._adapter import to_numpy
-from ._asg import _check_tensor, _prepare
-from ._ctc import _as_int_array, _per_sequence
-from ._graph_loss import host_graphs
+from ._args import check_tensor, host_graphs, int_array, int_lengths
+from ._asg import _prepare
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -72,10 +71,10 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     ``-1``.  Details: :mod:`duoloss.core._align`.
     """
     fn = "ctc_align"
-    _check_tensor(fn, "log_probs", log_probs)
-    _check_tensor(fn, "targets", targets)
-    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
-    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
+    check_tensor(fn, "log_probs", log_probs)
+    check_tensor(fn, "targets", targets)
+    il = int_lengths(fn, "input_lengths", input_lengths, log_probs)
+    tl = int_lengths(fn, "target_lengths", target_lengths, log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank)
@@ -145,10 +144,10 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
       sequence) and ``(N,)`` scores.  Ties: the larger token index wins.
     """
     fn = "asg_viterbi"
-    _check_tensor(fn, "emissions", emissions)
-    _check_tensor(fn, "transitions", transitions, optional=True)
-    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
-    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
+    check_tensor(fn, "emissions", emissions)
+    check_tensor(fn, "transitions", transitions, optional=True)
+    check_tensor(fn, "start_transitions", start_transitions, optional=True)
+    il = int_lengths(fn, "input_lengths", input_lengths, emissions)
     n = emissions.shape[1] if emissions.dim() == 3 else 0
     check_asg_args(fn, emissions, transitions, start_transitions, np.zeros((n, 0), np.int64),
                    il, np.zeros(n, np.int64))
@@ -183,9 +182,9 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     listed in ``arcs``.
     """
     fn = "graph_align"
-    _check_tensor(fn, "emissions", emissions)
-    _check_tensor(fn, "weights", weights, optional=True)
-    il = _as_int_array(input_lengths, fn, "input_lengths")
+    check_tensor(fn, "emissions", emissions)
+    check_tensor(fn, "weights", weights, optional=True)
+    il = int_array(fn, "input_lengths", input_lengths)
     packed = check_graph_args(fn, emissions, host_graphs(graphs), il, weights,
                               arc_weight_index)
     labels, scores, arcs = _graph_align(

@@ -11,29 +11,10 @@ from duoloss.core._validate import check_reduction
 
 from ._adapter import (apply_kernel, autocast_inputs, check_not_torchscript, is_concrete,
                        reduction_weights, to_numpy, torchscript_error)
-from ._ctc import _as_int_array, _as_int_tensor, _concat_to_padded_traced, _per_sequence
+from ._args import (check_bool, check_same_device, check_tensor, int_lengths,
+                    padded_targets_traced)
 
 __all__ = ["asg_loss", "ASGLoss"]
-
-
-def _check_tensor(fn, arg, x, optional=False):
-    if x is None and optional:
-        return
-    if not isinstance(x, torch.Tensor):
-        what = "a torch.Tensor or None" if optional else "a torch.Tensor"
-        raise TypeError(f"{fn}: argument '{arg}' must be {what}, got {type(x).__name__}")
-
-
-def _check_bool(fn, arg, x):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(x).__name__}")
-
-
-def _check_devices(fn, emissions, transitions, start_transitions):
-    for arg, x in (("transitions", transitions), ("start_transitions", start_transitions)):
-        if x is not None and x.device != emissions.device:
-            raise ValueError(f"{fn}: argument '{arg}' must be on the device of 'emissions' "
-                             f"({emissions.device}), got {x.device}")
 
 
 def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
@@ -41,29 +22,29 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     """Validate everything before the kernel; return host int arrays (int64 tensors
     when ``allow_traced`` and the values cannot be read: torch.compile, vmap)."""
     check_not_torchscript(fn)
-    _check_tensor(fn, "emissions", emissions)
-    _check_tensor(fn, "transitions", transitions, optional=True)
-    _check_tensor(fn, "start_transitions", start_transitions, optional=True)
-    _check_tensor(fn, "targets", targets)
+    check_tensor(fn, "emissions", emissions)
+    check_tensor(fn, "transitions", transitions, optional=True)
+    check_tensor(fn, "start_transitions", start_transitions, optional=True)
+    check_tensor(fn, "targets", targets)
     if allow_traced and not is_concrete(targets, input_lengths, target_lengths):
         # torch.compile tracing or torch.func.vmap over the ints: shapes and dtypes
         # only; an invalid sequence gets a NaN loss from the kernel.
-        il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths",
-                                          emissions.device), emissions)
-        tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths",
-                                          emissions.device), emissions)
+        il = int_lengths(fn, "input_lengths", input_lengths, emissions, traced=True)
+        tl = int_lengths(fn, "target_lengths", target_lengths, emissions, traced=True)
         check_asg_args(fn, emissions, transitions, start_transitions, targets, il, tl,
                        concrete=False)
-        _check_devices(fn, emissions, transitions, start_transitions)
+        check_same_device(fn, "emissions", emissions, transitions=transitions,
+                          start_transitions=start_transitions)
         tl = tl.reshape(-1).to(torch.int64)
         tg = targets.to(torch.int64)
         if tg.dim() == 1:
-            tg = _concat_to_padded_traced(tg, tl)
+            tg = padded_targets_traced(tg, tl)
         return tg, il.reshape(-1).to(torch.int64), tl
-    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
-    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
+    il = int_lengths(fn, "input_lengths", input_lengths, emissions)
+    tl = int_lengths(fn, "target_lengths", target_lengths, emissions)
     tg = check_asg_args(fn, emissions, transitions, start_transitions, to_numpy(targets), il, tl)
-    _check_devices(fn, emissions, transitions, start_transitions)
+    check_same_device(fn, "emissions", emissions, transitions=transitions,
+                      start_transitions=start_transitions)
     return (tg.astype(np.int64, copy=False), il.astype(np.int64, copy=False).reshape(-1),
             tl.astype(np.int64, copy=False).reshape(-1))
 
@@ -127,7 +108,7 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     """
     fn = "asg_loss"
     check_reduction(fn, reduction)
-    _check_bool(fn, "zero_infinity", zero_infinity)
+    check_bool(fn, "zero_infinity", zero_infinity)
     if isinstance(emissions, torch.Tensor):  # autocast: bfloat16 emissions, float32 parameters
         emissions, transitions, start_transitions = autocast_inputs(
             emissions, transitions, start_transitions)

@@ -4,81 +4,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from duoloss.core import _validate as _v
 from duoloss.core._ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
                                ctc_gather_plan, ctc_gather_worthwhile)
 
 from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
                        reduction_weights, to_numpy, torchscript_error)
+from ._args import check_bool, check_tensor, int_lengths, padded_targets_traced
+from ._private import transforms_active
 
 __all__ = ["ctc_loss", "CTCLoss"]
-
-
-def _ints_of(x):
-    """A tuple/list of lengths with 0-d integer tensors (``F.ctc_loss`` accepts them,
-    e.g. ``(torch.tensor(5),)``) turned into ints; anything else unchanged."""
-    if any(isinstance(v, torch.Tensor) for v in x):
-        out = [int(v) if isinstance(v, torch.Tensor) and v.dim() == 0
-               and not v.is_floating_point() and not v.is_complex()
-               and v.dtype != torch.bool else v for v in x]
-        return tuple(out) if isinstance(x, tuple) else out
-    return x
-
-
-def _per_sequence(x, data, batch_dim=1):
-    """Lengths given as a scalar (a 0-d tensor or array, an int) for a batch of
-    ``N = 1`` (``F.ctc_loss`` accepts them): as a ``(1,)`` array; else unchanged."""
-    if data.dim() == 3 and data.shape[batch_dim] == 1 and x.ndim == 0:
-        return x.reshape(1)
-    return x
-
-
-def _as_int_array(x, fn, arg):
-    """Lengths as a host array: a tensor, a numpy array, an int or a tuple/list of ints
-    (or of 0-d integer tensors)."""
-    check_not_torchscript(fn)
-    if isinstance(x, torch.Tensor):
-        return to_numpy(x)
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return np.asarray(x, np.int64)
-    if isinstance(x, (list, tuple)):
-        return _v.int_list(fn, arg, _ints_of(x), "a torch.Tensor")
-    if isinstance(x, np.ndarray):
-        return x
-    raise _v.not_an_array(fn, arg, x, "a torch.Tensor or a tuple/list of ints")
-
-
-def _as_int_tensor(x, fn, arg, device):
-    """An int tensor from a tensor / int / tuple or list of ints, without reading
-    tensor values on the host (the traced path: torch.compile, torch.func.vmap)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return torch.tensor(int(x), dtype=torch.int64, device=device)
-    if isinstance(x, (list, tuple)):
-        if any(isinstance(v, torch.Tensor) for v in x) and all(
-                isinstance(v, torch.Tensor) and v.dim() == 0 for v in x):
-            return torch.stack(list(x)).to(device)
-        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
-            raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
-                            f"got a {type(x).__name__} with non-int entries")
-        return torch.tensor([int(v) for v in x], dtype=torch.int64, device=device)
-    if isinstance(x, np.ndarray):
-        return torch.as_tensor(x, device=device)
-    raise TypeError(f"{fn}: argument '{arg}' must be a tensor or a tuple/list of ints, "
-                    f"got {type(x).__name__}")
-
-
-def _concat_to_padded_traced(targets, target_lengths):
-    """Torch version for unknown values: pad to the static bound ``targets.numel()``."""
-    s = targets.shape[0]
-    offsets = torch.cumsum(target_lengths, 0) - target_lengths
-    pos = torch.arange(s, device=targets.device)
-    idx = offsets[:, None] + pos[None, :]
-    valid = pos[None, :] < target_lengths[:, None]
-    if s == 0:
-        return idx
-    return torch.where(valid, targets[idx.clamp(0, s - 1)], torch.zeros_like(idx))
 
 
 def _gather_plan_traced(targets, target_lengths, n_cls, blank):
@@ -120,23 +54,19 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     """ctc_loss when target/length values cannot be read on the host (torch.compile
     tracing, or a torch.func.vmap over them): shapes and dtypes are checked here, an
     invalid sequence gets a NaN loss from the kernel instead of a ValueError."""
-    il = _per_sequence(_as_int_tensor(input_lengths, fn, "input_lengths", log_probs.device),
-                       log_probs)
-    tl = _per_sequence(_as_int_tensor(target_lengths, fn, "target_lengths", log_probs.device),
-                       log_probs)
+    il = int_lengths(fn, "input_lengths", input_lengths, log_probs, traced=True)
+    tl = int_lengths(fn, "target_lengths", target_lengths, log_probs, traced=True)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         tuple(il.shape), il.dtype, tuple(tl.shape), tl.dtype, blank, reduction,
         cache=not torch.compiler.is_compiling())
-    if not isinstance(zero_infinity, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
-                        f"got {type(zero_infinity).__name__}")
+    check_bool(fn, "zero_infinity", zero_infinity)
     lp = log_probs if batched else log_probs.unsqueeze(1)
     il = il.reshape(-1).to(torch.int64)
     tl = tl.reshape(-1).to(torch.int64)
     tg = targets.to(torch.int64)
     if concatenated:
-        tg = _concat_to_padded_traced(tg, tl)
+        tg = padded_targets_traced(tg, tl)
     elif not batched:
         tg = tg.reshape(1, -1)
     lp, tg, blank = _gathered(lp, tg, tl, int(blank))
@@ -193,12 +123,8 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     """
     fn = "ctc_loss"
     check_not_torchscript(fn)
-    if not isinstance(log_probs, torch.Tensor):
-        raise TypeError(f"{fn}: argument 'log_probs' must be a torch.Tensor, "
-                        f"got {type(log_probs).__name__}")
-    if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"{fn}: argument 'targets' must be a torch.Tensor, "
-                        f"got {type(targets).__name__}")
+    check_tensor(fn, "log_probs", log_probs)
+    check_tensor(fn, "targets", targets)
     if not is_concrete(targets, input_lengths, target_lengths):
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
                            reduction, zero_infinity)
@@ -209,14 +135,12 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
                           reduction, zero_infinity)
         if out is not None:
             return out
-    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), log_probs)
-    tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), log_probs)
+    il = int_lengths(fn, "input_lengths", input_lengths, log_probs)
+    tl = int_lengths(fn, "target_lengths", target_lengths, log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank, reduction)
-    if not isinstance(zero_infinity, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
-                        f"got {type(zero_infinity).__name__}")
+    check_bool(fn, "zero_infinity", zero_infinity)
     tg = to_numpy(targets).astype(np.int64, copy=False)
     il = il.astype(np.int64, copy=False).reshape(-1)
     tl = tl.astype(np.int64, copy=False).reshape(-1)
@@ -243,7 +167,7 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     targets and tensor lengths on the host.  None when it does not apply or
     the values are invalid (the general path then runs and raises)."""
     if not (log_probs.is_cpu and targets.is_cpu and input_lengths.is_cpu
-            and target_lengths.is_cpu) or torch._C._are_functorch_transforms_active():
+            and target_lengths.is_cpu) or transforms_active():
         return None
     check_ctc_static(fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
                      input_lengths.shape, input_lengths.dtype, target_lengths.shape,

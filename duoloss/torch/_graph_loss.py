@@ -10,10 +10,8 @@ from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, Packe
                                       check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
-from ._adapter import (apply_kernel, autocast_inputs, reduction_weights, to_numpy,
-                       torchscript_error)
-from ._asg import _check_bool, _check_tensor
-from ._ctc import _as_int_array, _per_sequence
+from ._adapter import apply_kernel, autocast_inputs, reduction_weights, torchscript_error
+from ._args import check_bool, check_same_device, check_tensor, host_graphs, int_lengths
 
 __all__ = ["graph_loss", "GraphLoss"]
 
@@ -83,13 +81,13 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     """
     fn = "graph_loss"
     check_reduction(fn, reduction)
-    _check_bool(fn, "normalize", normalize)
-    _check_bool(fn, "zero_infinity", zero_infinity)
-    _check_tensor(fn, "emissions", emissions)
-    _check_tensor(fn, "weights", weights, optional=True)
+    check_bool(fn, "normalize", normalize)
+    check_bool(fn, "zero_infinity", zero_infinity)
+    check_tensor(fn, "emissions", emissions)
+    check_tensor(fn, "weights", weights, optional=True)
     # autocast: bfloat16 emissions with float32 tied weights, as asg_loss.
     emissions, weights = autocast_inputs(emissions, weights)
-    il = _per_sequence(_as_int_array(input_lengths, fn, "input_lengths"), emissions)
+    il = int_lengths(fn, "input_lengths", input_lengths, emissions)
     if (arc_weight_index is None and denominator_arc_weight_index is not None
             and denominator is not None and weights is not None
             and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
@@ -111,16 +109,15 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     if target_lengths is None:
         tl = np.ones(n, np.int64)
     else:
-        tl = _per_sequence(_as_int_array(target_lengths, fn, "target_lengths"), emissions)
+        tl = int_lengths(fn, "target_lengths", target_lengths, emissions)
         tl = tl.astype(np.int64).reshape(-1)
         if tl.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
                              f"N = {n}, got shape {shape_str(tl.shape)}")
     if weights is None:
         weights = torch.zeros(0, dtype=emissions.dtype, device=emissions.device)
-    elif weights.device != emissions.device:
-        raise ValueError(f"{fn}: argument 'weights' must be on the device of 'emissions' "
-                         f"({emissions.device}), got {weights.device}")
+    else:
+        check_same_device(fn, "emissions", emissions, weights=weights)
     if den is not None:
         return apply_kernel(GRAPH_MMI_KERNEL, (emissions, weights, il) + tuple(packed)
                             + tuple(den), weights=reduction_weights(reduction, tl),
@@ -128,14 +125,6 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     return apply_kernel(GRAPH_LOSS_KERNEL, (emissions, weights, il) + tuple(packed),
                         weights=reduction_weights(reduction, tl), normalize=bool(normalize),
                         zero_infinity=bool(zero_infinity))
-
-
-def host_graphs(graphs):
-    """A :class:`PackedGraphs` of tensors -> of numpy arrays; anything else unchanged."""
-    if isinstance(graphs, PackedGraphs):
-        return PackedGraphs(*(to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
-                              for x in graphs))
-    return graphs
 
 
 class GraphLoss(torch.nn.Module):

@@ -39,28 +39,21 @@ import torch
 
 from duoloss.core import LossKernel
 
-__all__ = ["GRAD_OP_NAME", "OP_NAME", "fold", "kernel_grad_op", "kernel_id", "kernel_loss_op",
-           "second_order_message", "static_json", "unfold", "weigh_batched"]
+from ._private import mark_constant_result
+from ._weights import scale_cotangent, weigh_batched, weigh_host
+
+__all__ = ["GRAD_OP_NAME", "OP_NAME", "fold", "host", "kernel_grad_op", "kernel_id",
+           "kernel_loss_op", "run_on_host", "second_order_message", "static_json", "unfold",
+           "vmap_fold"]
 
 OP_NAME = "duoloss::kernel_loss"
-
-
-def _assume_constant_result(fn):
-    """``torch.compiler.assume_constant_result`` without importing ``torch._dynamo``.
-
-    That decorator imports dynamo (1.7-4 s) only to set this attribute; setting
-    it here keeps ``import duoloss.torch`` free of dynamo until compile is used
-    (tests/test_compile_torch.py checks that compiling still works).
-    """
-    fn._dynamo_marked_constant = True
-    return fn
 
 
 # Kernel names by kernel id, for the operators' error messages.
 _NAMES: dict = {}
 
 
-@_assume_constant_result  # dynamo misreads function.__qualname__
+@mark_constant_result  # dynamo misreads function.__qualname__
 def kernel_id(kernel: LossKernel) -> str:
     """``"module:qualname"`` of ``kernel.run``: how the operator names a kernel."""
     run_id = f"{kernel.run.__module__}:{kernel.run.__qualname__}"
@@ -123,11 +116,34 @@ def _batch_size(batch_axes: Sequence[int], inputs: Sequence[torch.Tensor]):
     raise ValueError(f"{OP_NAME}: the kernel has no batched input")
 
 
-def _host(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
+def host(t: torch.Tensor) -> np.ndarray:
+    """A host numpy view (CPU: no copy) of a plain (not functorch-wrapped) tensor."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
     return t.numpy()
+
+
+def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays, want,
+                weights: Optional[np.ndarray], static: dict):
+    """One core call on host arrays: ``(losses, grads)``, every path's forward.
+
+    ``grads`` has one entry per input (None where not wanted: the
+    :class:`~duoloss.core.LossKernel` contract).  With ``weights``
+    (float64 ``(N,)``) the losses are reduced to ``sum_b w_b loss_b`` and the
+    gradients weighted (:func:`~duoloss.torch._weights.weigh_host`); a kernel
+    that takes ``grad_weights`` (``weighted``) weighs them in its own stores.
+    """
+    if weights is None:
+        losses, grads = run(arrays, want, **static)
+    elif weighted:
+        losses, grads = run(arrays, want, grad_weights=weights, **static)
+    else:
+        losses, grads = run(arrays, want, **static)
+    if weights is not None:
+        losses, grads = weigh_host(losses, grads, weights, batch_axes, prescaled=weighted)
+    return losses, grads
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
@@ -137,22 +153,11 @@ def kernel_loss_op(run: str, static: str, batch_axes: List[int], want: List[bool
     """Losses and wanted per-sequence gradients of the kernel ``run`` (see module doc)."""
     fn = _resolve(run)
     device = inputs[0].device
-    arrays = tuple(_host(t) for t in inputs)
-    losses, grads = fn(arrays, tuple(bool(w) for w in want), **json.loads(static))
-    if weights is not None:
-        w = _host(weights).astype(np.float64)
-        losses = np.asarray(np.dot(w, losses.astype(np.float64)), losses.dtype)
-        folded = []
-        for i, g in enumerate(grads):
-            if g is None or not want[i]:
-                folded.append(None)
-            elif batch_axes[i] < 0:
-                folded.append(np.tensordot(w.astype(g.dtype), g, axes=1))
-            else:
-                shape = [1] * g.ndim
-                shape[batch_axes[i]] = -1
-                folded.append(g * w.astype(g.dtype).reshape(shape))
-        grads = folded
+    arrays = tuple(host(t) for t in inputs)
+    axes = tuple(None if a < 0 else a for a in batch_axes)
+    w = None if weights is None else host(weights).astype(np.float64)
+    losses, grads = run_on_host(fn, False, axes, arrays, tuple(bool(x) for x in want), w,
+                                json.loads(static))
     out = [torch.from_numpy(np.array(losses, copy=True)).to(device)]
     for i, g in enumerate(grads):
         if want[i]:
@@ -216,13 +221,7 @@ def kernel_grad_op(name: str, grad: torch.Tensor, grad_loss: torch.Tensor, x: to
     support double backward", or this operator's own error) instead of silently
     returning a Hessian without the loss's term.
     """
-    if weighted:  # scalar loss, weights already applied
-        return grad * grad_loss.to(grad.dtype)
-    if axis < 0:  # shared input: (N, *shape) per-sequence gradients
-        return torch.tensordot(grad_loss.to(grad.dtype), grad, dims=1)
-    shape = [1] * grad.dim()
-    shape[axis] = -1
-    return grad * grad_loss.to(grad.dtype).reshape(shape)
+    return scale_cotangent(grad, grad_loss, axis, weighted)
 
 
 @kernel_grad_op.register_fake
@@ -274,48 +273,45 @@ def unfold(g: torch.Tensor, axis: Optional[int], m: int, n: int) -> torch.Tensor
     return g.movedim(axis, 0)
 
 
-def weigh_batched(losses, grads, weights, m: int, n: int):
-    """Apply per-instance reduction weights ``(m, n)`` to vmapped losses ``(m, n)`` and
-    per-sequence gradients (vmapped dimension first; ``grads`` are (tensor, axis) pairs)."""
-    losses = (losses * weights.to(losses.dtype)).sum(-1)
-    out = []
-    for g, axis in grads:
-        w = weights.to(g.dtype)
-        if axis is None:  # (m, n, *shape) -> (m, *shape)
-            out.append(torch.einsum("mn,mn...->m...", w, g))
-        else:
-            shape = [1] * g.dim()
-            shape[0], shape[axis + 1] = m, n
-            out.append(g * w.reshape(shape))
-    return losses, out
+def vmap_fold(m: int, dims, wdim, batch_axes: Sequence[Optional[int]], want, weights,
+              tensors, call):
+    """The ``vmap`` rule of every path: fold the vmapped dimension into the batch axis.
 
-
-def _vmap_rule(info, in_dims, run, static, batch_axes, want, weights, inputs):
-    """``vmap`` of the operator (e.g. ``torch.compile`` of a ``torch.func.vmap``): the
-    vmapped dimension is folded into the batch, one core call (a vmapped shared input
-    is run copy by copy)."""
-    wdim, dims = in_dims[4], in_dims[5]
-    m = info.batch_size
-    axes = [None if a < 0 else a for a in batch_axes]
-    if any(a is None and d is not None for a, d in zip(axes, dims)):
+    ``call(weights, tensors)`` runs the loss once on unbatched tensors and returns
+    ``[losses, *wanted gradients]``; ``dims``/``wdim`` are the vmapped dimensions of
+    ``tensors``/``weights`` (None: not vmapped), ``m`` the vmap size.  One call for
+    all ``m`` instances (nested vmaps arrive one level at a time, each folding into
+    the same call); only when a shared input (``batch_axes[i]`` None, e.g. a
+    transition matrix) is itself vmapped are the instances run one by one.  Returns
+    ``(outputs, out_dims)`` as lists, the vmapped dimension first.
+    """
+    if any(a is None and d is not None for a, d in zip(batch_axes, dims)):
         outs = []
         for j in range(m):
-            args = [t.select(d, j) if d is not None else t for t, d in zip(inputs, dims)]
+            args = [t.select(d, j) if d is not None else t for t, d in zip(tensors, dims)]
             w = weights.select(wdim, j) if wdim is not None else weights
-            outs.append(kernel_loss_op(run, static, batch_axes, want, w, args))
+            outs.append(call(w, args))
         return [torch.stack(o) for o in zip(*outs)], [0] * len(outs[0])
     n = next(t.shape[a + (d is not None and d <= a)]
-             for t, d, a in zip(inputs, dims, axes) if a is not None)
-    folded = [fold(t, d, a, m) for t, d, a in zip(inputs, dims, axes)]
-    out = kernel_loss_op(run, static, batch_axes, want, None, folded)
+             for t, d, a in zip(tensors, dims, batch_axes) if a is not None)
+    folded = [fold(t, d, a, m) for t, d, a in zip(tensors, dims, batch_axes)]
+    out = call(None, folded)
     losses = out[0].reshape(m, n)
-    grads = [(unfold(g, axes[i], m, n), axes[i])
+    grads = [(unfold(g, batch_axes[i], m, n), batch_axes[i])
              for g, i in zip(out[1:], [i for i, w in enumerate(want) if w])]
     if weights is None:
         return [losses] + [g for g, _ in grads], [0] * (1 + len(grads))
-    w = weights.unsqueeze(0).expand(m, n) if wdim is None else weights.movedim(wdim, 0)
+    w = torch.as_tensor(weights, device=losses.device)
+    w = w.unsqueeze(0).expand(m, n) if wdim is None else w.movedim(wdim, 0)
     losses, weighted = weigh_batched(losses, grads, w, m, n)
     return [losses] + weighted, [0] * (1 + len(weighted))
+
+
+def _vmap_rule(info, in_dims, run, static, batch_axes, want, weights, inputs):
+    """``vmap`` of the operator (e.g. ``torch.compile`` of a ``torch.func.vmap``)."""
+    axes = [None if a < 0 else a for a in batch_axes]
+    return vmap_fold(info.batch_size, in_dims[5], in_dims[4], axes, want, weights, inputs,
+                     lambda w, args: kernel_loss_op(run, static, batch_axes, want, w, args))
 
 
 kernel_loss_op.register_vmap(_vmap_rule)

@@ -18,7 +18,8 @@ from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_
                                       rnnt_alignment, transducer_viterbi)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._ctc import _as_int_array, _as_int_tensor
+from ._args import check_bool, check_tensor, int_array, int_tensor
+from ._private import transforms_active
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -74,7 +75,7 @@ def _row_blocks(x):
     ``torch.func`` transform)."""
     if (x.device.type != "cpu" or not x.is_contiguous() or x.numel() * x.element_size()
             < _BLOCKED_MIN_BYTES
-            or not is_concrete(x) or torch._C._are_functorch_transforms_active()):
+            or not is_concrete(x) or transforms_active()):
         return None
     n_cls = x.shape[-1]
     rows = x.reshape(-1, n_cls)
@@ -122,7 +123,7 @@ class _LogProbGather(torch.autograd.Function):
         px_r, py_r = px.view(-1), py.view(-1)
         for r0, r1 in spans:
             b = buf[:r1 - r0]
-            torch._log_softmax(rows[r0:r1], -1, False, out=b)
+            torch.log_softmax(rows[r0:r1], -1, out=b)
             torch.gather(b, 1, lab[r0:r1], out=px_r[r0:r1, None])
             py_r[r0:r1] = b[:, blank]
         return px[..., :u_max], py
@@ -151,7 +152,7 @@ class _LogProbGather(torch.autograd.Function):
             buf = torch.empty((spans[0][1] - spans[0][0], rows.shape[1]), dtype=x.dtype)
             for r0, r1 in spans:
                 b = buf[:r1 - r0]
-                torch._log_softmax(rows[r0:r1], -1, False, out=b)
+                torch.log_softmax(rows[r0:r1], -1, out=b)
                 o = out_r[r0:r1]
                 torch.exp(b, out=o)
                 o.mul_(c_r[r0:r1])
@@ -165,31 +166,26 @@ class _LogProbGather(torch.autograd.Function):
         return out, None, None
 
 
-def _check_tensor(fn, arg, x):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{fn}: argument '{arg}' must be a torch.Tensor, got {type(x).__name__}")
-
-
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
     """All checks before any computation; returns (blank, il, tl) as int64 tensors.
 
     Values are read and checked whenever they are concrete (eager, torch.func
     without vmap over the ints); while torch.compile traces only shapes/dtypes.
     """
-    _check_tensor(fn, "logits", logits)
-    _check_tensor(fn, "targets", targets)
+    check_tensor(fn, "logits", logits)
+    check_tensor(fn, "targets", targets)
     dev = logits.device
     tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
                if isinstance(x, torch.Tensor)]
     if is_concrete(*tensors):
-        il = _as_int_array(logit_lengths, fn, "logit_lengths")
-        tl = _as_int_array(target_lengths, fn, "target_lengths")
+        il = int_array(fn, "logit_lengths", logit_lengths)
+        tl = int_array(fn, "target_lengths", target_lengths)
         blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
         il = torch.as_tensor(il.astype(np.int64, copy=False), device=dev).reshape(-1)
         tl = torch.as_tensor(tl.astype(np.int64, copy=False), device=dev).reshape(-1)
         return blank, il, tl
-    il = _as_int_tensor(logit_lengths, fn, "logit_lengths", dev)
-    tl = _as_int_tensor(target_lengths, fn, "target_lengths", dev)
+    il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
+    tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
@@ -390,9 +386,7 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     everywhere.
     """
     fn = "rnnt_align"
-    if not isinstance(fused_log_softmax, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
-                        f"got {type(fused_log_softmax).__name__}")
+    check_bool(fn, "fused_log_softmax", fused_log_softmax)
     blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
     with torch.no_grad():
         px, py, boundary = _lattice(logits.detach(), targets, il, tl, blank,

@@ -25,10 +25,10 @@ from typing import Optional, Tuple, Union
 import torch
 
 from duoloss.core import _rnnt_k2 as _k
-from duoloss.core import _validate as _v
 from duoloss.core._transducer import TRANSDUCER_KERNEL
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
+from ._args import check_tensor
 from ._ops import kernel_id, kernel_loss_op, static_json
 
 __all__ = [
@@ -42,12 +42,6 @@ __all__ = [
 ]
 
 
-def _tensor(fn, arg, x):
-    if not isinstance(x, torch.Tensor):
-        raise _v.not_an_array(fn, arg, x, "a torch.Tensor")
-    return x
-
-
 def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
     """The ``(B, 4)`` int64 boundary (``[0, 0, S, T]`` rows when None), checked."""
     if boundary is None:
@@ -56,7 +50,7 @@ def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
                              f"(one symbol per frame at most), got T={t} and S={s}")
         row = torch.tensor([0, 0, s, t], dtype=torch.int64, device=device)
         return row.expand(b, 4).contiguous()
-    _tensor(fn, "boundary", boundary)
+    check_tensor(fn, "boundary", boundary)
     _k.check_boundary_static(fn, boundary.shape, boundary.dtype, b)
     if check_values and is_concrete(boundary):
         _k.check_boundary_values(fn, to_numpy(boundary), s, t, rnnt_type)
@@ -106,7 +100,7 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     """``(px, py, boundary)`` of the additive joiner; with ``scales = (lm_only_scale,
     am_only_scale)`` k2's smoothed interpolation (see :func:`rnnt_loss_smoothed`)."""
     for arg, x in (("lm", lm), ("am", am), ("symbols", symbols)):
-        _tensor(fn, arg, x)
+        check_tensor(fn, arg, x)
     b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,
                                         symbols.shape, symbols.dtype)
     _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
@@ -298,7 +292,7 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
                      delay_penalty=0.0, reduction="mean"):
     for arg, x in (("logits", logits), ("symbols", symbols), ("ranges", ranges)):
-        _tensor(fn, arg, x)
+        check_tensor(fn, arg, x)
     b, s, t, r, c = _k.check_pruned_static(fn, logits.shape, logits.dtype, symbols.shape,
                                            symbols.dtype, ranges.shape, ranges.dtype)
     _k.check_common_scalars(fn, termination_symbol, c, rnnt_type, delay_penalty, reduction)
@@ -393,7 +387,7 @@ def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary
     """
     fn = "get_rnnt_prune_ranges"
     for arg, x in (("px_grad", px_grad), ("py_grad", py_grad), ("boundary", boundary)):
-        _tensor(fn, arg, x)
+        check_tensor(fn, arg, x)
     b, s, t, regular = _k.check_prune_ranges_static(fn, px_grad.shape, px_grad.dtype,
                                                     py_grad.shape, py_grad.dtype,
                                                     boundary.shape, boundary.dtype, s_range)
@@ -434,7 +428,7 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
     """
     fn = "do_rnnt_pruning"
     for arg, x in (("am", am), ("lm", lm), ("ranges", ranges)):
-        _tensor(fn, arg, x)
+        check_tensor(fn, arg, x)
     _k.check_pruning_static(fn, am.shape, lm.shape, ranges.shape, ranges.dtype)
     if is_concrete(ranges):
         _k.check_ranges_values(fn, to_numpy(ranges), int(lm.shape[1]) - 1)
