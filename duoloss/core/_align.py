@@ -55,6 +55,7 @@ import numba
 import numpy as np
 
 from ._ctc import ctc_states
+from ._ctc import _ctc_best_predecessor, _ctc_trellis_final, _ctc_trellis_forward
 from ._graph_loss import _eps_order
 from ._numerics import NEG_INF as _NEG_INF
 from ._numerics import run_batch
@@ -76,62 +77,43 @@ def _run(kernel_serial, kernel_parallel, cells, args):
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
+    """Viterbi alignment of sequence ``b``: the CTC trellis of
+    :func:`duoloss.core._ctc._ctc_trellis_forward` in the tropical semiring.
+
+    No back-pointers are stored: backtracking asks
+    :func:`~duoloss.core._ctc._ctc_best_predecessor` again, on the same table
+    values, so it takes the same steps (and ties) as the forward did.
+    """
     t_max, _, n_cls = logp.shape
-    tb = in_len[b]
-    nl = tg_len[b]
+    input_len = in_len[b]
+    target_len = tg_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    ok = 0 <= tb <= t_max and 0 <= nl <= targets.shape[1] and 0 <= blank < n_cls
+    ok = (0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
+          and 0 <= blank < n_cls)
     if ok:
-        for i in range(nl):
+        for i in range(target_len):
             y = targets[b, i]
             if y < 0 or y >= n_cls or y == blank:
                 ok = False
     if not ok:
         scores[b] = np.nan
         return
-    if tb == 0:
-        scores[b] = 0.0 if nl == 0 else _NEG_INF
+    if input_len == 0:
+        scores[b] = 0.0 if target_len == 0 else _NEG_INF
         return
-    s_n = 2 * nl + 1
-    lab, skip = ctc_states(targets, b, nl, blank)
-    delta = np.full(s_n, _NEG_INF)
-    prev = np.full(s_n, _NEG_INF)
-    back = np.zeros((tb, s_n), np.int8)  # 0 stay, 1 from s-1, 2 from s-2
-    for t in range(tb):
-        lo = max(0, s_n - 2 * (tb - t))
-        hi = min(s_n - 1, 2 * t + 1)
-        for s in range(s_n):
-            prev[s] = delta[s]
-            delta[s] = _NEG_INF
-        for s in range(lo, hi + 1):
-            e = np.float64(logp[t, b, lab[s]])
-            if t == 0:
-                delta[s] = e
-                continue
-            best = prev[s]
-            arg = 0
-            if s >= 1 and prev[s - 1] > best:
-                best = prev[s - 1]
-                arg = 1
-            if skip[s] and prev[s - 2] > best:
-                best = prev[s - 2]
-                arg = 2
-            back[t, s] = arg
-            delta[s] = best + e
-    s = s_n - 1
-    if s_n > 1 and delta[s_n - 2] > delta[s_n - 1]:
-        s = s_n - 2
-    score = delta[s]
-    if score != score:
-        scores[b] = np.nan
-    elif score == _NEG_INF:
+    lab, skip = ctc_states(targets, b, target_len, blank)
+    delta = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
+    score, s = _ctc_trellis_final(delta, True)
+    if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
-    scores[b] = score
-    for t in range(tb - 1, -1, -1):
+    scores[b] = score  # NaN included: the labels are then a valid, arbitrary path
+    for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[s]
-        s -= back[t, s]
+        if t > 0:
+            _, step = _ctc_best_predecessor(delta, t, s, skip)
+            s -= step
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
