@@ -267,56 +267,6 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
     return lsum, status, True
 
 
-@numba.njit(cache=True, nogil=True)
-def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
-    """Exact log-space normaliser (slow, scalar exp/log); returns logZ."""
-    n_cls = em.shape[2]
-    la = np.empty((tb, n_cls))
-    for t in range(tb):
-        for i in range(n_cls):
-            e = np.float64(em[t, b, i])
-            if t == 0:
-                v = np.float64(start[i])
-            else:
-                v = _NEG_INF
-                for j in range(n_cls):
-                    tr = np.float64(trans[i, j]) if has_trans else 0.0
-                    v = _lae(v, la[t - 1, j] + tr)
-            la[t, i] = v + e
-    logz = _NEG_INF
-    for i in range(n_cls):
-        logz = _lae(logz, la[tb - 1, i])
-    if not want or logz == _NEG_INF or logz != logz:
-        return logz
-    lb = np.zeros(n_cls)
-    nb = np.empty(n_cls)
-    for t in range(tb - 1, -1, -1):
-        for k in range(n_cls):
-            if la[t, k] != _NEG_INF and lb[k] != _NEG_INF:
-                p = math.exp(la[t, k] + lb[k] - logz)
-                ge[t, k] += p
-                if t == 0:
-                    gs[k] += p
-        if t == 0:
-            break
-        # w[i] = e_t(i) + lb_t(i): suffix weight entering token i at frame t
-        for i in range(n_cls):
-            nb[i] = np.float64(em[t, b, i]) + lb[i]
-        for j in range(n_cls):
-            v = _NEG_INF
-            for i in range(n_cls):
-                tr = np.float64(trans[i, j]) if has_trans else 0.0
-                x = nb[i] + tr
-                v = _lae(v, x)
-                if has_trans and want:
-                    y = la[t - 1, j] + x - logz
-                    if y > -745.0:
-                        gt[i, j] += math.exp(y)
-            lb[j] = v
-    return logz
-
-
-
 # --------------------------------------------------------------------------- #
 # Target paths: L positions, stay or advance                                   #
 # --------------------------------------------------------------------------- #
@@ -422,61 +372,218 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed)
     return lsum, status, True
 
 
+# --------------------------------------------------------------------------- #
+# The two ASG trellises in the log and tropical semirings                      #
+# --------------------------------------------------------------------------- #
+# One recursion per trellis serves the exact log-space fallback here
+# (logsumexp over predecessors) and the Viterbi decoders of ``_align.py`` (max
+# over predecessors): ``tropical`` is a literal constant at every call site and
+# the cores are inlined, so LLVM drops the other semiring's branch.
+# NB: numba's on-disk cache of a caller in another module is keyed on that
+# module's mtime only: touch ``_align.py`` after editing these.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_best_previous_token(table, t, i, trans, has_trans):
+    """Tropical step into token ``i`` at frame ``t >= 1`` over all tokens:
+    ``(best, j)`` maximising ``table[t-1, j] + A_ij``.  Ties go to the larger
+    ``j``; NaN is never picked (all NaN/``-inf``: ``(-inf, C-1)``).  The
+    decoder calls it again while backtracking instead of storing back-pointers.
+    """
+    n_cls = table.shape[1]
+    best = _NEG_INF
+    arg = n_cls - 1
+    for j in range(n_cls - 1, -1, -1):
+        v = table[t - 1, j] + (np.float64(trans[i, j]) if has_trans else 0.0)
+        if v > best:
+            best = v
+            arg = j
+    return best, arg
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_token_forward(b, input_len, em, trans, start, has_trans, tropical):
+    """The normaliser's forward table ``(input_len, C)`` over all tokens.
+
+    Log semiring: :math:`\\alpha_t(i) = e_t(i) + \\operatorname{logsumexp}_j
+    (\\alpha_{t-1}(j) + A_{ij})`, :math:`\\alpha_0(i) = s_i + e_0(i)`.
+    Tropical: the same with ``max`` (:func:`_asg_best_previous_token`).
+    """
+    n_cls = em.shape[2]
+    table = np.empty((input_len, n_cls))
+    for t in range(input_len):
+        for i in range(n_cls):
+            emit = np.float64(em[t, b, i])
+            if t == 0:
+                v = np.float64(start[i])
+            elif tropical:
+                v, _ = _asg_best_previous_token(table, t, i, trans, has_trans)
+            else:
+                v = _NEG_INF
+                for j in range(n_cls):
+                    tr = np.float64(trans[i, j]) if has_trans else 0.0
+                    v = _lae(v, table[t - 1, j] + tr)
+            table[t, i] = v + emit
+    return table
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_token_final(table, tropical):
+    """``(value, token)`` at the last frame: ``(log Z, C-1)`` in the log
+    semiring; the best token and its score in the tropical one (ties: the
+    larger token)."""
+    last = table.shape[0] - 1
+    n_cls = table.shape[1]
+    if tropical:
+        k = n_cls - 1
+        for j in range(n_cls - 1, -1, -1):
+            if table[last, j] > table[last, k]:
+                k = j
+        return table[last, k], k
+    logz = _NEG_INF
+    for i in range(n_cls):
+        logz = _lae(logz, table[last, i])
+    return logz, n_cls - 1
+
+
 @numba.njit(cache=True, nogil=True)
-def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
-    """Exact log-space forward-backward over the target's positions."""
-    n_lab = lab.shape[0]
-    ws = np.empty(n_lab)
-    wa = np.empty(n_lab)
-    for l in range(n_lab):
-        ws[l] = np.float64(trans[lab[l], lab[l]]) if has_trans else 0.0
-        if l > 0:
-            wa[l] = np.float64(trans[lab[l], lab[l - 1]]) if has_trans else 0.0
-        else:
-            wa[l] = _NEG_INF
-    la = np.full((tb, n_lab), _NEG_INF)
-    la[0, 0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
-    for t in range(1, tb):
-        lo = max(0, n_lab - (tb - t))
-        hi = min(n_lab - 1, t)
-        for l in range(lo, hi + 1):
-            v = la[t - 1, l] + ws[l]
-            if l > 0:
-                v = _lae(v, la[t - 1, l - 1] + wa[l])
-            la[t, l] = v + np.float64(em[t, b, lab[l]])
-    logz = la[tb - 1, n_lab - 1]
+def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
+    """Exact log-space normaliser (slow, scalar exp/log); returns logZ.
+
+    The forward is the shared token trellis (:func:`_asg_token_forward`, log
+    semiring); with ``want`` the posteriors are added to ``ge``/``gs`` and the
+    expected transition counts to ``gt``.
+    """
+    n_cls = em.shape[2]
+    log_alpha = _asg_token_forward(b, tb, em, trans, start, has_trans, False)
+    logz, _ = _asg_token_final(log_alpha, False)
     if not want or logz == _NEG_INF or logz != logz:
         return logz
-    lb = np.full(n_lab, _NEG_INF)
-    nb = np.full(n_lab, _NEG_INF)
-    lb[n_lab - 1] = 0.0
+    log_beta = np.zeros(n_cls)
+    emit_beta = np.empty(n_cls)
+    for t in range(tb - 1, -1, -1):
+        for k in range(n_cls):
+            if log_alpha[t, k] != _NEG_INF and log_beta[k] != _NEG_INF:
+                p = math.exp(log_alpha[t, k] + log_beta[k] - logz)
+                ge[t, k] += p
+                if t == 0:
+                    gs[k] += p
+        if t == 0:
+            break
+        # emit_beta[i] = e_t(i) + log_beta_t(i): suffix weight entering token i at frame t
+        for i in range(n_cls):
+            emit_beta[i] = np.float64(em[t, b, i]) + log_beta[i]
+        for j in range(n_cls):
+            v = _NEG_INF
+            for i in range(n_cls):
+                tr = np.float64(trans[i, j]) if has_trans else 0.0
+                x = emit_beta[i] + tr
+                v = _lae(v, x)
+                if has_trans and want:
+                    y = log_alpha[t - 1, j] + x - logz
+                    if y > -745.0:
+                        gt[i, j] += math.exp(y)
+            log_beta[j] = v
+    return logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_target_weights(lab, trans, has_trans):
+    """Log weights ``(stay, advance)`` per target position: ``A_{y_l y_l}`` and
+    ``A_{y_l y_{l-1}}`` (0 without transitions; ``advance[0] = -inf``)."""
+    n_lab = lab.shape[0]
+    stay = np.empty(n_lab)
+    advance = np.empty(n_lab)
+    for l in range(n_lab):
+        stay[l] = np.float64(trans[lab[l], lab[l]]) if has_trans else 0.0
+        if l > 0:
+            advance[l] = np.float64(trans[lab[l], lab[l - 1]]) if has_trans else 0.0
+        else:
+            advance[l] = _NEG_INF
+    return stay, advance
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_best_target_step(table, t, l, stay, advance):
+    """Tropical step into position ``l`` at frame ``t >= 1``: ``(best, step)``,
+    step 0 stay, 1 advance; a tie stays."""
+    best = table[t - 1, l] + stay[l]
+    step = 0
+    if l >= 1:
+        cand = table[t - 1, l - 1] + advance[l]
+        if cand > best:
+            best = cand
+            step = 1
+    return best, step
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_target_forward(b, input_len, lab, stay, advance, em, start, tropical):
+    """The target's forward table ``(input_len, L)`` (``-inf`` outside each
+    frame's band of positions); needs ``0 < L <= input_len``.
+
+    Log semiring: logsumexp of staying and advancing; tropical: their max
+    (:func:`_asg_best_target_step`).  Either way the value is
+    ``table[input_len - 1, L - 1]``.
+    """
+    n_lab = lab.shape[0]
+    table = np.full((input_len, n_lab), _NEG_INF)
+    table[0, 0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
+    for t in range(1, input_len):
+        lo = max(0, n_lab - (input_len - t))
+        hi = min(n_lab - 1, t)
+        for l in range(lo, hi + 1):
+            if tropical:
+                v, _ = _asg_best_target_step(table, t, l, stay, advance)
+            else:
+                v = table[t - 1, l] + stay[l]
+                if l > 0:
+                    v = _lae(v, table[t - 1, l - 1] + advance[l])
+            table[t, l] = v + np.float64(em[t, b, lab[l]])
+    return table
+
+
+@numba.njit(cache=True, nogil=True)
+def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
+    """Exact log-space forward-backward over the target's positions; returns
+    the log-sum over the target paths.  The forward is the shared target
+    trellis (:func:`_asg_target_forward`, log semiring)."""
+    n_lab = lab.shape[0]
+    stay, advance = _asg_target_weights(lab, trans, has_trans)
+    log_alpha = _asg_target_forward(b, tb, lab, stay, advance, em, start, False)
+    logz = log_alpha[tb - 1, n_lab - 1]
+    if not want or logz == _NEG_INF or logz != logz:
+        return logz
+    log_beta = np.full(n_lab, _NEG_INF)
+    emit_beta = np.full(n_lab, _NEG_INF)
+    log_beta[n_lab - 1] = 0.0
     for t in range(tb - 1, -1, -1):
         for l in range(n_lab):
-            if la[t, l] != _NEG_INF and lb[l] != _NEG_INF:
-                ge[t, lab[l]] += math.exp(la[t, l] + lb[l] - logz)
+            if log_alpha[t, l] != _NEG_INF and log_beta[l] != _NEG_INF:
+                ge[t, lab[l]] += math.exp(log_alpha[t, l] + log_beta[l] - logz)
         if t == 0:
             gs[lab[0]] += 1.0
             break
         for l in range(n_lab):
-            nb[l] = lb[l] + np.float64(em[t, b, lab[l]]) if lb[l] != _NEG_INF else _NEG_INF
+            emit_beta[l] = (log_beta[l] + np.float64(em[t, b, lab[l]])
+                            if log_beta[l] != _NEG_INF else _NEG_INF)
         if has_trans:
             for l in range(n_lab):
-                if nb[l] == _NEG_INF:
+                if emit_beta[l] == _NEG_INF:
                     continue
-                y = la[t - 1, l] + ws[l] + nb[l] - logz
+                y = log_alpha[t - 1, l] + stay[l] + emit_beta[l] - logz
                 if y > -745.0:
                     gt[lab[l], lab[l]] += math.exp(y)
                 if l > 0:
-                    y = la[t - 1, l - 1] + wa[l] + nb[l] - logz
+                    y = log_alpha[t - 1, l - 1] + advance[l] + emit_beta[l] - logz
                     if y > -745.0:
                         gt[lab[l], lab[l - 1]] += math.exp(y)
         for l in range(n_lab):
-            v = nb[l] + ws[l]
+            v = emit_beta[l] + stay[l]
             if l + 1 < n_lab:
-                v = _lae(v, nb[l + 1] + wa[l + 1])
-            lb[l] = v
+                v = _lae(v, emit_beta[l + 1] + advance[l + 1])
+            log_beta[l] = v
     return logz
-
 
 
 # --------------------------------------------------------------------------- #
