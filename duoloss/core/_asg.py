@@ -631,43 +631,27 @@ def _frame_probs(b, tb, em, probs):
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
-             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
-    t_max, _, n_cls = em.shape
-    cp = sp.shape[1]
-    s_cap = targets.shape[1]
-    tb = in_len[b]
-    nl = tg_len[b]
-    want = want_e or want_t or want_s
-    want_cnt = has_trans and want_t
+def _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st):
+    """Zero sequence ``b``'s slices of the wanted gradients."""
     if want_e:
-        for t in range(t_max):
-            for k in range(n_cls):
+        for t in range(g_em.shape[0]):
+            for k in range(g_em.shape[2]):
                 g_em[t, b, k] = 0.0
     if want_t:
-        for i in range(n_cls):
-            for j in range(n_cls):
+        for i in range(g_tr.shape[1]):
+            for j in range(g_tr.shape[2]):
                 g_tr[b, i, j] = 0.0
     if want_s:
-        for k in range(n_cls):
+        for k in range(g_st.shape[1]):
             g_st[b, k] = 0.0
-    ok = 0 <= tb <= t_max and 0 <= nl <= s_cap
-    if ok:
-        for i in range(nl):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls:
-                ok = False
-    if not ok:
-        _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
-        return
-    if tb == 0:
-        losses[b] = 0.0 if (nl == 0 or zero_inf) else np.inf
-        return
-    probs = np.empty((tb, cp))
-    # log of everything the rescaled recursions divide out besides their c_t
-    shift, flushed = _frame_probs(b, tb, em, probs)
-    shift += sigma
-    # Flushed start / transition probabilities count too.
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_params_flushed(sp, m, start, trans, has_trans):
+    """Whether a start or transition probability from a finite score came out
+    below ``_FLUSH`` (linear space then cannot be trusted without its check)."""
+    n_cls = start.shape[0]
+    flushed = False
     for k in range(n_cls):
         if sp[0, k] < _FLUSH and np.float64(start[k]) != _NEG_INF:
             flushed = True
@@ -676,97 +660,171 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
             for j in range(n_cls):
                 if m[i, j] < _FLUSH and np.float64(trans[i, j]) != _NEG_INF:
                     flushed = True
-    if tb > 1:
-        shift += (tb - 1) * tau
+    return flushed
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans, want,
+                    want_cnt, shift, flushed, pn, cnt, gs):
+    """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
+
+    Rescaled linear space first (:func:`_norm_linear`; its value is
+    ``shift + linear_log_z``), the exact log space (:func:`_norm_log`) on a
+    failed check: it gives the value only when the linear one is not exact, and
+    the gradient whenever the linear sweep failed.  With ``want``, ``pn``,
+    ``cnt`` and ``gs`` receive the posteriors, the expected transition counts
+    and the first frame's posteriors.
+    """
+    lz, st, norm_lin = _norm_linear(input_len, probs, mt, m, sp, has_trans, want, want_cnt, pn,
+                                    cnt, flushed)
+    logz = shift + lz
+    if st == _OK:
+        if want:
+            for k in range(sp.shape[1]):
+                gs[k] = pn[0, k]
+    elif st == _FALLBACK:
+        pn[:, :] = 0.0
+        cnt[:, :] = 0.0
+        lg = _norm_log(b, input_len, em, trans, start, has_trans, want, pn, cnt, gs)
+        if not norm_lin:
+            logz = lg
+        st = _NAN if (logz != logz or logz == np.inf) else _OK
+    return logz, lz, st, norm_lin
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, targets,
+                   has_trans, want, want_cnt, flushed, logz, lz, norm_lin, shift, losses, pn,
+                   cnt, gs):
+    """The target paths of sequence ``b`` (``0 < target_len <= input_len``):
+    writes ``losses[b]`` and subtracts the target posteriors and counts from
+    ``pn``, ``cnt``, ``gs``; returns ``(status, feasible)``.
+
+    Rescaled linear space first (:func:`_num_linear`), exact log space
+    (:func:`_num_log`) on a failed check, with the normaliser's loss rule.
+    """
+    n_cls = em.shape[2]
+    feasible = True
+    lab = np.empty(target_len, np.int64)
+    stay_prob = np.zeros(target_len + 1)
+    advance_prob = np.zeros(target_len + 1)
+    for i in range(target_len):
+        lab[i] = targets[b, i]
+    for l in range(target_len):
+        if has_trans:
+            stay_prob[l] = m[lab[l], lab[l]]
+            if l > 0:
+                advance_prob[l] = m[lab[l], lab[l - 1]]
+        else:
+            stay_prob[l] = 1.0
+            if l > 0:
+                advance_prob[l] = 1.0
+    na = np.empty((input_len, target_len + 1))
+    ncnt = np.zeros((2, target_len))
+    ln, st, num_lin = _num_linear(input_len, lab.astype(np.uint64), probs, stay_prob,
+                                  advance_prob, sp, want, want_cnt, na, ncnt, flushed)
+    if num_lin:
+        losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
+    if st == _OK:
+        if want:
+            for t in range(input_len):
+                for l in range(max(0, target_len - (input_len - t)), min(target_len - 1, t) + 1):
+                    pn[t, lab[l]] -= na[t, l]
+            gs[lab[0]] -= 1.0
+        if want_cnt and input_len > 1:
+            for l in range(target_len):
+                cnt[lab[l], lab[l]] -= ncnt[0, l]
+                if l > 0:
+                    cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
+    elif st == _FALLBACK:
+        ne = np.zeros((input_len, n_cls))
+        nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
+        ns = np.zeros(n_cls)
+        lognum = _num_log(b, input_len, lab, em, trans, start, has_trans, want, ne, nt, ns)
+        if num_lin:
+            pass  # the linear value stands; log space gives the gradient
+        elif lognum != lognum or lognum == np.inf:
+            st = _NAN
+        elif lognum == _NEG_INF:
+            feasible = False
+        else:
+            losses[b] = logz - lognum
+        if st != _NAN and feasible:
+            if want:
+                for t in range(input_len):
+                    for k in range(n_cls):
+                        pn[t, k] -= ne[t, k]
+                for k in range(n_cls):
+                    gs[k] -= ns[k]
+                if has_trans:
+                    for i in range(n_cls):
+                        for j in range(n_cls):
+                            cnt[i, j] -= nt[i, j]
+    return st, feasible
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
+             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
+    """Loss and gradients of sequence ``b``; see the module docstring.
+
+    Steps: validate; frame probabilities (:func:`_frame_probs`); the
+    normaliser (:func:`_asg_normaliser`); the target paths
+    (:func:`_asg_numerator`); store the gradients (normaliser minus target).
+    """
+    t_max, _, n_cls = em.shape
+    cp = sp.shape[1]
+    input_len = in_len[b]
+    target_len = tg_len[b]
+    want = want_e or want_t or want_s
+    want_cnt = has_trans and want_t
+    _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st)
+    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
+    if ok:
+        for i in range(target_len):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls:
+                ok = False
+    if not ok:
+        _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        return
+    if input_len == 0:
+        losses[b] = 0.0 if (target_len == 0 or zero_inf) else np.inf
+        return
+    probs = np.empty((input_len, cp))
+    # log of everything the rescaled recursions divide out besides their c_t
+    shift, flushed = _frame_probs(b, input_len, em, probs)
+    shift += sigma
+    if _asg_params_flushed(sp, m, start, trans, has_trans):
+        flushed = True
+    if input_len > 1:
+        shift += (input_len - 1) * tau
     # pn: normaliser posteriors minus target posteriors; cnt: the same for the
     # transition counts; gs: for the first frame (start scores).
-    pn = np.empty((tb, cp))
+    pn = np.empty((input_len, cp))
     cnt = np.zeros((cp, cp) if has_trans and want else (0, 0))
     gs = np.zeros(cp)
     # Loss rule (the same with or without a gradient): a linear value that is
     # exact (nothing flushed, or the sweep's check passed) is the value; log
     # space gives the value only otherwise, and the gradient whenever the
     # linear sweep failed.
-    lz, st, norm_lin = _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, pn, cnt,
-                                    flushed)
-    logz = shift + lz
-    if st == _OK:
-        if want:
-            for k in range(cp):
-                gs[k] = pn[0, k]
-    elif st == _FALLBACK:
-        pn[:, :] = 0.0
-        cnt[:, :] = 0.0
-        lg = _norm_log(b, tb, em, trans, start, has_trans, want, pn, cnt, gs)
-        if not norm_lin:
-            logz = lg
-        st = _NAN if (logz != logz or logz == np.inf) else _OK
+    logz, lz, st, norm_lin = _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start,
+                                             has_trans, want, want_cnt, shift, flushed, pn, cnt,
+                                             gs)
     if st == _NAN:
-        _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
         return
     if logz == _NEG_INF:
         # No labelling has finite weight: infeasible, zero gradient.
         losses[b] = 0.0 if zero_inf else np.inf
         return
-    feasible = 0 < nl <= tb
+    feasible = 0 < target_len <= input_len
     if feasible:
-        lab = np.empty(nl, np.int64)
-        ws = np.zeros(nl + 1)
-        wa = np.zeros(nl + 1)
-        for i in range(nl):
-            lab[i] = targets[b, i]
-        for l in range(nl):
-            if has_trans:
-                ws[l] = m[lab[l], lab[l]]
-                if l > 0:
-                    wa[l] = m[lab[l], lab[l - 1]]
-            else:
-                ws[l] = 1.0
-                if l > 0:
-                    wa[l] = 1.0
-        na = np.empty((tb, nl + 1))
-        ncnt = np.zeros((2, nl))
-        ln, st, num_lin = _num_linear(tb, lab.astype(np.uint64), probs, ws, wa, sp, want,
-                                      want_cnt, na, ncnt, flushed)
-        if num_lin:
-            losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
-        if st == _OK:
-            if want:
-                for t in range(tb):
-                    for l in range(max(0, nl - (tb - t)), min(nl - 1, t) + 1):
-                        pn[t, lab[l]] -= na[t, l]
-                gs[lab[0]] -= 1.0
-            if want_cnt and tb > 1:
-                for l in range(nl):
-                    cnt[lab[l], lab[l]] -= ncnt[0, l]
-                    if l > 0:
-                        cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
-        elif st == _FALLBACK:
-            ne = np.zeros((tb, n_cls))
-            nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
-            ns = np.zeros(n_cls)
-            lognum = _num_log(b, tb, lab, em, trans, start, has_trans, want, ne, nt, ns)
-            if num_lin:
-                pass  # the linear value stands; log space gives the gradient
-            elif lognum != lognum or lognum == np.inf:
-                st = _NAN
-            elif lognum == _NEG_INF:
-                feasible = False
-            else:
-                losses[b] = logz - lognum
-            if st != _NAN and feasible:
-                if want:
-                    for t in range(tb):
-                        for k in range(n_cls):
-                            pn[t, k] -= ne[t, k]
-                    for k in range(n_cls):
-                        gs[k] -= ns[k]
-                    if has_trans:
-                        for i in range(n_cls):
-                            for j in range(n_cls):
-                                cnt[i, j] -= nt[i, j]
+        st, feasible = _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start,
+                                      targets, has_trans, want, want_cnt, flushed, logz, lz,
+                                      norm_lin, shift, losses, pn, cnt, gs)
         if st == _NAN:
-            _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+            _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
             return
     if not feasible:
         if zero_inf:
@@ -775,7 +833,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
         # GTN's convention: +inf loss, the normaliser's gradient.
         losses[b] = np.inf
     if want_e:
-        for t in range(tb):
+        for t in range(input_len):
             for k in range(n_cls):
                 g_em[t, b, k] = pn[t, k]
     if want_t:
