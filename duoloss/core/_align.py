@@ -5,7 +5,10 @@ length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b =
 target_lengths[b]`` labels.
 
 Both alignments run the same trellis as the corresponding loss with
-``logsumexp`` replaced by ``max`` and return the best path:
+``logsumexp`` replaced by ``max`` (literally: the CTC and ASG aligners call the
+loss modules' exact log-space trellis code with the tropical semiring as a
+compile-time constant, and recompute each back-pointer while backtracking
+instead of storing them) and return the best path:
 
 .. math::
 
@@ -57,7 +60,7 @@ import numpy as np
 from ._asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
 from ._asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
 from ._ctc import ctc_states
-from ._ctc import _ctc_best_predecessor, _ctc_trellis_final, _ctc_trellis_forward
+from ._ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from ._graph_loss import _eps_order
 from ._numerics import NEG_INF as _NEG_INF
 from ._numerics import run_batch
@@ -83,7 +86,7 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
     :func:`duoloss.core._ctc._ctc_trellis_forward` in the tropical semiring.
 
     No back-pointers are stored: backtracking asks
-    :func:`~duoloss.core._ctc._ctc_best_predecessor` again, on the same table
+    :func:`~duoloss.core._ctc._ctc_best_step` again, on the same table
     values, so it takes the same steps (and ties) as the forward did.
     """
     t_max, _, n_cls = logp.shape
@@ -114,7 +117,8 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
     for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[s]
         if t > 0:
-            _, step = _ctc_best_predecessor(delta, t, s, skip)
+            _, step = _ctc_best_step(delta[t - 1, s], delta[t - 1, s - 1] if s >= 1 else _NEG_INF,
+                                     delta[t - 1, s - 2] if skip[s] else _NEG_INF)
             s -= step
 
 
@@ -208,7 +212,8 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labe
     for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[l]
         if t > 0:
-            _, step = _asg_best_target_step(delta, t, l, stay, advance)
+            _, step = _asg_best_target_step(
+                delta[t - 1, l] + stay[l], delta[t - 1, l - 1] + advance[l] if l >= 1 else _NEG_INF)
             l -= step
 
 
