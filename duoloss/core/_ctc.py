@@ -260,7 +260,7 @@ def ctc_states(targets, b, n_labels, blank):
 # Not the same algorithm as the log/tropical trellis above: it multiplies
 # probabilities relative to each frame's best class and renormalises every
 # frame, so its inner loops have no exp/log (numba has no vector exp/log here,
-# and the log-space recursion is several times slower); it also tracks
+# and the log-space recursion runs ~2.5x slower, see NOTES.md); it also tracks
 # underflow ("flushed") and checks every frame, which the exact trellis needs
 # not.  Hence its own kernels, specialised for speed.
 
