@@ -403,6 +403,8 @@ def _asg_best_previous_token(table, t, i, trans, has_trans):
     ``(best, j)`` maximising ``table[t-1, j] + A_ij``.  Ties go to the larger
     ``j``; NaN is never picked (all NaN/``-inf``: ``(-inf, C-1)``).  The
     decoder calls it again while backtracking instead of storing back-pointers.
+    (Array arguments cost reference-count calls per call; here they are
+    amortised over the ``C``-long loop, unlike :func:`_asg_best_target_step`.)
     """
     n_cls = table.shape[1]
     best = _NEG_INF
