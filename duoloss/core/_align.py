@@ -5,7 +5,10 @@ length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b =
 target_lengths[b]`` labels.
 
 Both alignments run the same trellis as the corresponding loss with
-``logsumexp`` replaced by ``max`` and return the best path:
+``logsumexp`` replaced by ``max`` (literally: the CTC and ASG aligners call the
+loss modules' exact log-space trellis code with the tropical semiring as a
+compile-time constant, and recompute each back-pointer while backtracking
+instead of storing them) and return the best path:
 
 .. math::
 
@@ -54,7 +57,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
+from ._asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
 from ._ctc import ctc_states
+from ._ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from ._graph_loss import _frames_forward, _load_graph
 from ._numerics import NEG_INF as _NEG_INF
 from ._numerics import run_batch
@@ -76,62 +82,44 @@ def _run(kernel_serial, kernel_parallel, cells, args):
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
+    """Viterbi alignment of sequence ``b``: the CTC trellis of
+    :func:`duoloss.core._ctc._ctc_trellis_forward` in the tropical semiring.
+
+    No back-pointers are stored: backtracking asks
+    :func:`~duoloss.core._ctc._ctc_best_step` again, on the same table
+    values, so it takes the same steps (and ties) as the forward did.
+    """
     t_max, _, n_cls = logp.shape
-    tb = in_len[b]
-    nl = tg_len[b]
+    input_len = in_len[b]
+    target_len = tg_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    ok = 0 <= tb <= t_max and 0 <= nl <= targets.shape[1] and 0 <= blank < n_cls
+    ok = (0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
+          and 0 <= blank < n_cls)
     if ok:
-        for i in range(nl):
+        for i in range(target_len):
             y = targets[b, i]
             if y < 0 or y >= n_cls or y == blank:
                 ok = False
     if not ok:
         scores[b] = np.nan
         return
-    if tb == 0:
-        scores[b] = 0.0 if nl == 0 else _NEG_INF
+    if input_len == 0:
+        scores[b] = 0.0 if target_len == 0 else _NEG_INF
         return
-    s_n = 2 * nl + 1
-    lab, skip = ctc_states(targets, b, nl, blank)
-    delta = np.full(s_n, _NEG_INF)
-    prev = np.full(s_n, _NEG_INF)
-    back = np.zeros((tb, s_n), np.int8)  # 0 stay, 1 from s-1, 2 from s-2
-    for t in range(tb):
-        lo = max(0, s_n - 2 * (tb - t))
-        hi = min(s_n - 1, 2 * t + 1)
-        for s in range(s_n):
-            prev[s] = delta[s]
-            delta[s] = _NEG_INF
-        for s in range(lo, hi + 1):
-            e = np.float64(logp[t, b, lab[s]])
-            if t == 0:
-                delta[s] = e
-                continue
-            best = prev[s]
-            arg = 0
-            if s >= 1 and prev[s - 1] > best:
-                best = prev[s - 1]
-                arg = 1
-            if skip[s] and prev[s - 2] > best:
-                best = prev[s - 2]
-                arg = 2
-            back[t, s] = arg
-            delta[s] = best + e
-    s = s_n - 1
-    if s_n > 1 and delta[s_n - 2] > delta[s_n - 1]:
-        s = s_n - 2
-    score = delta[s]
-    if score != score:
-        scores[b] = np.nan
-    elif score == _NEG_INF:
+    lab, skip = ctc_states(targets, b, target_len, blank)
+    delta = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
+    score, s = _ctc_trellis_final(delta, True)
+    if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
-    scores[b] = score
-    for t in range(tb - 1, -1, -1):
+    scores[b] = score  # NaN included: the labels are then a valid, arbitrary path
+    for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[s]
-        s -= back[t, s]
+        if t > 0:
+            _, step = _ctc_best_step(delta[t - 1, s], delta[t - 1, s - 1] if s >= 1 else _NEG_INF,
+                                     delta[t - 1, s - 2] if skip[s] else _NEG_INF)
+            s -= step
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -189,65 +177,44 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
 def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labels, scores):
+    """Viterbi alignment of sequence ``b``: the target trellis of
+    :func:`duoloss.core._asg._asg_target_forward` in the tropical semiring;
+    backtracking asks :func:`~duoloss.core._asg._asg_best_target_step` again
+    instead of storing back-pointers."""
     t_max, _, n_cls = em.shape
-    tb = in_len[b]
-    nl = tg_len[b]
+    input_len = in_len[b]
+    target_len = tg_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    ok = 0 <= tb <= t_max and 0 <= nl <= targets.shape[1]
+    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
     if ok:
-        for i in range(nl):
+        for i in range(target_len):
             y = targets[b, i]
             if y < 0 or y >= n_cls:
                 ok = False
     if not ok:
         scores[b] = np.nan
         return
-    if tb == 0 or nl == 0 or nl > tb:
-        scores[b] = 0.0 if (tb == 0 and nl == 0) else _NEG_INF
+    if input_len == 0 or target_len == 0 or target_len > input_len:
+        scores[b] = 0.0 if (input_len == 0 and target_len == 0) else _NEG_INF
         return
-    lab = np.empty(nl, np.int64)
-    ws = np.zeros(nl)
-    wa = np.zeros(nl)
-    for l in range(nl):
+    lab = np.empty(target_len, np.int64)
+    for l in range(target_len):
         lab[l] = targets[b, l]
-    if has_trans:
-        for l in range(nl):
-            ws[l] = np.float64(trans[lab[l], lab[l]])
-            if l > 0:
-                wa[l] = np.float64(trans[lab[l], lab[l - 1]])
-    delta = np.full(nl, _NEG_INF)
-    prev = np.full(nl, _NEG_INF)
-    back = np.zeros((tb, nl), np.int8)  # 0 stay, 1 advance
-    for t in range(tb):
-        lo = max(0, nl - (tb - t))
-        hi = min(nl - 1, t)
-        for l in range(nl):
-            prev[l] = delta[l]
-            delta[l] = _NEG_INF
-        for l in range(lo, hi + 1):
-            e = np.float64(em[t, b, lab[l]])
-            if t == 0:
-                delta[0] = np.float64(start[lab[0]]) + e
-                continue
-            best = prev[l] + ws[l]
-            arg = 0
-            if l >= 1:
-                cand = prev[l - 1] + wa[l]
-                if cand > best:
-                    best = cand
-                    arg = 1
-            back[t, l] = arg
-            delta[l] = best + e
-    score = delta[nl - 1]
+    stay, advance = _asg_target_weights(lab, trans, has_trans)
+    delta = _asg_target_forward(b, input_len, lab, stay, advance, em, start, True)
+    score = delta[input_len - 1, target_len - 1]
     if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
     scores[b] = score
-    l = nl - 1
-    for t in range(tb - 1, -1, -1):
+    l = target_len - 1
+    for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[l]
-        l -= back[t, l]
+        if t > 0:
+            _, step = _asg_best_target_step(
+                delta[t - 1, l] + stay[l], delta[t - 1, l - 1] + advance[l] if l >= 1 else _NEG_INF)
+            l -= step
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -314,46 +281,30 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
 def _asg_viterbi_one(b, em, trans, start, has_trans, in_len, labels, scores):
-    t_max, _, n_cls = em.shape
-    tb = in_len[b]
+    """Viterbi decoding of sequence ``b``: the normaliser's token trellis of
+    :func:`duoloss.core._asg._asg_token_forward` in the tropical semiring;
+    backtracking asks :func:`~duoloss.core._asg._asg_best_previous_token`
+    again instead of storing back-pointers."""
+    t_max = em.shape[0]
+    input_len = in_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    if not 0 <= tb <= t_max:
+    if not 0 <= input_len <= t_max:
         scores[b] = np.nan
         return
-    if tb == 0:
+    if input_len == 0:
         scores[b] = _NEG_INF  # GTN: no accepting path without a token
         return
-    delta = np.empty(n_cls)
-    prev = np.empty(n_cls)
-    back = np.zeros((tb, n_cls), np.int64)
-    for k in range(n_cls):
-        delta[k] = np.float64(start[k]) + np.float64(em[0, b, k])
-    for t in range(1, tb):
-        for k in range(n_cls):
-            prev[k] = delta[k]
-        for i in range(n_cls):
-            best = _NEG_INF
-            arg = n_cls - 1
-            for j in range(n_cls - 1, -1, -1):
-                v = prev[j] + (np.float64(trans[i, j]) if has_trans else 0.0)
-                if v > best:
-                    best = v
-                    arg = j
-            back[t, i] = arg
-            delta[i] = best + np.float64(em[t, b, i])
-    k = n_cls - 1
-    for j in range(n_cls - 1, -1, -1):
-        if delta[j] > delta[k]:
-            k = j
-    score = delta[k]
+    delta = _asg_token_forward(b, input_len, em, trans, start, has_trans, True)
+    score, k = _asg_token_final(delta, True)
     if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
     scores[b] = score
-    for t in range(tb - 1, -1, -1):
+    for t in range(input_len - 1, -1, -1):
         labels[b, t] = k
-        k = back[t, k]
+        if t > 0:
+            _, k = _asg_best_previous_token(delta, t, k, trans, has_trans)
 
 
 @numba.njit(cache=True, nogil=True)

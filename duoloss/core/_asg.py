@@ -53,7 +53,11 @@ both forward-backward passes in *linear* space in float64 with per-frame
 rescaling, check on every frame that the posteriors sum to one, and fall back to
 an exact log-space recursion for a sequence where that check fails or a frame's
 mass underflows (e.g. a transition needed by the target that is ~700 nats below
-the best one).  The expected transition counts are accumulated during the
+the best one).  Those exact recursions are the same code as the Viterbi decoders
+of :mod:`duoloss.core._align` in the other semiring: one token trellis (the
+normaliser; :func:`~duoloss.core._align.asg_viterbi`) and one target trellis
+(:func:`~duoloss.core._align.asg_align`), with the semiring a compile-time
+constant.  The expected transition counts are accumulated during the
 backward pass; emission posteriors overwrite the forward variables.
 
 NB: Infeasible targets (``T_b < L_b``), empty targets with ``T_b > 0``, and
@@ -173,6 +177,12 @@ def _rank1(cnt, m, u, ru, scale, x, rx):
 def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, flushed):
     """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status, exact)``.
 
+    Specialised on purpose, not merged with the log/tropical token trellis
+    (:func:`_asg_token_forward`): it multiplies rescaled probabilities (a
+    vectorised matrix-vector product per frame, no exp/log in the loop) and
+    checks every frame; the log-space recursion, scalar exp/log per
+    transition, measured ~50x slower (T=300, C=40: ~50 ms vs ~1 ms per sequence).
+
     ``flushed``: whether a probability was already flushed below ``_FLUSH``;
     ``exact``: whether ``sum_t log c_t`` is the exact value (nothing flushed, or
     the backward sweep's per-frame check passed).  Without ``want`` the sweep
@@ -267,62 +277,16 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
     return lsum, status, True
 
 
-@numba.njit(cache=True, nogil=True)
-def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
-    """Exact log-space normaliser (slow, scalar exp/log); returns logZ."""
-    n_cls = em.shape[2]
-    la = np.empty((tb, n_cls))
-    for t in range(tb):
-        for i in range(n_cls):
-            e = np.float64(em[t, b, i])
-            if t == 0:
-                v = np.float64(start[i])
-            else:
-                v = _NEG_INF
-                for j in range(n_cls):
-                    tr = np.float64(trans[i, j]) if has_trans else 0.0
-                    v = _lae(v, la[t - 1, j] + tr)
-            la[t, i] = v + e
-    logz = _NEG_INF
-    for i in range(n_cls):
-        logz = _lae(logz, la[tb - 1, i])
-    if not want or logz == _NEG_INF or logz != logz:
-        return logz
-    lb = np.zeros(n_cls)
-    nb = np.empty(n_cls)
-    for t in range(tb - 1, -1, -1):
-        for k in range(n_cls):
-            if la[t, k] != _NEG_INF and lb[k] != _NEG_INF:
-                p = math.exp(la[t, k] + lb[k] - logz)
-                ge[t, k] += p
-                if t == 0:
-                    gs[k] += p
-        if t == 0:
-            break
-        # w[i] = e_t(i) + lb_t(i): suffix weight entering token i at frame t
-        for i in range(n_cls):
-            nb[i] = np.float64(em[t, b, i]) + lb[i]
-        for j in range(n_cls):
-            v = _NEG_INF
-            for i in range(n_cls):
-                tr = np.float64(trans[i, j]) if has_trans else 0.0
-                x = nb[i] + tr
-                v = _lae(v, x)
-                if has_trans and want:
-                    y = la[t - 1, j] + x - logz
-                    if y > -745.0:
-                        gt[i, j] += math.exp(y)
-            lb[j] = v
-    return logz
-
-
-
 # --------------------------------------------------------------------------- #
 # Target paths: L positions, stay or advance                                   #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True, fastmath=_FM)
 def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed):
     """Linear-space forward-backward over the target's positions.
+
+    Specialised on purpose, like :func:`_norm_linear`: rescaled probabilities,
+    no exp/log in the loop, a per-frame check; the exact trellis it falls back
+    to is :func:`_asg_target_forward` (shared with the Viterbi aligner).
 
     Returns ``(sum_t log c_t, status, exact)`` (``flushed``/``exact`` as in
     :func:`_norm_linear`).  ``lab``: the target as unsigned
@@ -422,61 +386,222 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed)
     return lsum, status, True
 
 
+# --------------------------------------------------------------------------- #
+# The two ASG trellises in the log and tropical semirings                      #
+# --------------------------------------------------------------------------- #
+# One recursion per trellis serves the exact log-space fallback here
+# (logsumexp over predecessors) and the Viterbi decoders of ``_align.py`` (max
+# over predecessors): ``tropical`` is a literal constant at every call site and
+# the cores are inlined, so LLVM drops the other semiring's branch.
+# NB: numba's on-disk cache of a caller in another module is keyed on that
+# module's mtime only: touch ``_align.py`` after editing these.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_best_previous_token(table, t, i, trans, has_trans):
+    """Tropical step into token ``i`` at frame ``t >= 1`` over all tokens:
+    ``(best, j)`` maximising ``table[t-1, j] + A_ij``.  Ties go to the larger
+    ``j``; NaN is never picked (all NaN/``-inf``: ``(-inf, C-1)``).  The
+    decoder calls it again while backtracking instead of storing back-pointers.
+    (Array arguments cost reference-count calls per call; here they are
+    amortised over the ``C``-long loop, unlike :func:`_asg_best_target_step`.)
+    """
+    n_cls = table.shape[1]
+    best = _NEG_INF
+    arg = n_cls - 1
+    for j in range(n_cls - 1, -1, -1):
+        v = table[t - 1, j] + (np.float64(trans[i, j]) if has_trans else 0.0)
+        if v > best:
+            best = v
+            arg = j
+    return best, arg
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_token_forward(b, input_len, em, trans, start, has_trans, tropical):
+    """The normaliser's forward table ``(input_len, C)`` over all tokens.
+
+    Log semiring: :math:`\\alpha_t(i) = e_t(i) + \\operatorname{logsumexp}_j
+    (\\alpha_{t-1}(j) + A_{ij})`, :math:`\\alpha_0(i) = s_i + e_0(i)`.
+    Tropical: the same with ``max`` (:func:`_asg_best_previous_token`).
+    """
+    n_cls = em.shape[2]
+    table = np.empty((input_len, n_cls))
+    for t in range(input_len):
+        for i in range(n_cls):
+            emit = np.float64(em[t, b, i])
+            if t == 0:
+                v = np.float64(start[i])
+            elif tropical:
+                v, _ = _asg_best_previous_token(table, t, i, trans, has_trans)
+            else:
+                v = _NEG_INF
+                for j in range(n_cls):
+                    tr = np.float64(trans[i, j]) if has_trans else 0.0
+                    v = _lae(v, table[t - 1, j] + tr)
+            table[t, i] = v + emit
+    return table
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_token_final(table, tropical):
+    """``(value, token)`` at the last frame: ``(log Z, C-1)`` in the log
+    semiring; the best token and its score in the tropical one (ties: the
+    larger token)."""
+    last = table.shape[0] - 1
+    n_cls = table.shape[1]
+    if tropical:
+        k = n_cls - 1
+        for j in range(n_cls - 1, -1, -1):
+            if table[last, j] > table[last, k]:
+                k = j
+        return table[last, k], k
+    logz = _NEG_INF
+    for i in range(n_cls):
+        logz = _lae(logz, table[last, i])
+    return logz, n_cls - 1
+
+
 @numba.njit(cache=True, nogil=True)
-def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
-    """Exact log-space forward-backward over the target's positions."""
-    n_lab = lab.shape[0]
-    ws = np.empty(n_lab)
-    wa = np.empty(n_lab)
-    for l in range(n_lab):
-        ws[l] = np.float64(trans[lab[l], lab[l]]) if has_trans else 0.0
-        if l > 0:
-            wa[l] = np.float64(trans[lab[l], lab[l - 1]]) if has_trans else 0.0
-        else:
-            wa[l] = _NEG_INF
-    la = np.full((tb, n_lab), _NEG_INF)
-    la[0, 0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
-    for t in range(1, tb):
-        lo = max(0, n_lab - (tb - t))
-        hi = min(n_lab - 1, t)
-        for l in range(lo, hi + 1):
-            v = la[t - 1, l] + ws[l]
-            if l > 0:
-                v = _lae(v, la[t - 1, l - 1] + wa[l])
-            la[t, l] = v + np.float64(em[t, b, lab[l]])
-    logz = la[tb - 1, n_lab - 1]
+def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
+    """Exact log-space normaliser (slow, scalar exp/log); returns logZ.
+
+    The forward is the shared token trellis (:func:`_asg_token_forward`, log
+    semiring); with ``want`` the posteriors are added to ``ge``/``gs`` and the
+    expected transition counts to ``gt``.
+    """
+    n_cls = em.shape[2]
+    log_alpha = _asg_token_forward(b, tb, em, trans, start, has_trans, False)
+    logz, _ = _asg_token_final(log_alpha, False)
     if not want or logz == _NEG_INF or logz != logz:
         return logz
-    lb = np.full(n_lab, _NEG_INF)
-    nb = np.full(n_lab, _NEG_INF)
-    lb[n_lab - 1] = 0.0
+    log_beta = np.zeros(n_cls)
+    emit_beta = np.empty(n_cls)
+    for t in range(tb - 1, -1, -1):
+        for k in range(n_cls):
+            if log_alpha[t, k] != _NEG_INF and log_beta[k] != _NEG_INF:
+                p = math.exp(log_alpha[t, k] + log_beta[k] - logz)
+                ge[t, k] += p
+                if t == 0:
+                    gs[k] += p
+        if t == 0:
+            break
+        # emit_beta[i] = e_t(i) + log_beta_t(i): suffix weight entering token i at frame t
+        for i in range(n_cls):
+            emit_beta[i] = np.float64(em[t, b, i]) + log_beta[i]
+        for j in range(n_cls):
+            v = _NEG_INF
+            for i in range(n_cls):
+                tr = np.float64(trans[i, j]) if has_trans else 0.0
+                x = emit_beta[i] + tr
+                v = _lae(v, x)
+                if has_trans and want:
+                    y = log_alpha[t - 1, j] + x - logz
+                    if y > -745.0:
+                        gt[i, j] += math.exp(y)
+            log_beta[j] = v
+    return logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_target_weights(lab, trans, has_trans):
+    """Log weights ``(stay, advance)`` per target position: ``A_{y_l y_l}`` and
+    ``A_{y_l y_{l-1}}`` (0 without transitions; ``advance[0] = -inf``)."""
+    n_lab = lab.shape[0]
+    stay = np.empty(n_lab)
+    advance = np.empty(n_lab)
+    for l in range(n_lab):
+        stay[l] = np.float64(trans[lab[l], lab[l]]) if has_trans else 0.0
+        if l > 0:
+            advance[l] = np.float64(trans[lab[l], lab[l - 1]]) if has_trans else 0.0
+        else:
+            advance[l] = _NEG_INF
+    return stay, advance
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_best_target_step(stay, advance):
+    """Tropical sum into a target position: ``(best, step)`` of the scores of
+    staying (step 0) and advancing (step 1; ``-inf`` at position 0); a tie
+    stays, NaN is never picked over a number.  Scalars only (see
+    :func:`duoloss.core._ctc._ctc_best_step`)."""
+    best = stay
+    step = 0
+    if advance > best:
+        best = advance
+        step = 1
+    return best, step
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_target_forward(b, input_len, lab, stay, advance, em, start, tropical):
+    """The target's forward table ``(input_len, L)`` (``-inf`` outside each
+    frame's band of positions); needs ``0 < L <= input_len``.
+
+    Log semiring: logsumexp of staying and advancing; tropical: their max
+    (:func:`_asg_best_target_step`).  Either way the value is
+    ``table[input_len - 1, L - 1]``.
+    """
+    n_lab = lab.shape[0]
+    table = np.full((input_len, n_lab), _NEG_INF)
+    table[0, 0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
+    for t in range(1, input_len):
+        lo = max(0, n_lab - (input_len - t))
+        hi = min(n_lab - 1, t)
+        for l in range(lo, hi + 1):
+            if tropical:
+                v, _ = _asg_best_target_step(
+                    table[t - 1, l] + stay[l],
+                    table[t - 1, l - 1] + advance[l] if l >= 1 else _NEG_INF)
+            else:
+                v = table[t - 1, l] + stay[l]
+                if l > 0:
+                    v = _lae(v, table[t - 1, l - 1] + advance[l])
+            table[t, l] = v + np.float64(em[t, b, lab[l]])
+    return table
+
+
+@numba.njit(cache=True, nogil=True)
+def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
+    """Exact log-space forward-backward over the target's positions; returns
+    the log-sum over the target paths.  The forward is the shared target
+    trellis (:func:`_asg_target_forward`, log semiring)."""
+    n_lab = lab.shape[0]
+    stay, advance = _asg_target_weights(lab, trans, has_trans)
+    log_alpha = _asg_target_forward(b, tb, lab, stay, advance, em, start, False)
+    logz = log_alpha[tb - 1, n_lab - 1]
+    if not want or logz == _NEG_INF or logz != logz:
+        return logz
+    log_beta = np.full(n_lab, _NEG_INF)
+    emit_beta = np.full(n_lab, _NEG_INF)
+    log_beta[n_lab - 1] = 0.0
     for t in range(tb - 1, -1, -1):
         for l in range(n_lab):
-            if la[t, l] != _NEG_INF and lb[l] != _NEG_INF:
-                ge[t, lab[l]] += math.exp(la[t, l] + lb[l] - logz)
+            if log_alpha[t, l] != _NEG_INF and log_beta[l] != _NEG_INF:
+                ge[t, lab[l]] += math.exp(log_alpha[t, l] + log_beta[l] - logz)
         if t == 0:
             gs[lab[0]] += 1.0
             break
         for l in range(n_lab):
-            nb[l] = lb[l] + np.float64(em[t, b, lab[l]]) if lb[l] != _NEG_INF else _NEG_INF
+            emit_beta[l] = (log_beta[l] + np.float64(em[t, b, lab[l]])
+                            if log_beta[l] != _NEG_INF else _NEG_INF)
         if has_trans:
             for l in range(n_lab):
-                if nb[l] == _NEG_INF:
+                if emit_beta[l] == _NEG_INF:
                     continue
-                y = la[t - 1, l] + ws[l] + nb[l] - logz
+                y = log_alpha[t - 1, l] + stay[l] + emit_beta[l] - logz
                 if y > -745.0:
                     gt[lab[l], lab[l]] += math.exp(y)
                 if l > 0:
-                    y = la[t - 1, l - 1] + wa[l] + nb[l] - logz
+                    y = log_alpha[t - 1, l - 1] + advance[l] + emit_beta[l] - logz
                     if y > -745.0:
                         gt[lab[l], lab[l - 1]] += math.exp(y)
         for l in range(n_lab):
-            v = nb[l] + ws[l]
+            v = emit_beta[l] + stay[l]
             if l + 1 < n_lab:
-                v = _lae(v, nb[l + 1] + wa[l + 1])
-            lb[l] = v
+                v = _lae(v, emit_beta[l + 1] + advance[l + 1])
+            log_beta[l] = v
     return logz
-
 
 
 # --------------------------------------------------------------------------- #
@@ -524,43 +649,27 @@ def _frame_probs(b, tb, em, probs):
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
-             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
-    t_max, _, n_cls = em.shape
-    cp = sp.shape[1]
-    s_cap = targets.shape[1]
-    tb = in_len[b]
-    nl = tg_len[b]
-    want = want_e or want_t or want_s
-    want_cnt = has_trans and want_t
+def _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st):
+    """Zero sequence ``b``'s slices of the wanted gradients."""
     if want_e:
-        for t in range(t_max):
-            for k in range(n_cls):
+        for t in range(g_em.shape[0]):
+            for k in range(g_em.shape[2]):
                 g_em[t, b, k] = 0.0
     if want_t:
-        for i in range(n_cls):
-            for j in range(n_cls):
+        for i in range(g_tr.shape[1]):
+            for j in range(g_tr.shape[2]):
                 g_tr[b, i, j] = 0.0
     if want_s:
-        for k in range(n_cls):
+        for k in range(g_st.shape[1]):
             g_st[b, k] = 0.0
-    ok = 0 <= tb <= t_max and 0 <= nl <= s_cap
-    if ok:
-        for i in range(nl):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls:
-                ok = False
-    if not ok:
-        _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
-        return
-    if tb == 0:
-        losses[b] = 0.0 if (nl == 0 or zero_inf) else np.inf
-        return
-    probs = np.empty((tb, cp))
-    # log of everything the rescaled recursions divide out besides their c_t
-    shift, flushed = _frame_probs(b, tb, em, probs)
-    shift += sigma
-    # Flushed start / transition probabilities count too.
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_params_flushed(sp, m, start, trans, has_trans):
+    """Whether a start or transition probability from a finite score came out
+    below ``_FLUSH`` (linear space then cannot be trusted without its check)."""
+    n_cls = start.shape[0]
+    flushed = False
     for k in range(n_cls):
         if sp[0, k] < _FLUSH and np.float64(start[k]) != _NEG_INF:
             flushed = True
@@ -569,97 +678,171 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
             for j in range(n_cls):
                 if m[i, j] < _FLUSH and np.float64(trans[i, j]) != _NEG_INF:
                     flushed = True
-    if tb > 1:
-        shift += (tb - 1) * tau
+    return flushed
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans, want,
+                    want_cnt, shift, flushed, pn, cnt, gs):
+    """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
+
+    Rescaled linear space first (:func:`_norm_linear`; its value is
+    ``shift + linear_log_z``), the exact log space (:func:`_norm_log`) on a
+    failed check: it gives the value only when the linear one is not exact, and
+    the gradient whenever the linear sweep failed.  With ``want``, ``pn``,
+    ``cnt`` and ``gs`` receive the posteriors, the expected transition counts
+    and the first frame's posteriors.
+    """
+    lz, st, norm_lin = _norm_linear(input_len, probs, mt, m, sp, has_trans, want, want_cnt, pn,
+                                    cnt, flushed)
+    logz = shift + lz
+    if st == _OK:
+        if want:
+            for k in range(sp.shape[1]):
+                gs[k] = pn[0, k]
+    elif st == _FALLBACK:
+        pn[:, :] = 0.0
+        cnt[:, :] = 0.0
+        lg = _norm_log(b, input_len, em, trans, start, has_trans, want, pn, cnt, gs)
+        if not norm_lin:
+            logz = lg
+        st = _NAN if (logz != logz or logz == np.inf) else _OK
+    return logz, lz, st, norm_lin
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, targets,
+                   has_trans, want, want_cnt, flushed, logz, lz, norm_lin, shift, losses, pn,
+                   cnt, gs):
+    """The target paths of sequence ``b`` (``0 < target_len <= input_len``):
+    writes ``losses[b]`` and subtracts the target posteriors and counts from
+    ``pn``, ``cnt``, ``gs``; returns ``(status, feasible)``.
+
+    Rescaled linear space first (:func:`_num_linear`), exact log space
+    (:func:`_num_log`) on a failed check, with the normaliser's loss rule.
+    """
+    n_cls = em.shape[2]
+    feasible = True
+    lab = np.empty(target_len, np.int64)
+    stay_prob = np.zeros(target_len + 1)
+    advance_prob = np.zeros(target_len + 1)
+    for i in range(target_len):
+        lab[i] = targets[b, i]
+    for l in range(target_len):
+        if has_trans:
+            stay_prob[l] = m[lab[l], lab[l]]
+            if l > 0:
+                advance_prob[l] = m[lab[l], lab[l - 1]]
+        else:
+            stay_prob[l] = 1.0
+            if l > 0:
+                advance_prob[l] = 1.0
+    na = np.empty((input_len, target_len + 1))
+    ncnt = np.zeros((2, target_len))
+    ln, st, num_lin = _num_linear(input_len, lab.astype(np.uint64), probs, stay_prob,
+                                  advance_prob, sp, want, want_cnt, na, ncnt, flushed)
+    if num_lin:
+        losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
+    if st == _OK:
+        if want:
+            for t in range(input_len):
+                for l in range(max(0, target_len - (input_len - t)), min(target_len - 1, t) + 1):
+                    pn[t, lab[l]] -= na[t, l]
+            gs[lab[0]] -= 1.0
+        if want_cnt and input_len > 1:
+            for l in range(target_len):
+                cnt[lab[l], lab[l]] -= ncnt[0, l]
+                if l > 0:
+                    cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
+    elif st == _FALLBACK:
+        ne = np.zeros((input_len, n_cls))
+        nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
+        ns = np.zeros(n_cls)
+        lognum = _num_log(b, input_len, lab, em, trans, start, has_trans, want, ne, nt, ns)
+        if num_lin:
+            pass  # the linear value stands; log space gives the gradient
+        elif lognum != lognum or lognum == np.inf:
+            st = _NAN
+        elif lognum == _NEG_INF:
+            feasible = False
+        else:
+            losses[b] = logz - lognum
+        if st != _NAN and feasible:
+            if want:
+                for t in range(input_len):
+                    for k in range(n_cls):
+                        pn[t, k] -= ne[t, k]
+                for k in range(n_cls):
+                    gs[k] -= ns[k]
+                if has_trans:
+                    for i in range(n_cls):
+                        for j in range(n_cls):
+                            cnt[i, j] -= nt[i, j]
+    return st, feasible
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
+             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
+    """Loss and gradients of sequence ``b``; see the module docstring.
+
+    Steps: validate; frame probabilities (:func:`_frame_probs`); the
+    normaliser (:func:`_asg_normaliser`); the target paths
+    (:func:`_asg_numerator`); store the gradients (normaliser minus target).
+    """
+    t_max, _, n_cls = em.shape
+    cp = sp.shape[1]
+    input_len = in_len[b]
+    target_len = tg_len[b]
+    want = want_e or want_t or want_s
+    want_cnt = has_trans and want_t
+    _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st)
+    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
+    if ok:
+        for i in range(target_len):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls:
+                ok = False
+    if not ok:
+        _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        return
+    if input_len == 0:
+        losses[b] = 0.0 if (target_len == 0 or zero_inf) else np.inf
+        return
+    probs = np.empty((input_len, cp))
+    # log of everything the rescaled recursions divide out besides their c_t
+    shift, flushed = _frame_probs(b, input_len, em, probs)
+    shift += sigma
+    if _asg_params_flushed(sp, m, start, trans, has_trans):
+        flushed = True
+    if input_len > 1:
+        shift += (input_len - 1) * tau
     # pn: normaliser posteriors minus target posteriors; cnt: the same for the
     # transition counts; gs: for the first frame (start scores).
-    pn = np.empty((tb, cp))
+    pn = np.empty((input_len, cp))
     cnt = np.zeros((cp, cp) if has_trans and want else (0, 0))
     gs = np.zeros(cp)
     # Loss rule (the same with or without a gradient): a linear value that is
     # exact (nothing flushed, or the sweep's check passed) is the value; log
     # space gives the value only otherwise, and the gradient whenever the
     # linear sweep failed.
-    lz, st, norm_lin = _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, pn, cnt,
-                                    flushed)
-    logz = shift + lz
-    if st == _OK:
-        if want:
-            for k in range(cp):
-                gs[k] = pn[0, k]
-    elif st == _FALLBACK:
-        pn[:, :] = 0.0
-        cnt[:, :] = 0.0
-        lg = _norm_log(b, tb, em, trans, start, has_trans, want, pn, cnt, gs)
-        if not norm_lin:
-            logz = lg
-        st = _NAN if (logz != logz or logz == np.inf) else _OK
+    logz, lz, st, norm_lin = _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start,
+                                             has_trans, want, want_cnt, shift, flushed, pn, cnt,
+                                             gs)
     if st == _NAN:
-        _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
         return
     if logz == _NEG_INF:
         # No labelling has finite weight: infeasible, zero gradient.
         losses[b] = 0.0 if zero_inf else np.inf
         return
-    feasible = 0 < nl <= tb
+    feasible = 0 < target_len <= input_len
     if feasible:
-        lab = np.empty(nl, np.int64)
-        ws = np.zeros(nl + 1)
-        wa = np.zeros(nl + 1)
-        for i in range(nl):
-            lab[i] = targets[b, i]
-        for l in range(nl):
-            if has_trans:
-                ws[l] = m[lab[l], lab[l]]
-                if l > 0:
-                    wa[l] = m[lab[l], lab[l - 1]]
-            else:
-                ws[l] = 1.0
-                if l > 0:
-                    wa[l] = 1.0
-        na = np.empty((tb, nl + 1))
-        ncnt = np.zeros((2, nl))
-        ln, st, num_lin = _num_linear(tb, lab.astype(np.uint64), probs, ws, wa, sp, want,
-                                      want_cnt, na, ncnt, flushed)
-        if num_lin:
-            losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
-        if st == _OK:
-            if want:
-                for t in range(tb):
-                    for l in range(max(0, nl - (tb - t)), min(nl - 1, t) + 1):
-                        pn[t, lab[l]] -= na[t, l]
-                gs[lab[0]] -= 1.0
-            if want_cnt and tb > 1:
-                for l in range(nl):
-                    cnt[lab[l], lab[l]] -= ncnt[0, l]
-                    if l > 0:
-                        cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
-        elif st == _FALLBACK:
-            ne = np.zeros((tb, n_cls))
-            nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
-            ns = np.zeros(n_cls)
-            lognum = _num_log(b, tb, lab, em, trans, start, has_trans, want, ne, nt, ns)
-            if num_lin:
-                pass  # the linear value stands; log space gives the gradient
-            elif lognum != lognum or lognum == np.inf:
-                st = _NAN
-            elif lognum == _NEG_INF:
-                feasible = False
-            else:
-                losses[b] = logz - lognum
-            if st != _NAN and feasible:
-                if want:
-                    for t in range(tb):
-                        for k in range(n_cls):
-                            pn[t, k] -= ne[t, k]
-                    for k in range(n_cls):
-                        gs[k] -= ns[k]
-                    if has_trans:
-                        for i in range(n_cls):
-                            for j in range(n_cls):
-                                cnt[i, j] -= nt[i, j]
+        st, feasible = _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start,
+                                      targets, has_trans, want, want_cnt, flushed, logz, lz,
+                                      norm_lin, shift, losses, pn, cnt, gs)
         if st == _NAN:
-            _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+            _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
             return
     if not feasible:
         if zero_inf:
@@ -668,7 +851,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
         # GTN's convention: +inf loss, the normaliser's gradient.
         losses[b] = np.inf
     if want_e:
-        for t in range(tb):
+        for t in range(input_len):
             for k in range(n_cls):
                 g_em[t, b, k] = pn[t, k]
     if want_t:

@@ -33,7 +33,11 @@ transcendental function in the inner loop).  Every frame is checked: the posteri
 sum to one.  If that fails, or a frame's mass falls below ``1e-200`` of its
 maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
-paths produce float64-accurate results for float32 and float64 inputs.
+paths produce float64-accurate results for float32 and float64 inputs.  The
+exact log-space trellis is the same code as the Viterbi aligner
+(:func:`duoloss.core._align.ctc_align`) in the other semiring (logsumexp vs
+max, a compile-time constant); the rescaled linear-space kernels are a
+different algorithm, specialised for speed.
 
 The loss is the same number whether or not a gradient is asked for.  The
 forward pass records whether any positive value left float64's normal range
@@ -103,58 +107,134 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
             row[k] = 0.0
 
 
+# ---- the CTC trellis in the log and tropical semirings -----------------------
+# One recursion serves the exact log-space loss (logsumexp over predecessors)
+# and the Viterbi aligner in ``_align.py`` (max over predecessors): ``tropical``
+# is a literal constant at every call site, and the cores are inlined, so LLVM
+# drops the other semiring's branch (one kernel, no runtime test in the loop).
+# NB: numba's on-disk cache of a caller in another module is keyed on that
+# module's mtime only: touch ``_align.py`` after editing these.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_best_step(stay, advance, skip_over):
+    """Tropical sum into a state: ``(best, step)`` over the scores of its
+    predecessors at the frame before (``step`` 0 stay, 1 advance, 2 skip;
+    ``-inf`` for a step that is not allowed).
+
+    Ties go to the higher state (stay > advance > skip); NaN is never picked
+    over a number.  The aligner calls it again while backtracking, on the same
+    values, instead of storing back-pointers.  (Scalars only: an array
+    argument costs two reference-count calls per cell even when inlined,
+    which made the trellis 5-9x slower.)
+    """
+    best = stay
+    step = 0
+    if advance > best:
+        best = advance
+        step = 1
+    if skip_over > best:
+        best = skip_over
+        step = 2
+    return best, step
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_trellis_forward(b, input_len, lab, skip, logp, tropical):
+    """The forward table ``(input_len, 2L+1)`` of sequence ``b`` (``-inf`` outside
+    each frame's reachable band).
+
+    Log semiring (``tropical=False``): ``log alpha_t(s)`` of the module
+    docstring.  Tropical semiring: the Viterbi scores ``delta_t(s)``
+    (:mod:`duoloss.core._align`), with the predecessor rule of
+    :func:`_ctc_best_step`.
+    """
+    n_states = lab.shape[0]
+    table = np.full((input_len, n_states), -np.inf)
+    for t in range(input_len):
+        lo = max(0, n_states - 2 * (input_len - t))
+        hi = min(n_states - 1, 2 * t + 1)
+        for s in range(lo, hi + 1):
+            emit = np.float64(logp[t, b, lab[s]])
+            if tropical:
+                if t == 0:
+                    table[t, s] = emit
+                else:
+                    best, _ = _ctc_best_step(
+                        table[t - 1, s], table[t - 1, s - 1] if s >= 1 else -np.inf,
+                        table[t - 1, s - 2] if skip[s] else -np.inf)
+                    table[t, s] = best + emit
+            else:
+                if t == 0:
+                    v = 0.0
+                else:
+                    v = table[t - 1, s]
+                    if s >= 1:
+                        v = _logaddexp(v, table[t - 1, s - 1])
+                    if skip[s]:
+                        v = _logaddexp(v, table[t - 1, s - 2])
+                table[t, s] = v + emit if v != -np.inf else -np.inf
+    return table
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_trellis_final(table, tropical):
+    """``(value, state)`` at the last frame over the final states ``2L`` and ``2L-1``.
+
+    Log semiring: ``(log Z, 2L)``.  Tropical: the best final state and its
+    score (``2L`` wins a tie).
+    """
+    last = table.shape[0] - 1
+    n_states = table.shape[1]
+    if tropical:
+        s = n_states - 1
+        if n_states > 1 and table[last, n_states - 2] > table[last, n_states - 1]:
+            s = n_states - 2
+        return table[last, s], s
+    logz = table[last, n_states - 1]
+    if n_states > 1:
+        logz = _logaddexp(logz, table[last, n_states - 2])
+    return logz, n_states - 1
+
+
 @numba.njit(cache=True, nogil=True)
-def _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale):
+def _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale):
     """Exact log-space forward-backward of one sequence; returns log Z.
 
-    Writes ``-scale * posterior`` into ``grad[:tb, b, :]`` (already zeroed) when
-    ``want_grad``.
+    Writes ``-scale * posterior`` into ``grad[:input_len, b, :]`` (already
+    zeroed) when ``want_grad``.  The forward is the shared trellis
+    (:func:`_ctc_trellis_forward`, log semiring).
     """
-    s_n = lab.shape[0]
-    la = np.full((tb, s_n), -np.inf)
-    for t in range(tb):
-        lo = max(0, s_n - 2 * (tb - t))
-        hi = min(s_n - 1, 2 * t + 1)
-        for s in range(lo, hi + 1):
-            e = np.float64(logp[t, b, lab[s]])
-            if t == 0:
-                v = 0.0
-            else:
-                v = la[t - 1, s]
-                if s >= 1:
-                    v = _logaddexp(v, la[t - 1, s - 1])
-                if skip[s]:
-                    v = _logaddexp(v, la[t - 1, s - 2])
-            la[t, s] = v + e if v != -np.inf else -np.inf
-    logz = la[tb - 1, s_n - 1]
-    if s_n > 1:
-        logz = _logaddexp(logz, la[tb - 1, s_n - 2])
+    n_states = lab.shape[0]
+    log_alpha = _ctc_trellis_forward(b, input_len, lab, skip, logp, False)
+    logz, _ = _ctc_trellis_final(log_alpha, False)
     if not want_grad or logz == -np.inf or logz != logz:
         return logz
-    # lb[s]: log-sum over suffixes leaving state s at frame t (emission at t excluded).
-    lb = np.full(s_n, -np.inf)
-    nb = np.full(s_n, -np.inf)
+    # log_beta[s]: log-sum over suffixes leaving state s at frame t (emission at t excluded).
+    log_beta = np.full(n_states, -np.inf)
+    emit_beta = np.full(n_states, -np.inf)
     row = np.zeros(logp.shape[2])
-    lb[s_n - 1] = 0.0
-    if s_n > 1:
-        lb[s_n - 2] = 0.0
-    for t in range(tb - 1, -1, -1):
-        if t < tb - 1:
-            # nb[s] = emission at t+1 times suffix from s at t+1
-            for s in range(s_n):
-                nb[s] = lb[s] + np.float64(logp[t + 1, b, lab[s]]) if lb[s] != -np.inf else -np.inf
-            for s in range(s_n):
-                v = nb[s]
-                if s + 1 < s_n:
-                    v = _logaddexp(v, nb[s + 1])
-                if s + 2 < s_n and skip[s + 2]:
-                    v = _logaddexp(v, nb[s + 2])
-                lb[s] = v
-        for s in range(s_n):
-            a = la[t, s]
-            if a != -np.inf and lb[s] != -np.inf:
-                row[lab[s]] += math.exp(a + lb[s] - logz)
-        _flush_row(grad, t, b, lab, 0, s_n - 1, row, scale)
+    log_beta[n_states - 1] = 0.0
+    if n_states > 1:
+        log_beta[n_states - 2] = 0.0
+    for t in range(input_len - 1, -1, -1):
+        if t < input_len - 1:
+            # emit_beta[s] = emission at t+1 times suffix from s at t+1
+            for s in range(n_states):
+                emit_beta[s] = (log_beta[s] + np.float64(logp[t + 1, b, lab[s]])
+                                if log_beta[s] != -np.inf else -np.inf)
+            for s in range(n_states):
+                v = emit_beta[s]
+                if s + 1 < n_states:
+                    v = _logaddexp(v, emit_beta[s + 1])
+                if s + 2 < n_states and skip[s + 2]:
+                    v = _logaddexp(v, emit_beta[s + 2])
+                log_beta[s] = v
+        for s in range(n_states):
+            a = log_alpha[t, s]
+            if a != -np.inf and log_beta[s] != -np.inf:
+                row[lab[s]] += math.exp(a + log_beta[s] - logz)
+        _flush_row(grad, t, b, lab, 0, n_states - 1, row, scale)
     return logz
 
 
@@ -176,56 +256,44 @@ def ctc_states(targets, b, n_labels, blank):
     return lab, skip
 
 
+# ---- the rescaled linear-space forward-backward ------------------------------
+# Not the same algorithm as the log/tropical trellis above: it multiplies
+# probabilities relative to each frame's best class and renormalises every
+# frame, so its inner loops have no exp/log (numba has no vector exp/log here,
+# and the log-space recursion runs ~2.5x slower, see NOTES.md); it also tracks
+# underflow ("flushed") and checks every frame, which the exact trellis needs
+# not.  Hence its own kernels, specialised for speed.
+
+
 @numba.njit(cache=True, nogil=True)
-def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-             grad):
-    """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
-    module docstring."""
-    t_max, _, n_cls = logp.shape
-    scale = gscale[b] if gscale.shape[0] > b else 1.0
-    s_cap = targets.shape[1]
-    tb = in_len[b]
-    lb_ = tg_len[b]
-    # Memory safety first: anything out of range makes the sequence NaN.
-    ok = 0 <= tb <= t_max and 0 <= lb_ <= s_cap and 0 <= blank < n_cls
-    if ok:
-        for i in range(lb_):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls or y == blank:
-                ok = False
-    if want_grad:
-        _fill_rows(grad, b, 0, t_max, 0.0)
-    if not ok:
-        losses[b] = np.nan
-        if want_grad:
-            _fill_rows(grad, b, 0, t_max, np.nan)
-        return
-    if tb == 0:
-        losses[b] = 0.0 if lb_ == 0 else (0.0 if zero_inf else np.inf)
-        return
-    s_n = 2 * lb_ + 1
-    lab, skip = ctc_states(targets, b, lb_, blank)
-    # The classes this sequence reads (blank first), and each state's column.
+def _ctc_frame_probs(b, logp, lab, input_len):
+    """Per frame the probabilities of the classes the sequence reads (the
+    input of the specialised linear-space kernels, see the comment above).
+
+    Returns ``(probs, frame_max, column, flushed)``: ``probs[t, j] =
+    p_t(k_j) / max_j' p_t(k_j')`` over the distinct classes ``k_j`` of the
+    states (blank first; one exp per frame and class, no log),
+    ``frame_max[t]`` the log of that maximum, ``column[s]`` the ``j`` of
+    state ``s``, and whether a probability from a finite score came out
+    below ``_FLUSH``.
+    """
+    n_cls = logp.shape[2]
+    n_states = lab.shape[0]
     slot = np.full(n_cls, -1, np.int64)
-    used = np.empty(lb_ + 1, np.int64)
+    used = np.empty((n_states + 1) // 2, np.int64)
     n_used = 0
-    col = np.empty(s_n, np.int64)
-    for s in range(s_n):
+    column = np.empty(n_states, np.int64)
+    for s in range(n_states):
         k = lab[s]
         if slot[k] < 0:
             slot[k] = n_used
             used[n_used] = k
             n_used += 1
-        col[s] = slot[k]
-    # probs[t, j] = p_t(used[j]) / max_j' p_t(used[j']): one exp per cell, no log.
-    probs = np.empty((tb, n_used))
-    fmax = np.empty(tb)
-    # Did linear space lose anything?  Set when a positive quantity (a
-    # probability from a finite score, or a cell whose inputs are positive)
-    # comes out below _FLUSH: only then can the rescaled forward differ from the
-    # exact one, and only then does the loss need the backward sweep's verdict.
+        column[s] = slot[k]
+    probs = np.empty((input_len, n_used))
+    frame_max = np.empty(input_len)
     flushed = False
-    for t in range(tb):
+    for t in range(input_len):
         m = -np.inf
         for j in range(n_used):
             v = np.float64(logp[t, b, used[j]])
@@ -236,22 +304,38 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                 m = v
         if m == -np.inf:  # every needed class impossible here: all zeros, no NaN
             m = 0.0
-        fmax[t] = m
+        frame_max[t] = m
         for j in range(n_used):
             x = np.float64(logp[t, b, used[j]])
             p = fast_exp(x - m)
             probs[t, j] = p
             if p < _FLUSH and x != -np.inf:
                 flushed = True
+    return probs, frame_max, column, flushed
 
-    # ---- forward in linear space, rescaled per frame -------------------------
-    alpha = np.zeros((tb, s_n))
-    log_a = np.empty(tb)  # log of the scale carried by alpha-hat at frame t
-    state = 0  # 0: fine, 1: fall back to log space, 2: NaN
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
+    """Rescaled forward: ``(alpha, log_scale, status, logz, flushed)``.
+
+    Specialised, not the shared log/tropical trellis: products of rescaled
+    probabilities, no exp/log per cell (several times faster, see above).
+
+    ``alpha[t]`` sums to 1 over the frame's band; ``log_scale[t]`` is the log
+    of what frames ``0..t`` divided out (frame maxima included).  ``status``:
+    0 fine, 1 fall back to log space (a frame's mass below ``_TINY``), 2 NaN
+    or ``+inf``.  ``flushed`` is or-ed with whether a cell whose inputs are
+    positive came out below ``_FLUSH``.
+    """
+    input_len = probs.shape[0]
+    n_states = column.shape[0]
+    alpha = np.zeros((input_len, n_states))
+    log_scale = np.empty(input_len)
+    status = 0
     acc = 0.0
-    for t in range(tb):
-        lo = max(0, s_n - 2 * (tb - t))
-        hi = min(s_n - 1, 2 * t + 1)
+    for t in range(input_len):
+        lo = max(0, n_states - 2 * (input_len - t))
+        hi = min(n_states - 1, 2 * t + 1)
         c = 0.0
         for s in range(lo, hi + 1):
             if t == 0:
@@ -262,115 +346,173 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
                     v += alpha[t - 1, s - 1]
                 if skip[s]:
                     v += alpha[t - 1, s - 2]
-            p = probs[t, col[s]]
+            p = probs[t, column[s]]
             w = v * p
             if w < _FLUSH and v > 0.0 and p > 0.0:
                 flushed = True
             alpha[t, s] = w
-            v = w
-            c += v
+            c += w
         if c != c or c == np.inf:
-            state = 2
+            status = 2
             break
         if c < _TINY:
-            state = 1
+            status = 1
             break
         inv = 1.0 / c
         for s in range(lo, hi + 1):
             alpha[t, s] *= inv
-        acc += math.log(c) + fmax[t]
-        log_a[t] = acc
+        acc += math.log(c) + frame_max[t]
+        log_scale[t] = acc
     logz = 0.0
-    if state == 0:
-        zfin = alpha[tb - 1, s_n - 1]
-        if s_n > 1:
-            zfin += alpha[tb - 1, s_n - 2]
+    if status == 0:
+        zfin = alpha[input_len - 1, n_states - 1]
+        if n_states > 1:
+            zfin += alpha[input_len - 1, n_states - 2]
         if zfin < _TINY:
-            state = 1
+            status = 1
         else:
-            logz = log_a[tb - 1] + math.log(zfin)
+            logz = log_scale[input_len - 1] + math.log(zfin)
+    return alpha, log_scale, status, logz, flushed
 
-    # ---- backward: beta-hat, posteriors, gradient ----------------------------
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
+                         want_grad, grad, scale):
+    """Rescaled backward sweep with the per-frame check; returns the status
+    (0 fine, 1 fall back to log space).  Specialised like
+    :func:`_ctc_forward_linear`.
+
+    With ``want_grad`` writes ``-scale * posterior`` into ``grad[t, b, :]``;
+    on a failed check the rows written so far are zeroed again.  Without it
+    only the check runs (the verdict on a flushed forward's loss).
+    """
+    input_len = probs.shape[0]
+    n_states = lab.shape[0]
+    status = 0
+    beta = np.zeros(n_states)
+    emit_beta = np.zeros(n_states)
+    row = np.zeros(grad.shape[2] if want_grad else 0)
+    beta[n_states - 1] = 1.0
+    if n_states > 1:
+        beta[n_states - 2] = 1.0
+    log_beta_scale = 0.0
+    bscale = 1.0  # beta holds beta-hat / bscale: its normalisation is deferred
+    for t in range(input_len - 1, -1, -1):
+        lo = max(0, n_states - 2 * (input_len - t))
+        hi = min(n_states - 1, 2 * t + 1)
+        # One pass: beta at frame t, the frame's posterior sum r and the
+        # unnormalised posteriors (alpha * beta) per class.
+        r = 0.0  # sum of alpha * beta as stored (beta-hat / bscale)
+        if t == input_len - 1:
+            for s in range(lo, hi + 1):
+                ab = alpha[t, s] * beta[s]
+                r += ab
+                if want_grad:
+                    row[lab[s]] += ab
+        else:
+            hi1 = min(n_states - 1, 2 * t + 3)
+            for s in range(lo, hi1 + 1):
+                emit_beta[s] = beta[s] * bscale * probs[t + 1, column[s]]
+            d = 0.0
+            for s in range(lo, hi + 1):
+                v = emit_beta[s]
+                if s + 1 <= hi1:
+                    v += emit_beta[s + 1]
+                if s + 2 <= hi1 and skip[s + 2]:
+                    v += emit_beta[s + 2]
+                beta[s] = v
+                d += v
+                ab = alpha[t, s] * v
+                r += ab
+                if want_grad:
+                    row[lab[s]] += ab
+            # States above hi are never read again (the window shrinks
+            # going back), those below lo were never written.
+            if not d >= _TINY:
+                status = 1
+                break
+            bscale = 1.0 / d
+            log_beta_scale += math.log(d) + frame_max[t + 1]
+        # Every path crosses frame t exactly once: the posteriors sum to 1.
+        expected = fast_exp(logz - log_scale[t] - log_beta_scale)
+        if not (abs(r * bscale - expected) <= _CHECK_TOL * expected and r >= _TINY):
+            status = 1  # (an underflowed r would also divide by zero below)
+            break
+        # row holds alpha * beta as stored: posterior = row / r.
+        if want_grad:
+            _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
+    if status == 1 and want_grad:
+        _fill_rows(grad, b, 0, input_len, 0.0)
+    return status
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
+             grad):
+    """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
+    module docstring.
+
+    Steps: validate; frame probabilities (:func:`_ctc_frame_probs`); rescaled
+    forward (:func:`_ctc_forward_linear`); backward sweep with the per-frame
+    check (:func:`_ctc_backward_linear`); the exact log-space trellis
+    (:func:`_ctc_log_space`) where linear space lost precision.
+    """
+    t_max, _, n_cls = logp.shape
+    scale = gscale[b] if gscale.shape[0] > b else 1.0
+    input_len = in_len[b]
+    target_len = tg_len[b]
+    # Memory safety first: anything out of range makes the sequence NaN.
+    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1] and 0 <= blank < n_cls
+    if ok:
+        for i in range(target_len):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls or y == blank:
+                ok = False
+    if want_grad:
+        _fill_rows(grad, b, 0, t_max, 0.0)
+    if not ok:
+        losses[b] = np.nan
+        if want_grad:
+            _fill_rows(grad, b, 0, t_max, np.nan)
+        return
+    if input_len == 0:
+        losses[b] = 0.0 if target_len == 0 else (0.0 if zero_inf else np.inf)
+        return
+    lab, skip = ctc_states(targets, b, target_len, blank)
+    # flushed: did linear space lose anything?  Set when a positive quantity (a
+    # probability from a finite score, or a cell whose inputs are positive)
+    # comes out below _FLUSH: only then can the rescaled forward differ from the
+    # exact one, and only then does the loss need the backward sweep's verdict.
+    probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len)
+    alpha, log_scale, state, logz, flushed = _ctc_forward_linear(probs, frame_max, column, skip,
+                                                                 flushed)
     # Without a gradient the sweep still runs when the forward flushed something:
     # its per-frame check is the verdict on the loss, so a loss is the same number
     # whether or not a gradient was asked for.
     linear_loss = state == 0 and not flushed
     if state == 0 and (want_grad or flushed):
-        beta = np.zeros(s_n)
-        nb = np.zeros(s_n)
-        row = np.zeros(n_cls)
-        beta[s_n - 1] = 1.0
-        if s_n > 1:
-            beta[s_n - 2] = 1.0
-        log_b = 0.0
-        bscale = 1.0  # beta holds beta-hat / bscale: its normalisation is deferred
-        for t in range(tb - 1, -1, -1):
-            lo = max(0, s_n - 2 * (tb - t))
-            hi = min(s_n - 1, 2 * t + 1)
-            # One pass: beta at frame t, the frame's posterior sum r and the
-            # unnormalised posteriors (alpha * beta) per class.
-            r = 0.0  # sum of alpha * beta as stored (beta-hat / bscale)
-            if t == tb - 1:
-                for s in range(lo, hi + 1):
-                    ab = alpha[t, s] * beta[s]
-                    r += ab
-                    if want_grad:
-                        row[lab[s]] += ab
-            else:
-                hi1 = min(s_n - 1, 2 * t + 3)
-                for s in range(lo, hi1 + 1):
-                    nb[s] = beta[s] * bscale * probs[t + 1, col[s]]
-                d = 0.0
-                for s in range(lo, hi + 1):
-                    v = nb[s]
-                    if s + 1 <= hi1:
-                        v += nb[s + 1]
-                    if s + 2 <= hi1 and skip[s + 2]:
-                        v += nb[s + 2]
-                    beta[s] = v
-                    d += v
-                    ab = alpha[t, s] * v
-                    r += ab
-                    if want_grad:
-                        row[lab[s]] += ab
-                # States above hi are never read again (the window shrinks
-                # going back), those below lo were never written.
-                if not d >= _TINY:
-                    state = 1
-                    break
-                bscale = 1.0 / d
-                log_b += math.log(d) + fmax[t + 1]
-            # Every path crosses frame t exactly once: the posteriors sum to 1.
-            expected = fast_exp(logz - log_a[t] - log_b)
-            if not (abs(r * bscale - expected) <= _CHECK_TOL * expected and r >= _TINY):
-                state = 1  # (an underflowed r would also divide by zero below)
-                break
-            # row holds alpha * beta as stored: posterior = row / r.
-            if want_grad:
-                _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
-        if state == 1 and want_grad:
-            _fill_rows(grad, b, 0, tb, 0.0)
-
+        state = _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip,
+                                     logz, want_grad, grad, scale)
     if state == 2:
         losses[b] = np.nan
         if want_grad:
-            _fill_rows(grad, b, 0, tb, np.nan)
+            _fill_rows(grad, b, 0, input_len, np.nan)
         return
     if state == 1 and linear_loss:
         # Nothing was flushed, so the forward's log Z is exact; only the
         # gradient's sweep lost precision: recompute the gradient alone.
-        _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
+        _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
     elif state == 1:
-        logz = _ctc_log_space(b, tb, lab, skip, logp, want_grad, grad, scale)
+        logz = _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
         if logz != logz:
             losses[b] = np.nan
             if want_grad:
-                _fill_rows(grad, b, 0, tb, np.nan)
+                _fill_rows(grad, b, 0, input_len, np.nan)
             return
     if logz == -np.inf:
         losses[b] = 0.0 if zero_inf else np.inf
         if want_grad:
-            _fill_rows(grad, b, 0, tb, 0.0)
+            _fill_rows(grad, b, 0, input_len, 0.0)
         return
     losses[b] = -logz
 
