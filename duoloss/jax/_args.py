@@ -12,10 +12,13 @@ functions, which the frontends call on the coerced arrays.
 * :func:`per_sequence`: the scalar lengths of a one-sequence batch as ``(1,)``.
 * :func:`is_concrete`: whether values can be read on the host (eager call) or
   are traced (``jit``, ``vmap``...), in which case only static checks run.
-* :func:`padded_targets`: concatenated targets to the padded layout in jnp.
+* :func:`check_bool`: a ``bool`` option.
+* :func:`padded_targets`: the padded targets layout, from the core's host
+  padding (concrete values) or in jnp (traced).
 * :func:`reduce_losses`: ``'none'``/``'sum'``/``'mean'`` of per-sequence losses.
 * :data:`HALF_DTYPES`, :func:`is_half`, :func:`host_floats`: float16/bfloat16,
-  which the kernels never see (they take float32 or float64).
+  which the kernels never see (they take float32 or float64);
+  :func:`first_floating`: the dtype that sets a loss's dtype.
 * :func:`index_dtype`: the integer dtype of index outputs (int64 with
   ``jax_enable_x64``, else int32).
 """
@@ -34,6 +37,7 @@ __all__ = [
     "as_array",
     "as_int_array",
     "check_bool",
+    "first_floating",
     "host_floats",
     "index_dtype",
     "is_concrete",
@@ -108,13 +112,19 @@ def check_bool(fn: str, arg: str, x, *, numpy_bool: bool = True) -> bool:
     return bool(x)
 
 
-def padded_targets(targets, target_lengths):
-    """1-D concatenated ``targets`` as ``(N, S)`` padded ones, ``S = targets.size``.
+def padded_targets(targets, target_lengths, host_padded=None):
+    """``(N, S)`` padded targets in ``targets``' dtype.
 
-    For traced lengths (concrete ones are padded on the host by the core's
-    value checks): every row is cut at the static bound ``targets.size``; entries
-    past a row's length are 0.
+    ``host_padded``: the core's padded targets from its value checks (concrete
+    values), taken as they are.  Else (traced values) 2-D ``targets`` are
+    already padded, and 1-D concatenated ones are padded here in jnp: every row
+    is cut at the static bound ``S = targets.size``; entries past a row's length
+    are 0.
     """
+    if host_padded is not None:
+        return jnp.asarray(host_padded.astype(np.asarray(targets).dtype))
+    if targets.ndim != 1:
+        return targets
     s = targets.shape[0]
     offsets = jnp.cumsum(target_lengths) - target_lengths
     pos = jnp.arange(s)

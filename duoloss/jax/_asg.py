@@ -5,7 +5,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
@@ -28,10 +27,7 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     concrete = is_concrete(targets, input_lengths, target_lengths)
     padded = check_asg_args(fn, emissions, transitions, start_transitions, targets,
                             input_lengths, target_lengths, concrete=concrete)
-    if padded is not None:
-        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
-    elif targets.ndim == 1:
-        targets = padded_targets(targets, target_lengths)
+    targets = padded_targets(targets, target_lengths, padded)
     return emissions, transitions, start_transitions, targets, input_lengths, target_lengths
 
 

@@ -35,14 +35,13 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
         targets = targets[None, :]
     input_lengths = input_lengths.reshape(-1)
     target_lengths = target_lengths.reshape(-1)
+    padded = None
     if is_concrete(targets, input_lengths, target_lengths):
         padded = check_ctc_values(
             fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
             np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
             log_probs.shape[2], blank, concatenated)
-        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
-    elif concatenated:
-        targets = padded_targets(targets, target_lengths)
+    targets = padded_targets(targets, target_lengths, padded)
     return log_probs, targets, input_lengths, target_lengths, batched
 
 

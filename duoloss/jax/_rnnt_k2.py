@@ -158,6 +158,16 @@ def _recursion(px, py, boundary, rnnt_type, return_grad):
     return losses, (jax.lax.stop_gradient(ox), jax.lax.stop_gradient(oy))
 
 
+def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
+    """The reduced loss of the lattice ``(px, py)`` (``(loss, (px_grad, py_grad))``
+    with ``return_grad``), shared by the simple, smoothed and pruned losses."""
+    check_bool(fn, "return_grad", return_grad, numpy_bool=False)
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = reduce_losses(losses, reduction, k2_mean=True)
+    return (loss, grads) if return_grad else loss
+
+
 def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: Optional[str] = "mean", return_grad: bool = False):
@@ -170,11 +180,7 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
     fn = "rnnt_loss_simple"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
-    check_bool(fn, "return_grad", return_grad, numpy_bool=False)
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
-    loss = reduce_losses(losses, reduction, k2_mean=True)
-    return (loss, grads) if return_grad else loss
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
@@ -186,11 +192,7 @@ def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: 
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction,
                                         (lm_only_scale, am_only_scale))
-    check_bool(fn, "return_grad", return_grad, numpy_bool=False)
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
-    loss = reduce_losses(losses, reduction, k2_mean=True)
-    return (loss, grads) if return_grad else loss
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
@@ -234,9 +236,7 @@ def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=
     fn = "rnnt_loss_pruned"
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, _ = _recursion(px, py, boundary, rnnt_type, False)
-    return reduce_losses(losses, reduction, k2_mean=True)
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, False)
 
 
 def _lower_bound_reversed(x):
