@@ -33,15 +33,11 @@ from duoloss.core import LossKernel
 
 from jax.sharding import PartitionSpec
 
+from ._args import first_floating, host_floats, is_half
 from ._sharding import explicit_batch_sharding, mark_varying, varying_axes
 from ._callback import pure_callback
 
-__all__ = ["apply_kernel", "is_concrete", "reduce_losses"]
-
-
-def is_concrete(*xs) -> bool:
-    """True when no argument is a tracer (values can be checked on the host)."""
-    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+__all__ = ["apply_kernel", "host_call"]
 
 
 def _batch_size(kernel: LossKernel, shapes) -> int:
@@ -221,7 +217,18 @@ def _gradient(name, axis, grad, x, g):
     (``jax.grad`` of ``jax.grad``, ``jax.hessian``, Hessian-vector products)
     reaches the JVP rule below, which raises instead of returning zeros.
     """
-    if axis is None:  # shared input: (N, *shape) per-sequence gradients
+    return scale_by_cotangent(grad, g, axis)
+
+
+def scale_by_cotangent(grad, g, axis):
+    """``sum_b g_b * grad_b``: per-sequence gradients ``grad`` times the losses'
+    cotangent ``g`` ``(N,)``.
+
+    ``axis``: the batch axis of ``grad`` (the input's gradient, same shape as the
+    input), or ``None`` for a shared input, whose ``grad`` is ``(N, *shape)``
+    (one gradient per sequence) and is contracted over ``N``.
+    """
+    if axis is None:
         return jnp.tensordot(g.astype(grad.dtype), grad, axes=1)
     shape = [1] * grad.ndim
     shape[axis] = -1
@@ -261,32 +268,17 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
       arrays: its array inputs, in order.
       **static: the kernel's static keyword arguments (hashable).
     """
-    half = _half_dtype(arrays)
-    if half is not None:  # float16/bfloat16: float32 in (differentiable casts), loss cast back
-        arrays = tuple(a.astype(jnp.float32) if _is_floating(a) and a.dtype != jnp.float64
-                       else a for a in arrays)
-        return apply_kernel(kernel, arrays, **static).astype(half)
+    loss_dtype = first_floating(arrays)  # sets the losses' dtype, as in the core
+    if loss_dtype is not None and is_half(loss_dtype):
+        # float16/bfloat16: float32 in (differentiable casts), losses cast back
+        arrays = tuple(a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating)
+                       and a.dtype != jnp.float64 else a for a in arrays)
+        return apply_kernel(kernel, arrays, **static).astype(loss_dtype)
     static = tuple(sorted(static.items()))
     layout = explicit_batch_sharding(arrays, kernel.batch_axes)
     if layout is not None:
         return _explicit(kernel, static, arrays, *layout)
     return _local(kernel, static, arrays)
-
-
-_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
-
-
-def _is_floating(a) -> bool:
-    return jnp.issubdtype(a.dtype, jnp.floating)
-
-
-def _half_dtype(arrays):
-    """float16/bfloat16 when the first floating input (which sets the loss dtype,
-    as in the core) has it, else None."""
-    for a in arrays:
-        if _is_floating(a):
-            return a.dtype if a.dtype in _HALF else None
-    return None
 
 
 def _local(kernel, static, arrays):
@@ -330,11 +322,20 @@ def _explicit(kernel, static, arrays, kind, mesh, entry):
                          in_specs=in_specs, out_specs=PartitionSpec(entry))(*arrays)
 
 
-def reduce_losses(losses, target_lengths, reduction: str):
-    """'none' | 'sum' | 'mean' (each loss over its target length clamped to >= 1, then mean)."""
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    denom = jnp.maximum(target_lengths, 1).astype(losses.dtype)
-    return (losses / denom).mean()
+def host_call(fn, specs, *arrays):
+    """``fn``'s outputs for ``specs`` from one host callback, without gradient.
+
+    For results that carry no gradient (Viterbi alignments): the inputs pass
+    through ``stop_gradient``, reach ``fn`` as numpy arrays with float16/bfloat16
+    as float32 (:func:`~duoloss.jax._args.host_floats`), and ``fn``'s results are
+    cast to the declared ``specs`` (a tuple of ``jax.ShapeDtypeStruct``).  Under
+    ``vmap`` the host runs once per instance (``vmap_method="sequential"``).
+    """
+    dtypes = tuple(np.dtype(s.dtype) for s in specs)
+
+    def run(*xs):
+        out = fn(*(host_floats(x) for x in xs))
+        return tuple(np.asarray(o).astype(d) for o, d in zip(out, dtypes))
+
+    arrays = tuple(jax.lax.stop_gradient(a) for a in arrays)
+    return pure_callback(run, tuple(specs), *arrays, vmap_method="sequential")

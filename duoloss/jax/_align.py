@@ -17,41 +17,21 @@ from duoloss.core._align import asg_viterbi as _asg_viterbi
 from duoloss.core._align import ctc_align as _ctc_align
 from duoloss.core._align import graph_align as _graph_align
 from duoloss.core._asg import check_asg_args
-from duoloss.core._graph_loss import check_graph_args
 
-from ._adapter import is_concrete
+from ._adapter import host_call
+from ._args import as_array, as_int_array, index_dtype, is_concrete
 from ._asg import _prepare
-from ._ctc import _array, _int_array, _prepare_ctc
-from ._graph_loss import device_graphs
-from ._callback import pure_callback
+from ._ctc import _prepare_ctc
+from ._graph_loss import prepare_graphs
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
 
-def _label_dtype():
-    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
-
-
-_HALF = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
-
-
-def _host_floats(x):
-    """A host array; float16/bfloat16 as float32 (the kernels take float32/float64)."""
-    x = np.asarray(x)
-    return x.astype(np.float32) if x.dtype in _HALF else x
-
-
 def _callback(host, t_max, n, score_dtype, *arrays):
-    specs = (jax.ShapeDtypeStruct((n, t_max), _label_dtype()),
+    """``(labels (N, T), scores (N,))`` of ``host`` on ``arrays`` (no gradient)."""
+    specs = (jax.ShapeDtypeStruct((n, t_max), index_dtype()),
              jax.ShapeDtypeStruct((n,), score_dtype))
-    ldt, sdt = np.dtype(specs[0].dtype), np.dtype(specs[1].dtype)
-
-    def run(*xs):
-        labels, scores = host(*(_host_floats(x) for x in xs))
-        return labels.astype(ldt), scores.astype(sdt)
-
-    arrays = tuple(jax.lax.stop_gradient(a) for a in arrays)
-    return pure_callback(run, specs, *arrays, vmap_method="sequential")
+    return host_call(host, specs, *arrays)
 
 
 def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
@@ -133,10 +113,10 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
       and ``(N,)`` scores.  Ties: the larger token index wins.
     """
     fn = "asg_viterbi"
-    em = _array(fn, "emissions", emissions)
-    tr = _array(fn, "transitions", transitions, optional=True)
-    sv = _array(fn, "start_transitions", start_transitions, optional=True)
-    il = _int_array(fn, "input_lengths", input_lengths)
+    em = as_array(fn, "emissions", emissions)
+    tr = as_array(fn, "transitions", transitions, optional=True)
+    sv = as_array(fn, "start_transitions", start_transitions, optional=True)
+    il = as_int_array(fn, "input_lengths", input_lengths)
     n = em.shape[1] if em.ndim == 3 else 0
     check_asg_args(fn, em, tr, sv, np.zeros((n, 0), np.int64), il, np.zeros(n, np.int64),
                    concrete=is_concrete(il))
@@ -167,24 +147,16 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
     NB: no gradient.  Ties: the first arc in arc order wins.
     """
     fn = "graph_align"
-    em = _array(fn, "emissions", emissions)
-    w = _array(fn, "weights", weights, optional=True)
-    il = _int_array(fn, "input_lengths", input_lengths)
-    graphs, graphs_concrete = device_graphs(graphs)
-    packed = check_graph_args(fn, em, graphs, il, w, arc_weight_index,
-                              concrete=is_concrete(il), graphs_concrete=graphs_concrete)
+    em, w, il, packed = prepare_graphs(fn, emissions, graphs, input_lengths, weights,
+                                       arc_weight_index)
     if w is None:
         w = jnp.zeros(0, em.dtype)
     t_max, n, _ = em.shape
-    specs = (jax.ShapeDtypeStruct((n, t_max), _label_dtype()),
+    specs = (jax.ShapeDtypeStruct((n, t_max), index_dtype()),
              jax.ShapeDtypeStruct((n,), em.dtype),
-             jax.ShapeDtypeStruct((n, t_max), _label_dtype()))
-    dts = tuple(np.dtype(s.dtype) for s in specs)
+             jax.ShapeDtypeStruct((n, t_max), index_dtype()))
+    return host_call(_graph_align_host, specs, em, w, il, *(jnp.asarray(x) for x in packed))
 
-    def run(e, ww, lengths, *pk):
-        out = _graph_align(_host_floats(e), tuple(np.asarray(x) for x in pk),
-                           np.asarray(lengths), weights=_host_floats(ww))
-        return tuple(o.astype(d) for o, d in zip(out, dts))
 
-    return pure_callback(run, specs, jax.lax.stop_gradient(em), jax.lax.stop_gradient(w),
-                             il, *(jnp.asarray(x) for x in packed), vmap_method="sequential")
+def _graph_align_host(em, w, il, *packed):
+    return _graph_align(em, packed, il, weights=w)

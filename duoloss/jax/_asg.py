@@ -5,37 +5,29 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
-from ._adapter import apply_kernel, is_concrete, reduce_losses
-from ._ctc import _array, _empty_mean, _concat_to_padded_traced, _int_array, _per_sequence
+from ._adapter import apply_kernel
+from ._args import (as_array, as_int_array, check_bool, is_concrete, padded_targets,
+                    per_sequence, reduce_losses)
 
 __all__ = ["asg_loss"]
 
 
-def _check_bool(fn, arg, x):
-    if not isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument '{arg}' must be a bool, got {type(x).__name__}")
-
-
 def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengths,
              target_lengths):
-    emissions = _array(fn, "emissions", emissions)
-    transitions = _array(fn, "transitions", transitions, optional=True)
-    start_transitions = _array(fn, "start_transitions", start_transitions, optional=True)
-    targets = _array(fn, "targets", targets)
-    input_lengths = _per_sequence(_int_array(fn, "input_lengths", input_lengths), emissions)
-    target_lengths = _per_sequence(_int_array(fn, "target_lengths", target_lengths), emissions)
+    emissions = as_array(fn, "emissions", emissions)
+    transitions = as_array(fn, "transitions", transitions, optional=True)
+    start_transitions = as_array(fn, "start_transitions", start_transitions, optional=True)
+    targets = as_array(fn, "targets", targets)
+    input_lengths = per_sequence(as_int_array(fn, "input_lengths", input_lengths), emissions)
+    target_lengths = per_sequence(as_int_array(fn, "target_lengths", target_lengths), emissions)
     concrete = is_concrete(targets, input_lengths, target_lengths)
     padded = check_asg_args(fn, emissions, transitions, start_transitions, targets,
                             input_lengths, target_lengths, concrete=concrete)
-    if padded is not None:
-        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
-    elif targets.ndim == 1:
-        targets = _concat_to_padded_traced(targets, target_lengths)
+    targets = padded_targets(targets, target_lengths, padded)
     return emissions, transitions, start_transitions, targets, input_lengths, target_lengths
 
 
@@ -83,7 +75,7 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
     """
     fn = "asg_loss"
     check_reduction(fn, reduction)
-    _check_bool(fn, "zero_infinity", zero_infinity)
+    check_bool(fn, "zero_infinity", zero_infinity)
     em, tr, sv, tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
                                       input_lengths, target_lengths)
     if sv is None:
@@ -94,4 +86,4 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
     else:
         losses = apply_kernel(ASG_KERNEL, (em, tr, sv, tg, il, tl),
                               zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, tl, _empty_mean(losses, reduction))
+    return reduce_losses(losses, reduction, tl)

@@ -9,59 +9,11 @@ from duoloss.core import _validate as _v
 from duoloss.core._ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
                                ctc_gather_worthwhile)
 
-from ._adapter import apply_kernel, is_concrete, reduce_losses
+from ._adapter import apply_kernel
+from ._args import (as_array, as_int_array, check_bool, is_concrete, is_half, padded_targets,
+                    per_sequence, reduce_losses)
 
 __all__ = ["ctc_loss", "optax_ctc_loss"]
-
-
-def _array(fn, arg, x, optional=False):
-    """``jnp.asarray(x)`` for arrays and numbers; a ``TypeError`` naming ``fn`` otherwise.
-
-    Same message as the torch frontend's but for the array type's name.
-    """
-    if x is None and optional:
-        return None
-    if isinstance(x, (jax.Array, np.ndarray, np.generic, list, tuple)) or (
-            isinstance(x, (int, float)) and not isinstance(x, bool)):
-        try:
-            return jnp.asarray(x)
-        except (TypeError, ValueError):
-            pass
-    raise _v.not_an_array(fn, arg, x, "a jax.Array or None" if optional else "a jax.Array")
-
-
-def _int_array(fn, arg, x):
-    """Lengths: an array, an int or a tuple/list of ints (as in the torch frontend)."""
-    if isinstance(x, (list, tuple)):
-        return jnp.asarray(_v.int_list(fn, arg, x, "a jax.Array"))
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)) or (
-            isinstance(x, int) and not isinstance(x, bool)):
-        return jnp.asarray(x)
-    raise _v.not_an_array(fn, arg, x, "a jax.Array or a tuple/list of ints")
-
-
-def _per_sequence(x, data):
-    """Scalar lengths for a batch of ``N = 1`` (as ``torch.nn.functional.ctc_loss``
-    accepts): as a ``(1,)`` array; else unchanged."""
-    if data.ndim == 3 and data.shape[1] == 1 and x.ndim == 0:
-        return x.reshape(1)
-    return x
-
-
-def _concat_to_padded_traced(targets, target_lengths):
-    """jnp version for traced lengths: pad to the static bound ``targets.size``."""
-    s = targets.shape[0]
-    offsets = jnp.cumsum(target_lengths) - target_lengths
-    pos = jnp.arange(s)
-    idx = offsets[:, None] + pos[None, :]
-    valid = pos[None, :] < target_lengths[:, None]
-    gathered = jnp.take(targets, jnp.clip(idx, 0, max(s - 1, 0)), axis=0) if s else idx
-    return jnp.where(valid, gathered, 0)
-
-
-def _empty_mean(losses, reduction):
-    """'mean' of an empty batch is 0 with zero gradient, as in the torch frontend (not NaN)."""
-    return "sum" if reduction == "mean" and losses.shape[0] == 0 else reduction
 
 
 def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
@@ -69,30 +21,27 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     """Validate ``ctc_loss``/``ctc_align`` arguments and bring them to the batched,
     padded layout: ``(log_probs (T, N, C), targets (N, S), input_lengths (N,),
     target_lengths (N,), batched)``.  Values are checked when concrete."""
-    log_probs = _array(fn, "log_probs", log_probs)
-    targets = _array(fn, "targets", targets)
-    input_lengths = _per_sequence(_int_array(fn, "input_lengths", input_lengths), log_probs)
-    target_lengths = _per_sequence(_int_array(fn, "target_lengths", target_lengths), log_probs)
+    log_probs = as_array(fn, "log_probs", log_probs)
+    targets = as_array(fn, "targets", targets)
+    input_lengths = per_sequence(as_int_array(fn, "input_lengths", input_lengths), log_probs)
+    target_lengths = per_sequence(as_int_array(fn, "target_lengths", target_lengths), log_probs)
     batched, concatenated = check_ctc_static(
         fn, log_probs.shape, log_probs.dtype, targets.shape, targets.dtype,
         input_lengths.shape, input_lengths.dtype, target_lengths.shape, target_lengths.dtype,
         blank, reduction)
-    if not isinstance(zero_infinity, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument 'zero_infinity' must be a bool, "
-                        f"got {type(zero_infinity).__name__}")
+    check_bool(fn, "zero_infinity", zero_infinity)
     if not batched:
         log_probs = log_probs[:, None, :]
         targets = targets[None, :]
     input_lengths = input_lengths.reshape(-1)
     target_lengths = target_lengths.reshape(-1)
+    padded = None
     if is_concrete(targets, input_lengths, target_lengths):
         padded = check_ctc_values(
             fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
             np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
             log_probs.shape[2], blank, concatenated)
-        targets = jnp.asarray(padded.astype(np.asarray(targets).dtype))
-    elif concatenated:
-        targets = _concat_to_padded_traced(targets, target_lengths)
+    targets = padded_targets(targets, target_lengths, padded)
     return log_probs, targets, input_lengths, target_lengths, batched
 
 
@@ -169,7 +118,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
         if reduction == "mean":
             return losses / jnp.maximum(target_lengths[0], 1).astype(losses.dtype)
         return losses
-    return reduce_losses(losses, target_lengths, _empty_mean(losses, reduction))
+    return reduce_losses(losses, reduction, target_lengths)
 
 
 def _check_right_padding(fn, arg, pad):
@@ -214,13 +163,13 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     silently trains on impossible targets.
     """
     fn = "optax_ctc_loss"
-    logits = _array(fn, "logits", logits)
+    logits = as_array(fn, "logits", logits)
     _v.check_ndim(fn, "logits", logits.shape, (3,), "a (B, T, K)-array")
     _v.check_dtype(fn, "logits", logits.dtype, _v.FLOAT_DTYPES, "a floating")
     b, t, k = logits.shape
-    logit_paddings = _array(fn, "logit_paddings", logit_paddings)
-    labels = _array(fn, "labels", labels)
-    label_paddings = _array(fn, "label_paddings", label_paddings)
+    logit_paddings = as_array(fn, "logit_paddings", logit_paddings)
+    labels = as_array(fn, "labels", labels)
+    label_paddings = as_array(fn, "label_paddings", label_paddings)
     if logit_paddings.shape != (b, t):
         raise ValueError(f"{fn}: argument 'logit_paddings' must have shape ({b}, {t}), "
                          f"got {logit_paddings.shape}")
@@ -244,6 +193,6 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
     losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
                                "none", False)
-    if logits.dtype in (jnp.float16, jnp.bfloat16):
+    if is_half(logits.dtype):
         losses = losses.astype(jnp.float32)  # as optax: float32 losses for half logits
     return losses

@@ -11,9 +11,8 @@ from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, Packe
                                       check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
-from ._adapter import apply_kernel, is_concrete, reduce_losses
-from ._asg import _check_bool
-from ._ctc import _array, _empty_mean, _int_array
+from ._adapter import apply_kernel
+from ._args import as_array, as_int_array, check_bool, is_concrete, reduce_losses
 
 __all__ = ["graph_loss"]
 
@@ -64,20 +63,15 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     """
     fn = "graph_loss"
     check_reduction(fn, reduction)
-    _check_bool(fn, "normalize", normalize)
-    _check_bool(fn, "zero_infinity", zero_infinity)
-    emissions = _array(fn, "emissions", emissions)
-    weights = _array(fn, "weights", weights, optional=True)
-    input_lengths = _int_array(fn, "input_lengths", input_lengths)
+    check_bool(fn, "normalize", normalize)
+    check_bool(fn, "zero_infinity", zero_infinity)
     if (arc_weight_index is None and denominator_arc_weight_index is not None
             and denominator is not None and weights is not None
             and isinstance(graphs, (list, tuple))):  # only the denominator is weighted
         arc_weight_index = [np.full(g.num_arcs(), -1, np.int64) if hasattr(g, "num_arcs")
                             else None for g in graphs]
-    graphs, graphs_concrete = device_graphs(graphs)
-    packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
-                              concrete=is_concrete(input_lengths),
-                              graphs_concrete=graphs_concrete)
+    emissions, weights, input_lengths, packed = prepare_graphs(
+        fn, emissions, graphs, input_lengths, weights, arc_weight_index)
     den = None
     if denominator is not None:
         if normalize:
@@ -93,7 +87,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     if target_lengths is None:
         target_lengths = jnp.ones(n, jnp.int32)
     else:
-        target_lengths = _int_array(fn, "target_lengths", target_lengths)
+        target_lengths = as_int_array(fn, "target_lengths", target_lengths)
         if target_lengths.shape != (n,):
             raise ValueError(f"{fn}: argument 'target_lengths' must be an (N,)-array with "
                              f"N = {n}, got shape {shape_str(target_lengths.shape)}")
@@ -106,7 +100,20 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
     else:
         losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
                               zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, target_lengths, _empty_mean(losses, reduction))
+    return reduce_losses(losses, reduction, target_lengths)
+
+
+def prepare_graphs(fn, emissions, graphs, input_lengths, weights, arc_weight_index):
+    """``(emissions, weights, input_lengths, packed graphs)``, validated (values when
+    concrete) by the core, for ``graph_loss`` and ``graph_align``."""
+    emissions = as_array(fn, "emissions", emissions)
+    weights = as_array(fn, "weights", weights, optional=True)
+    input_lengths = as_int_array(fn, "input_lengths", input_lengths)
+    graphs, graphs_concrete = device_graphs(graphs)
+    packed = check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index,
+                              concrete=is_concrete(input_lengths),
+                              graphs_concrete=graphs_concrete)
+    return emissions, weights, input_lengths, packed
 
 
 def device_graphs(graphs):

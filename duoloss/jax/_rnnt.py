@@ -18,8 +18,9 @@ import numpy as np
 from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
-from ._adapter import apply_kernel, is_concrete
-from ._ctc import _array, _int_array
+from ._adapter import apply_kernel
+from ._args import (as_array, as_int_array, check_bool, index_dtype, is_concrete, is_half,
+                    reduce_losses)
 from ._callback import pure_callback
 
 __all__ = ["rnnt_loss", "rnnt_align"]
@@ -101,10 +102,10 @@ _log_probs_gather.defvjp(_log_probs_gather_fwd, _log_probs_gather_bwd)
 
 
 def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
-    logits = _array(fn, "logits", logits)
-    targets = _array(fn, "targets", targets)
-    il = _int_array(fn, "logit_lengths", logit_lengths)
-    tl = _int_array(fn, "target_lengths", target_lengths)
+    logits = as_array(fn, "logits", logits)
+    targets = as_array(fn, "targets", targets)
+    il = as_int_array(fn, "logit_lengths", logit_lengths)
+    tl = as_int_array(fn, "target_lengths", target_lengths)
     concrete = is_concrete(targets, il, tl)
     blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=concrete)
     return logits, targets, blank, il.reshape(-1), tl.reshape(-1)
@@ -115,7 +116,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
     n, t_max, u1, n_cls = logits.shape
     u_max = u1 - 1
-    if logits.dtype in (jnp.float16, jnp.bfloat16):
+    if is_half(logits.dtype):
         logits = logits.astype(jnp.float32)
     tg = targets.astype(jnp.int32)
     il = il.astype(jnp.int32)
@@ -203,11 +204,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
     if fastemit_lambda > 0:
         # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
         losses = losses + float(fastemit_lambda) * jax.lax.stop_gradient(losses)
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / max(n, 1)
+    return reduce_losses(losses, reduction)
 
 
 def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
@@ -220,15 +217,13 @@ def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
       under ``jit`` and ``vmap`` (sequential callbacks); not differentiable.
     """
     fn = "rnnt_align"
-    if not isinstance(fused_log_softmax, (bool, np.bool_)):
-        raise TypeError(f"{fn}: argument 'fused_log_softmax' must be a bool, "
-                        f"got {type(fused_log_softmax).__name__}")
+    check_bool(fn, "fused_log_softmax", fused_log_softmax)
     logits, targets, blank, il, tl = _validate(fn, logits, targets, logit_lengths,
                                                target_lengths, blank)
     n, t_max, u1, _ = logits.shape
     px, py, boundary = _lattice(jax.lax.stop_gradient(logits), targets, il, tl, blank,
                                 bool(fused_log_softmax))
-    idt = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+    idt = index_dtype()
     specs = (jax.ShapeDtypeStruct((n, t_max + u1 - 1), idt),
              jax.ShapeDtypeStruct((n, u1 - 1), idt),
              jax.ShapeDtypeStruct((n,), px.dtype))

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from duoloss.core import _rnnt_k2 as _k
-from duoloss.core import _validate as _v
 from duoloss.core._transducer import TRANSDUCER_KERNEL
 
-from ._adapter import _call, apply_kernel, is_concrete
+from ._adapter import _call, apply_kernel, scale_by_cotangent
+from ._args import as_array, check_bool, is_concrete, reduce_losses
 
 __all__ = [
     "do_rnnt_pruning",
@@ -34,9 +34,7 @@ __all__ = [
 
 
 def _array(fn, arg, x):
-    if isinstance(x, (jax.Array, np.ndarray)):
-        return jnp.asarray(x)
-    raise _v.not_an_array(fn, arg, x, "a jax.Array")
+    return as_array(fn, arg, x, arrays_only=True)
 
 
 def _host(x):
@@ -131,12 +129,6 @@ def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str =
                             rnnt_type, boundary)[:2]
 
 
-def _reduce(losses, reduction):
-    if reduction == "none":
-        return losses
-    return losses.mean() if reduction == "mean" else losses.sum()
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _losses_and_occupation(static, px, py, boundary):
     losses, gx, gy = _call(TRANSDUCER_KERNEL, static, (True, True, False), (px, py, boundary))
@@ -150,9 +142,8 @@ def _occ_fwd(static, px, py, boundary):
 
 def _occ_bwd(static, res, cts):
     # d loss_b / d px = -occupation; the occupations themselves are constants (as in k2)
-    g = cts[0].reshape(-1, 1, 1)
     ox, oy = res
-    return -ox * g.astype(ox.dtype), -oy * g.astype(oy.dtype), None
+    return scale_by_cotangent(-ox, cts[0], 0), scale_by_cotangent(-oy, cts[0], 0), None
 
 
 _losses_and_occupation.defvjp(_occ_fwd, _occ_bwd)
@@ -167,6 +158,16 @@ def _recursion(px, py, boundary, rnnt_type, return_grad):
     return losses, (jax.lax.stop_gradient(ox), jax.lax.stop_gradient(oy))
 
 
+def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
+    """The reduced loss of the lattice ``(px, py)`` (``(loss, (px_grad, py_grad))``
+    with ``return_grad``), shared by the simple, smoothed and pruned losses."""
+    check_bool(fn, "return_grad", return_grad, numpy_bool=False)
+    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    loss = reduce_losses(losses, reduction, k2_mean=True)
+    return (loss, grads) if return_grad else loss
+
+
 def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: Optional[str] = "mean", return_grad: bool = False):
@@ -179,13 +180,7 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
     fn = "rnnt_loss_simple"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
-    if not isinstance(return_grad, bool):
-        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
-                        f"got {type(return_grad).__name__}")
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
-    loss = _reduce(losses, reduction)
-    return (loss, grads) if return_grad else loss
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
@@ -197,13 +192,7 @@ def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: 
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction,
                                         (lm_only_scale, am_only_scale))
-    if not isinstance(return_grad, bool):
-        raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
-                        f"got {type(return_grad).__name__}")
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
-    loss = _reduce(losses, reduction)
-    return (loss, grads) if return_grad else loss
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
@@ -247,9 +236,7 @@ def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=
     fn = "rnnt_loss_pruned"
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
-    px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, _ = _recursion(px, py, boundary, rnnt_type, False)
-    return _reduce(losses, reduction)
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, False)
 
 
 def _lower_bound_reversed(x):
