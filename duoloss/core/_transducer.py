@@ -56,13 +56,35 @@ entries outside the box are never read.  An invalid ``boundary`` row (possible
 only for traced values) gives that sequence a NaN loss and NaN gradients,
 never an out-of-bounds read.
 
-Implementation: exact log space in float64 (inputs are read in their own
-float32/float64 dtype), one ``log1p`` and one inlined :func:`fast_exp` per
-lattice cell and move; the forward pass is the same code with or without
-gradients, so the loss does not depend on whether a gradient was asked for.
-The lattice is tiny next to the joiner output (``S T`` versus ``S T V``), so
-the framework's ``log_softmax`` dominates the cost of a full RNN-T loss.
-Parallel over the batch.
+Implementation: a rescaled *linear-space* forward-backward in float64 (inputs
+are read in their own float32/float64 dtype), parallel over the batch, with the
+exact log-space recursion as its safety net (the same design as CTC's kernel,
+see :mod:`duoloss.core._ctc`).  The sweep runs over *levels* of the lattice:
+anti-diagonals ``(s - s_begin) + (t - t_begin)`` for ``'regular'`` (every move
+goes from one to the next) and frames ``t`` for ``'modified'``/``'constrained'``
+(every move advances one frame), so every path crosses every level exactly once.
+Each move's probability is exponentiated once, relative to the largest move
+into its level (one :func:`fast_exp` per move; nothing transcendental in the
+recursions themselves); each level of the forward is normalised to sum one and
+the log of its scale accumulated; the backward reuses the stored move
+probabilities.  At every level the backward checks that the posteriors sum to
+one (``sum alpha * beta = Z``, relative tolerance ``1e-7``); the move posteriors
+(the gradients) are ``alpha * e(move) * beta / r`` with ``r`` that level's sum.
+
+The loss is the same number whether or not a gradient is asked for.  The
+forward records whether any positive value left float64's normal range
+("flushed": a move probability or a product of cells below ``1e-290``).  If
+nothing was flushed, the rescaled forward is exact and its log Z is the loss
+(should the backward's check fail, only the gradient is recomputed in log
+space).  If something was flushed (a cell far below its level's bulk that
+later carries the posterior mass), the backward's per-level check decides --
+it also runs, without writing a gradient, when no gradient was asked for -- and
+a failed check sends loss and gradients to the exact log-space recursion
+(one ``log1p`` and one :func:`fast_exp` per cell and move), as does any NaN or
+``+inf`` score, a level whose mass falls below ``1e-200``, an invalid
+``boundary`` row and an infeasible modified box.  The lattice is tiny next to
+the joiner output (``S T`` versus ``S T V``), so the framework's
+``log_softmax`` dominates the cost of a full RNN-T loss.
 
 References:
   Graves, "Sequence Transduction with Recurrent Neural Networks",
