@@ -92,8 +92,9 @@ class _LogProbGather(torch.autograd.Function):
     kernel on the same rows in both paths, so the same bits).  On a contiguous
     CPU tensor of 256 MiB or more both passes work through blocks of rows of
     about 16 MiB (the forward in one reused buffer, the backward straight into
-    the gradient), so the only full-size tensor written per call is the gradient itself (fresh
-    multi-GB buffers cost more in page faults than the arithmetic); elsewhere
+    the gradient), so the only full-size tensor written per call is the
+    gradient itself (fresh multi-GB buffers cost more in page faults than the
+    arithmetic); elsewhere
     (smaller, GPU, ``torch.compile``, ``torch.func``) the same formula runs on
     the whole tensor.
 
