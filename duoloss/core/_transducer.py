@@ -56,13 +56,35 @@ entries outside the box are never read.  An invalid ``boundary`` row (possible
 only for traced values) gives that sequence a NaN loss and NaN gradients,
 never an out-of-bounds read.
 
-Implementation: exact log space in float64 (inputs are read in their own
-float32/float64 dtype), one ``log1p`` and one inlined :func:`fast_exp` per
-lattice cell and move; the forward pass is the same code with or without
-gradients, so the loss does not depend on whether a gradient was asked for.
-The lattice is tiny next to the joiner output (``S T`` versus ``S T V``), so
-the framework's ``log_softmax`` dominates the cost of a full RNN-T loss.
-Parallel over the batch.
+Implementation: a rescaled *linear-space* forward-backward in float64 (inputs
+are read in their own float32/float64 dtype), parallel over the batch, with the
+exact log-space recursion as its safety net (the same design as CTC's kernel,
+see :mod:`duoloss.core._ctc`).  The sweep runs over *levels* of the lattice:
+anti-diagonals ``(s - s_begin) + (t - t_begin)`` for ``'regular'`` (every move
+goes from one to the next) and frames ``t`` for ``'modified'``/``'constrained'``
+(every move advances one frame), so every path crosses every level exactly once.
+Each move's probability is exponentiated once, relative to the largest move
+into its level (one :func:`fast_exp` per move; nothing transcendental in the
+recursions themselves); each level of the forward is normalised to sum one and
+the log of its scale accumulated; the backward reuses the stored move
+probabilities.  At every level the backward checks that the posteriors sum to
+one (``sum alpha * beta = Z``, relative tolerance ``1e-7``); the move posteriors
+(the gradients) are ``alpha * e(move) * beta / r`` with ``r`` that level's sum.
+
+The loss is the same number whether or not a gradient is asked for.  The
+forward records whether any positive value left float64's normal range
+("flushed": a move probability or a product of cells below ``1e-290``).  If
+nothing was flushed, the rescaled forward is exact and its log Z is the loss
+(should the backward's check fail, only the gradient is recomputed in log
+space).  If something was flushed (a cell far below its level's bulk that
+later carries the posterior mass), the backward's per-level check decides --
+it also runs, without writing a gradient, when no gradient was asked for -- and
+a failed check sends loss and gradients to the exact log-space recursion
+(one ``log1p`` and one :func:`fast_exp` per cell and move), as does any NaN or
+``+inf`` score, a level whose mass falls below ``1e-200``, an invalid
+``boundary`` row and an infeasible modified box.  The lattice is tiny next to
+the joiner output (``S T`` versus ``S T V``), so the framework's
+``log_softmax`` dominates the cost of a full RNN-T loss.
 
 References:
   Graves, "Sequence Transduction with Recurrent Neural Networks",
@@ -99,6 +121,14 @@ RNNT_TYPES = ("regular", "modified", "constrained")
 
 _NEG_INF = -np.inf
 _PARALLEL_MIN_CELLS = 20_000
+# The linear sweep gives up (exact log space recomputes) when a level's mass
+# falls below this: float64's range ends near 1e-308.
+_TINY = 1e-200
+# A positive value below this has left (or is about to leave) float64's normal
+# range: the forward records it as "flushed" (see ``_one_linear``).
+_FLUSH = 1e-290
+# Relative tolerance of the per-level "posteriors sum to one" check.
+_CHECK_TOL = 1e-7
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -209,16 +239,199 @@ def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
             nxt[j] = cur[j]
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _batch_parallel(px, py, bd, modified, want_x, want_y, losses, gx, gy):
-    for b in numba.prange(bd.shape[0]):
-        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+# --------------------------------------------------------------------------- #
+# Linear space (rescaled) forward-backward                                     #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True, inline="always")
+def _window(lev, ns, nt, modified):
+    """Cells ``i`` (symbol offset) of level ``lev`` that lie on a complete path."""
+    if modified:  # level = frame offset j; i <= j and the end stays reachable
+        return max(0, ns - nt + lev), min(ns - 1, lev)
+    return max(0, lev - (nt - 1)), min(ns - 1, lev)  # level = i + j (anti-diagonal)
 
 
 @numba.njit(cache=True, nogil=True)
-def _batch_serial(px, py, bd, modified, want_x, want_y, losses, gx, gy):
-    for b in range(bd.shape[0]):
+def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
+    """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
+
+    Falls back to :func:`_one` (exact log space) for anything the linear sweep
+    cannot certify; ``gx``/``gy`` are zero on entry.  See the module docstring.
+    """
+    n_s = py.shape[1] - 1
+    n_t = py.shape[2]
+    if not _box_ok(bd, b, n_s, n_t):
         _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        return
+    s0 = bd[b, 0]
+    t0 = bd[b, 1]
+    s1 = bd[b, 2]
+    t1 = bd[b, 3]
+    ns = s1 - s0 + 1
+    nt = t1 - t0 + 1
+    if modified and ns > nt:  # no complete path: the log-space kernel's +inf / zeros
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        return
+    n_lev = nt if modified else ns + nt - 1
+    # Cell (lev, i) is lattice node (s0 + i, t0 + j), j = lev (modified) or lev - i.
+    # alpha[lev, i]: forward score / its level's scale; ex/ey[lev, i]: exp of the
+    # symbol / blank move out of that cell minus the max of the moves into lev + 1.
+    alpha = np.zeros((n_lev, ns))
+    ex = np.zeros((n_lev, ns))
+    ey = np.zeros((n_lev, ns))
+    log_a = np.empty(n_lev)  # log of the scale of level lev (alpha = alpha-hat * e^log_a)
+    mlev = np.empty(n_lev)   # the max move log-probability into level lev
+    alpha[0, 0] = 1.0
+    log_a[0] = 0.0
+    mlev[0] = 0.0
+    state = 0  # 0: fine, 1: recompute in log space
+    flushed = False
+    plo = 0
+    phi = 0
+    for lev in range(1, n_lev):
+        lo, hi = _window(lev, ns, nt, modified)
+        # Pass 1: the max move log-probability into this level (NaN -> log space).
+        m = _NEG_INF
+        for i in range(lo, hi + 1):
+            s = s0 + i
+            j = lev if modified else lev - i
+            t = t0 + j
+            if plo <= i <= phi:  # blank move from (i, j - 1)
+                w = np.float64(py[b, s, t - 1])
+                if w != w:
+                    state = 1
+                if w > m:
+                    m = w
+            if plo <= i - 1 <= phi:  # symbol move from (i - 1, j) or (i - 1, j - 1)
+                w = np.float64(px[b, s - 1, t - 1]) if modified else np.float64(px[b, s - 1, t])
+                if w != w:
+                    state = 1
+                if w > m:
+                    m = w
+        if state != 0 or not m > _NEG_INF or m == np.inf:
+            state = 1
+            break
+        # Pass 2: exponentiate each move once, accumulate the level.
+        c = 0.0
+        for i in range(lo, hi + 1):
+            s = s0 + i
+            j = lev if modified else lev - i
+            t = t0 + j
+            v = 0.0
+            if plo <= i <= phi:
+                w = np.float64(py[b, s, t - 1])
+                e = fast_exp(w - m)
+                if e < _FLUSH and w != _NEG_INF:
+                    flushed = True
+                ey[lev - 1, i] = e
+                a = alpha[lev - 1, i]
+                u = a * e
+                if u < _FLUSH and a > 0.0 and e > 0.0:
+                    flushed = True
+                v = u
+            if plo <= i - 1 <= phi:
+                w = np.float64(px[b, s - 1, t - 1]) if modified else np.float64(px[b, s - 1, t])
+                e = fast_exp(w - m)
+                if e < _FLUSH and w != _NEG_INF:
+                    flushed = True
+                ex[lev - 1, i - 1] = e
+                a = alpha[lev - 1, i - 1]
+                u = a * e
+                if u < _FLUSH and a > 0.0 and e > 0.0:
+                    flushed = True
+                v += u
+            alpha[lev, i] = v
+            c += v
+        if not c >= _TINY or c == np.inf:
+            state = 1
+            break
+        inv = 1.0 / c
+        for i in range(lo, hi + 1):
+            alpha[lev, i] *= inv
+        log_a[lev] = log_a[lev - 1] + math.log(c) + m
+        mlev[lev] = m
+        plo = lo
+        phi = hi
+    logz = log_a[n_lev - 1] if state == 0 else np.nan  # the last level is one cell = 1
+
+    # Backward: beta-hat level by level, the level check, the move posteriors.
+    # Every path crosses every level exactly once, so sum_i alpha * beta = Z there.
+    linear_loss = state == 0 and not flushed
+    want = want_x or want_y
+    if state == 0 and (want or flushed):
+        beta = np.zeros(ns)   # level lev + 1, normalised to sum 1
+        nb = np.zeros(ns)
+        beta[ns - 1] = 1.0
+        log_b = 0.0           # log scale of beta (level lev + 1)
+        nlo = ns - 1
+        nhi = ns - 1
+        for lev in range(n_lev - 2, -1, -1):
+            lo, hi = _window(lev, ns, nt, modified)
+            lb = log_b + mlev[lev + 1]  # true beta at lev = nb * e^lb
+            r = 0.0
+            d = 0.0
+            for i in range(lo, hi + 1):
+                v = 0.0
+                if nlo <= i <= nhi:
+                    v = ey[lev, i] * beta[i]
+                if nlo <= i + 1 <= nhi:
+                    v += ex[lev, i] * beta[i + 1]
+                nb[i] = v
+                d += v
+                r += alpha[lev, i] * v
+            expected = fast_exp(logz - log_a[lev] - lb)
+            if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY
+                    and d >= _TINY and d < np.inf):
+                state = 1
+                break
+            if want:
+                g = 1.0 / r
+                for i in range(lo, hi + 1):
+                    s = s0 + i
+                    t = t0 + (lev if modified else lev - i)
+                    a = alpha[lev, i] * g
+                    if want_y and nlo <= i <= nhi:
+                        gy[b, s, t] = -(a * ey[lev, i] * beta[i])
+                    if want_x and nlo <= i + 1 <= nhi:
+                        gx[b, s, t] = -(a * ex[lev, i] * beta[i + 1])
+            inv = 1.0 / d
+            for i in range(lo, hi + 1):
+                beta[i] = nb[i] * inv
+            log_b = lb + math.log(d)
+            nlo = lo
+            nhi = hi
+    if state == 0:
+        losses[b] = -logz
+        return
+    if want:  # clear what the linear sweep wrote, then recompute exactly
+        if want_x:
+            _fill_box(gx, b, s0, s1, t0, min(t1 + 1, gx.shape[2]), 0.0)
+        if want_y:
+            _fill_box(gy, b, s0, s1 + 1, t0, t1, 0.0)
+    if linear_loss:
+        # Nothing was flushed: the forward's log Z is exact; only the gradient's
+        # sweep lost precision (the log-space pass below recomputes it).
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        losses[b] = -logz
+    else:
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _batch_parallel(px, py, bd, modified, want_x, want_y, losses, gx, gy, log_space):
+    for b in numba.prange(bd.shape[0]):
+        if log_space:
+            _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        else:
+            _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+
+
+@numba.njit(cache=True, nogil=True)
+def _batch_serial(px, py, bd, modified, want_x, want_y, losses, gx, gy, log_space):
+    for b in range(bd.shape[0]):
+        if log_space:
+            _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        else:
+            _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
 
 
 def _check_rnnt_type(fn, rnnt_type):
@@ -263,7 +476,7 @@ def _prepare(fn, px, py, boundary, rnnt_type):
 
 
 def transducer_loss_and_grad(px, py, boundary=None, *, rnnt_type="regular",
-                             want_grad=(True, True)):
+                             want_grad=(True, True), _log_space=False):
     """Per-sequence transducer losses ``-p[s_end, t_end]`` and their gradients.
 
     Args:
@@ -288,7 +501,7 @@ def transducer_loss_and_grad(px, py, boundary=None, *, rnnt_type="regular",
     gx = np.zeros(px.shape if want_x else (0, 0, 0), dtype)
     gy = np.zeros(py.shape if want_y else (0, 0, 0), dtype)
     if n > 0:
-        args = (px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        args = (px, py, bd, modified, want_x, want_y, losses, gx, gy, bool(_log_space))
         cells = n * py.shape[1] * (py.shape[2] + 1)
         if n > 1 and cells >= _PARALLEL_MIN_CELLS:
             with parallel_guard():

@@ -88,17 +88,19 @@ class _LogProbGather(torch.autograd.Function):
 
     Forward: ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
     ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
-    ``c = -sum(g)`` per cell: ``d x = exp(logp) * c + onehot-scatter(g)``.  Only
-    ``x`` is saved: the backward recomputes ``logp`` (the same kernel on the same
-    rows, so the same bits).  On a contiguous CPU tensor of 256 MiB or more both
-    passes work through blocks of rows of about 16 MiB in one reused buffer, so
-    the only full-size tensor written per call is the gradient itself (fresh
-    multi-GB buffers cost more in page faults than the arithmetic); elsewhere
+    ``c = -sum(g)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.  Only
+    ``x`` is saved: the backward recomputes the softmax in one pass (the same
+    kernel on the same rows in both paths, so the same bits).  On a contiguous
+    CPU tensor of 256 MiB or more both passes work through blocks of rows of
+    about 16 MiB (the forward in one reused buffer, the backward straight into
+    the gradient), so the only full-size tensor written per call is the
+    gradient itself (fresh multi-GB buffers cost more in page faults than the
+    arithmetic); elsewhere
     (smaller, GPU, ``torch.compile``, ``torch.func``) the same formula runs on
     the whole tensor.
 
     The softmax term is exactly 0 in cells with ``c = 0`` (padded cells), so a
-    NaN there stays out of the gradient (no ``0 * NaN``).  ``exp(logp)`` is NaN
+    NaN there stays out of the gradient (no ``0 * NaN``).  ``softmax(x)`` is NaN
     only in rows whose normaliser is not finite, where ``py`` is NaN or -inf, so
     the small ``(N, T, U + 1)`` tensors tell whether that masking pass over the
     logits is needed at all (eager; it always runs under compile and vmap).
@@ -142,21 +144,18 @@ class _LogProbGather(torch.autograd.Function):
         c[..., :-1] -= gpx
         blocks = _row_blocks(x)
         if blocks is None:
-            out = torch.log_softmax(x, dim=-1).exp_()  # one full-size temporary
+            out = torch.softmax(x, dim=-1)  # one pass: no log_softmax + exp
             out.mul_(c.unsqueeze(-1))
         else:
             rows, spans = blocks
             out = torch.empty_like(x)
             out_r = out.view(rows.shape)
             c_r = c.reshape(-1, 1)
-            buf = torch.empty((spans[0][1] - spans[0][0], rows.shape[1]), dtype=x.dtype)
             for r0, r1 in spans:
-                b = buf[:r1 - r0]
-                torch.log_softmax(rows[r0:r1], -1, out=b)
                 o = out_r[r0:r1]
-                torch.exp(b, out=o)
+                torch.softmax(rows[r0:r1], -1, out=o)
                 o.mul_(c_r[r0:r1])
-        # exp(logp) is NaN only in rows with a non-finite normaliser, where py is
+        # softmax(x) is NaN only in rows with a non-finite normaliser, where py is
         # NaN or -inf; zero those rows where no cotangent arrives
         dead = (c == 0) & ~torch.isfinite(py)
         if not is_concrete(dead, out) or bool(dead.any()):
