@@ -35,7 +35,7 @@ BASE = "ctc (core)"
 
 def bench(b, t, c, l, rounds, frontends, label=""):
     from duoloss.core import asg_loss_and_grad, ctc_loss_and_grad
-    from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
+    from duoloss.core.losses.graph_loss import check_graph_args, graph_loss_and_grad
     from duoloss.graphs import ctc_graph
 
     rng = np.random.default_rng(0)

@@ -109,7 +109,7 @@ def cold_start():
 
 def host_bytes(b, t, c, l):
     """Score bytes crossing to the host and back per fwd+bwd call (float32)."""
-    from duoloss.core._ctc import ctc_gather_worthwhile
+    from duoloss.core.losses.ctc import ctc_gather_worthwhile
 
     width = l + 1 if ctc_gather_worthwhile(t, b, c, l) else c
     return 2 * t * b * width * 4, 2 * t * b * c * 4

@@ -42,7 +42,7 @@ def bench(b, t, c, l, rounds, dtype, label=""):
 
     import duoloss.torch as dt
     from duoloss import gtn
-    from duoloss.core._graph_loss import pack_graphs
+    from duoloss.core.losses.graph_loss import pack_graphs
     from duoloss.graphs import ctc_graph, ctc_topo, token_ngram_graph
 
     rng = np.random.default_rng(0)

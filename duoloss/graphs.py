@@ -37,7 +37,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from duoloss.core._graph import EPSILON, Graph
+from duoloss.core.graph.graph import EPSILON, Graph
 
 __all__ = ["ctc_graph", "ctc_topo", "asg_graph", "token_ngram_graph", "wordpiece_graph"]
 

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from duoloss import gtn
-from duoloss.core._graph_loss import pack_graphs
+from duoloss.core.losses.graph_loss import pack_graphs
 from duoloss.graphs import ctc_graph, ctc_topo, token_ngram_graph
 
 N_CLS = 6  # blank + 5 tokens

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from duoloss.core._align import asg_align, asg_viterbi, ctc_align
+from duoloss.core.losses.align import asg_align, asg_viterbi, ctc_align
 from test_asg_reference import (all_labellings, brute_asg_align, brute_ctc_align, load_family,
                                 path_weight)
 

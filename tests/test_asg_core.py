@@ -271,7 +271,7 @@ def test_batch_parallel_path_matches_serial():
 
 
 def test_core_does_not_import_frameworks():
-    code = ("import sys, duoloss.core._asg, duoloss.core._align; "
+    code = ("import sys, duoloss.core.losses.asg, duoloss.core.losses.align; "
             "print(any(m.split('.')[0] in ('torch', 'jax') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

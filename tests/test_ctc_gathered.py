@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import duoloss.core._ctc as core_ctc
+import duoloss.core.losses.ctc as core_ctc
 import duoloss.jax as dj
 import duoloss.torch as dt
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from duoloss.core._asg import asg_loss_and_grad
+from duoloss.core.losses.asg import asg_loss_and_grad
 
 
 def _lse(x, axis):

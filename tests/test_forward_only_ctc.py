@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from duoloss.core._ctc import ctc_loss_and_grad
-from duoloss.core._align import ctc_align as core_ctc_align
+from duoloss.core.losses.ctc import ctc_loss_and_grad
+from duoloss.core.losses.align import ctc_align as core_ctc_align
 
 
 def _log_softmax(x):

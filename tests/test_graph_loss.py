@@ -148,7 +148,7 @@ def test_random_cyclic_graphs_match_brute_force(seed):
     theta = rng.standard_normal(k)
     idx = [rng.integers(-1, k, g.num_arcs()) for g in graphs]
     losses, (ge, gw) = (None, (None, None))
-    from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
+    from duoloss.core.losses.graph_loss import check_graph_args, graph_loss_and_grad
     packed = check_graph_args("graph_loss", em, graphs, il, theta, idx)
     losses, (ge, gw) = graph_loss_and_grad(em, packed, il, weights=theta)
     for b in range(2):
@@ -395,7 +395,7 @@ def test_ctc_graphs_with_extreme_scores_match_the_log_space_reference():
     # Scores x300 with some -inf: a frame's rescaled posterior sum can
     # underflow; the kernel must fall back to log space, not divide by zero.
     from ctc_reference import check_extreme_scores
-    from duoloss.core._graph_loss import check_graph_args, graph_loss_and_grad
+    from duoloss.core.losses.graph_loss import check_graph_args, graph_loss_and_grad
 
     def run(em, target):
         il = np.array([em.shape[0]])

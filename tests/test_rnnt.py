@@ -1,4 +1,4 @@
-"""The core transducer lattice (duoloss.core._transducer) against independent references.
+"""The core transducer lattice (duoloss.core.losses.transducer) against independent references.
 
 References: brute-force enumeration of every lattice path (float64), the same
 lattice built as a ``duoloss.gtn`` graph (forward_score / backward / viterbi),

@@ -1,6 +1,6 @@
 """The linear-space (rescaled) transducer sweep against the exact log-space one.
 
-``duoloss.core._transducer`` runs a rescaled linear-space forward-backward and
+``duoloss.core.losses.transducer`` runs a rescaled linear-space forward-backward and
 falls back to the exact log-space recursion when it cannot certify its result;
 ``_log_space=True`` forces the log-space kernel.  The log-space kernel is itself
 checked against brute force, GTN and finite differences in ``test_rnnt.py``;
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duoloss.core._transducer import transducer_loss_and_grad
+from duoloss.core.losses.transducer import transducer_loss_and_grad
 
 TYPES = ("regular", "modified", "constrained")
 

@@ -19,8 +19,8 @@ import torch
 import duoloss.jax as dj
 import duoloss.torch as dt
 from duoloss import gtn
-from duoloss.core._align import graph_align as core_align
-from duoloss.core._graph_loss import graph_loss_and_grad, pack_graphs
+from duoloss.core.losses.align import graph_align as core_align
+from duoloss.core.losses.graph_loss import graph_loss_and_grad, pack_graphs
 from duoloss.graphs import (asg_graph, ctc_graph, ctc_topo, token_ngram_graph,
                             wordpiece_graph)
 from duoloss.gtn import Graph, graph_arrays

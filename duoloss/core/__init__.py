@@ -5,26 +5,26 @@ module and is described to the frontends by a :class:`LossKernel`.
 """
 # First: settles numba's kernel cache location before any @njit(cache=True) runs.
 from . import _numba_setup  # noqa: F401  isort: skip
-from ._align import asg_align
-from ._align import asg_viterbi
-from ._align import ctc_align
-from ._align import graph_align
-from ._asg import ASG_KERNEL
-from ._asg import ASG_NO_TRANSITIONS_KERNEL
-from ._asg import asg_loss_and_grad
-from ._ctc import CTC_KERNEL
-from ._ctc import concat_to_padded
-from ._ctc import ctc_loss_and_grad
+from .losses.align import asg_align
+from .losses.align import asg_viterbi
+from .losses.align import ctc_align
+from .losses.align import graph_align
+from .losses.asg import ASG_KERNEL
+from .losses.asg import ASG_NO_TRANSITIONS_KERNEL
+from .losses.asg import asg_loss_and_grad
+from .losses.ctc import CTC_KERNEL
+from .losses.ctc import concat_to_padded
+from .losses.ctc import ctc_loss_and_grad
 from ._spec import LossKernel
 from ._threading import threading_layer
-from ._transducer import RNNT_TYPES
-from ._transducer import TRANSDUCER_KERNEL
-from ._transducer import transducer_loss_and_grad
-from ._transducer import transducer_viterbi
-from ._graph_loss import GRAPH_LOSS_KERNEL
-from ._graph_loss import graph_loss_and_grad
-from ._graph_loss import pack_graphs
-from ._graph_loss import PackedGraphs
+from .losses.transducer import RNNT_TYPES
+from .losses.transducer import TRANSDUCER_KERNEL
+from .losses.transducer import transducer_loss_and_grad
+from .losses.transducer import transducer_viterbi
+from .losses.graph_loss import GRAPH_LOSS_KERNEL
+from .losses.graph_loss import graph_loss_and_grad
+from .losses.graph_loss import pack_graphs
+from .losses.graph_loss import PackedGraphs
 
 __all__ = [
     "PackedGraphs",

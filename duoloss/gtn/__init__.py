@@ -3,14 +3,14 @@
 ``import duoloss.gtn as gtn`` runs GTN code unchanged: weighted finite-state
 acceptors/transducers (:class:`Graph`), differentiable operations, scores in the
 log and tropical semirings, :func:`backward`, text/DOT I/O and
-:func:`parallel_for`.  The engine lives in ``duoloss.core._graph*`` (numpy and
+:func:`parallel_for`.  The engine lives in ``duoloss.core.graph.graph*`` (numpy and
 numba; no torch or jax).  Differences from GTN are listed in
 the docs page "Coming from GTN" (``docs/coming-from/gtn.md``).
 """
-from duoloss.core._graph import EPSILON as epsilon
-from duoloss.core._graph import MAX_LABEL as max_label
-from duoloss.core._graph import Graph
-from duoloss.core._graph import graph_arrays
+from duoloss.core.graph.graph import EPSILON as epsilon
+from duoloss.core.graph.graph import MAX_LABEL as max_label
+from duoloss.core.graph.graph import Graph
+from duoloss.core.graph.graph import graph_arrays
 from duoloss.gtn._api import add
 from duoloss.gtn._api import backward
 from duoloss.gtn._api import clone

@@ -6,11 +6,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
-from duoloss.core import _graph_compare as _cmp
-from duoloss.core import _graph_io as _io
-from duoloss.core import _graph_ops as _ops
-from duoloss.core._graph import EPSILON, Graph
-from duoloss.core._graph import backward as _backward
+from duoloss.core.graph import compare as _cmp
+from duoloss.core.graph import io as _io
+from duoloss.core.graph import ops as _ops
+from duoloss.core.graph.graph import EPSILON, Graph
+from duoloss.core.graph.graph import backward as _backward
 
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_LOCK = threading.Lock()
@@ -119,7 +119,7 @@ compose = _binary(_ops.compose, "compose")
 
 
 def union(graphs):
-    """Union of a list of graphs (see :func:`duoloss.core._graph_ops.union`).
+    """Union of a list of graphs (see :func:`duoloss.core.graph.ops.union`).
 
     A list of lists of graphs gives the list of their unions (in parallel).
     """
@@ -130,7 +130,7 @@ def union(graphs):
 
 def concat(*args):
     """``concat(g1, g2)``, ``concat([g1, g2, ...])``; lists of lists / two lists of
-    graphs map over their elements (see :func:`duoloss.core._graph_ops.concat`)."""
+    graphs map over their elements (see :func:`duoloss.core.graph.ops.concat`)."""
     if len(args) == 2 and all(isinstance(a, (list, tuple)) for a in args):
         g1, g2 = args
         if len(g1) != len(g2):
@@ -143,7 +143,7 @@ def concat(*args):
 
 
 def remove(g, ilabel: Any = EPSILON, olabel: Optional[int] = None):
-    """Epsilon removal (see :func:`duoloss.core._graph_ops.remove`).
+    """Epsilon removal (see :func:`duoloss.core.graph.ops.remove`).
 
     ``remove(graphs, labels)`` maps over a list of graphs with one label each.
     """
@@ -173,7 +173,7 @@ def backward(g, grad=None, retain_graph: Any = False) -> None:
     """Accumulate gradients into every input of ``g`` (GTN's ``gtn.backward``).
 
     ``backward(g)``, ``backward(g, retain_graph)``, ``backward(g, grad)`` or
-    ``backward(g, grad, retain_graph)``; see :func:`duoloss.core._graph.backward`.
+    ``backward(g, grad, retain_graph)``; see :func:`duoloss.core.graph.graph.backward`.
     With a list of graphs (run in parallel), ``grad`` and ``retain_graph`` may be
     lists with one entry per graph, or with a single entry that serves all of
     them (GTN's ``backward(graphs, grads, retain_graphs)``).

@@ -1,6 +1,6 @@
 """Viterbi forced alignment for JAX: ``ctc_align``, ``asg_align``, ``asg_viterbi``.
 
-Each is one ``jax.pure_callback`` into :mod:`duoloss.core._align`; it works under
+Each is one ``jax.pure_callback`` into :mod:`duoloss.core.losses.align`; it works under
 ``jit`` and ``vmap`` (sequentially), and its outputs carry no gradient (the
 inputs are passed through ``stop_gradient``).
 """
@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from duoloss.core._align import asg_align as _asg_align
-from duoloss.core._align import asg_viterbi as _asg_viterbi
-from duoloss.core._align import ctc_align as _ctc_align
-from duoloss.core._align import graph_align as _graph_align
-from duoloss.core._asg import check_asg_args
+from duoloss.core.losses.align import asg_align as _asg_align
+from duoloss.core.losses.align import asg_viterbi as _asg_viterbi
+from duoloss.core.losses.align import ctc_align as _ctc_align
+from duoloss.core.losses.align import graph_align as _graph_align
+from duoloss.core.losses.asg import check_asg_args
 
 from ._adapter import host_call
 from ._args import as_array, as_int_array, index_dtype, is_concrete

@@ -6,7 +6,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
+from duoloss.core.losses.asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from duoloss.core import _validate as _v
-from duoloss.core._ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
+from duoloss.core.losses.ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
                                ctc_gather_worthwhile)
 
 from ._adapter import apply_kernel
@@ -48,7 +48,7 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
 def _gathered(log_probs, targets, target_lengths, blank):
     """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
     the columns each sequence reads, gathered here in jnp on the input's device
-    (see :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged."""
+    (see :mod:`duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged."""
     t_max, n, n_cls = log_probs.shape
     s = targets.shape[1]
     if not ctc_gather_worthwhile(t_max, n, n_cls, s):

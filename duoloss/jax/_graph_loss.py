@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import jax.numpy as jnp
 
-from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
+from duoloss.core.losses.graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
                                       check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 

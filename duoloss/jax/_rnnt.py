@@ -4,7 +4,7 @@ The normaliser (``logsumexp``) and the gathers of the target and blank
 log-probabilities are jnp code on the input's device, with one fused custom
 backward (softmax times the per-cell cotangent plus the two one-hot terms); one
 ``pure_callback`` carries only the two lattices ``(N, U, T + 1)`` and
-``(N, U + 1, T)`` to the core recursion (:mod:`duoloss.core._transducer`).
+``(N, U + 1, T)`` to the core recursion (:mod:`duoloss.core.losses.transducer`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
+from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
 from ._adapter import apply_kernel

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from duoloss.core import _rnnt_k2 as _k
-from duoloss.core._transducer import TRANSDUCER_KERNEL
+from duoloss.core.losses import rnnt_k2 as _k
+from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
 from ._adapter import _call, apply_kernel, scale_by_cotangent
 from ._args import as_array, check_bool, is_concrete, reduce_losses

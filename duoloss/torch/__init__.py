@@ -19,8 +19,8 @@ from ._rnnt_k2 import rnnt_loss_smoothed
 from ._rnnt import RNNTLoss
 from ._rnnt import rnnt_align
 from ._rnnt import rnnt_loss
-from duoloss.core._graph_loss import PackedGraphs
-from duoloss.core._graph_loss import pack_graphs
+from duoloss.core.losses.graph_loss import PackedGraphs
+from duoloss.core.losses.graph_loss import pack_graphs
 
 __all__ = [
     "do_rnnt_pruning",

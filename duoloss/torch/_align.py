@@ -6,13 +6,13 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from duoloss.core._align import asg_align as _asg_align
-from duoloss.core._align import asg_viterbi as _asg_viterbi
-from duoloss.core._align import ctc_align as _ctc_align
-from duoloss.core._align import graph_align as _graph_align
-from duoloss.core._asg import check_asg_args
-from duoloss.core._ctc import check_ctc_static, check_ctc_values
-from duoloss.core._graph_loss import check_graph_args
+from duoloss.core.losses.align import asg_align as _asg_align
+from duoloss.core.losses.align import asg_viterbi as _asg_viterbi
+from duoloss.core.losses.align import ctc_align as _ctc_align
+from duoloss.core.losses.align import graph_align as _graph_align
+from duoloss.core.losses.asg import check_asg_args
+from duoloss.core.losses.ctc import check_ctc_static, check_ctc_values
+from duoloss.core.losses.graph_loss import check_graph_args
 
 from ._adapter import to_numpy
 from ._args import check_tensor, host_graphs, int_array, int_lengths
@@ -68,7 +68,7 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     score would be the indicator of the path).  Ties go to the higher CTC state
     (stay > advance > skip, the trailing blank over the last label): labels come
     as early as possible.  An infeasible target gives score ``-inf`` and labels
-    ``-1``.  Details: :mod:`duoloss.core._align`.
+    ``-1``.  Details: :mod:`duoloss.core.losses.align`.
     """
     fn = "ctc_align"
     check_tensor(fn, "log_probs", log_probs)

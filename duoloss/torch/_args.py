@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from duoloss.core import _validate as _v
-from duoloss.core._graph_loss import PackedGraphs
+from duoloss.core.losses.graph_loss import PackedGraphs
 
 from ._adapter import check_not_torchscript, to_numpy
 

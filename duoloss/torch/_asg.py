@@ -6,7 +6,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from duoloss.core._asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
+from duoloss.core.losses.asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
 
 from ._adapter import (apply_kernel, autocast_inputs, check_not_torchscript, is_concrete,
@@ -99,7 +99,7 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     or every alignment ``-inf``, e.g. through a ``-inf`` transition) gives
     ``+inf`` with the normaliser's gradient (GTN's convention), unless
     ``zero_infinity``.  Inputs are validated before any computation. The maths
-    and numerics: :mod:`duoloss.core._asg`.
+    and numerics: :mod:`duoloss.core.losses.asg`.
 
     References:
       Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.

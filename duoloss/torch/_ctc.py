@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from duoloss.core._ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
+from duoloss.core.losses.ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
                                ctc_gather_plan, ctc_gather_worthwhile)
 
 from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
@@ -16,7 +16,7 @@ __all__ = ["ctc_loss", "CTCLoss"]
 
 
 def _gather_plan_traced(targets, target_lengths, n_cls, blank):
-    """:func:`duoloss.core._ctc.ctc_gather_plan` in torch ops, for values that
+    """:func:`duoloss.core.losses.ctc.ctc_gather_plan` in torch ops, for values that
     cannot be read (torch.compile tracing, vmap)."""
     n, s = targets.shape
     valid = torch.arange(s, device=targets.device)[None, :] < target_lengths[:, None]
@@ -34,7 +34,7 @@ def _gather_plan_traced(targets, target_lengths, n_cls, blank):
 def _gathered(log_probs, targets, target_lengths, blank):
     """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
     the columns each sequence reads, gathered here on the input's device (see
-    :mod:`duoloss.core._ctc`, "the gathered crossing"); else unchanged.
+    :mod:`duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged.
     ``targets``/``target_lengths``: host int64 arrays, or tensors when traced."""
     t_max, n, n_cls = log_probs.shape
     s = targets.shape[1]
@@ -116,7 +116,7 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     ``grad`` after ``create_graph=True``, ``torch.func.hessian``, ``jvp``)
     raises ``NotImplementedError``, as torch's own CTC does.  TorchScript is not
     supported (``RuntimeError``); ``torch.compile`` and ``torch.export`` are.
-    The math: see :mod:`duoloss.core._ctc`.
+    The math: see :mod:`duoloss.core.losses.ctc`.
 
     References:
       Graves et al., "Connectionist Temporal Classification", ICML 2006.

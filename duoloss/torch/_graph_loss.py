@@ -6,7 +6,7 @@ from typing import Literal, Optional, Sequence
 import numpy as np
 import torch
 
-from duoloss.core._graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
+from duoloss.core.losses.graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
                                       check_denominator, check_graph_args)
 from duoloss.core._validate import check_reduction, shape_str
 
@@ -74,7 +74,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
 
     NB: a graph without a path of exactly ``T_b`` arcs gives ``+inf``.  Graphs
     and indices are fully validated before any computation.  Maths and
-    numerics: :mod:`duoloss.core._graph_loss`.
+    numerics: :mod:`duoloss.core.losses.graph_loss`.
 
     References:
       Hannun et al., "Differentiable Weighted Finite-State Transducers", 2020.

@@ -3,7 +3,7 @@
 The joiner output never leaves its device: ``log_softmax`` (as a
 ``logsumexp``) and the gathers of the target and blank log-probabilities run in
 torch, and only the two ``(N, U(+1), T(+1))`` lattices cross to the host for
-the core recursion (:mod:`duoloss.core._transducer`); one custom backward
+the core recursion (:mod:`duoloss.core.losses.transducer`); one custom backward
 (:class:`_LogProbGather`) takes their gradients back through the gathers and the
 normaliser.
 """
@@ -14,7 +14,7 @@ from typing import Literal, Tuple
 import numpy as np
 import torch
 
-from duoloss.core._transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
+from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy

@@ -24,8 +24,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from duoloss.core import _rnnt_k2 as _k
-from duoloss.core._transducer import TRANSDUCER_KERNEL
+from duoloss.core.losses import rnnt_k2 as _k
+from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_tensor

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import duoloss.gtn as gtn
-from duoloss.core import _graph_kernels as K
-from duoloss.core import _graph_ops as ops
+from duoloss.core.graph import compose as KC
+from duoloss.core.graph import scores as KS
+from duoloss.core.graph import ops as ops
 
 
 def _sorted_dag(rng, n, m, special):
@@ -54,34 +55,34 @@ def test_sorted_kernels_match_general(special):
         n = int(rng.integers(1, 30))
         m = int(rng.integers(0, 80))
         src, dst, w, start, accept = _sorted_dag(rng, n, m, special)
-        assert K.is_sorted_dag(src, dst)
-        sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+        assert KS.is_sorted_dag(src, dst)
+        sc, mx, sm = KS.log_forward_sorted(n, src, dst, w, start, accept)
         with np.errstate(all="ignore"):
             alpha = np.where(np.isnan(sm), np.nan, np.where(np.isinf(mx), mx, mx + np.log(sm)))
         scratch = np.empty(2 * n + src.size + 1, np.int64)
-        st2, sc2, alpha2, order, op, oi = K.log_forward_fast(n, src, dst, w, start, accept, scratch)
+        st2, sc2, alpha2, order, op, oi = KS.log_forward_fast(n, src, dst, w, start, accept, scratch)
         assert st2 == 0
         assert _close(sc, sc2), (trial, sc, sc2)
         assert _close(alpha, alpha2), trial
-        g = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
-        g2 = K.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
+        g = KS.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
+        g2 = KS.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
         assert _close(g, g2), trial
         if special:
             continue  # (a NaN behind a -inf arc: the fast kernels skip -inf sources)
         # and the useful-part kernels (the mathematics on any acyclic graph)
-        prep = K.dag_prepare(n, src, dst, start, accept)
-        sc3, a3 = K.log_forward(prep[1], prep[3], prep[6], prep[7], src, w, start, accept, n)
+        prep = KS.dag_prepare(n, src, dst, start, accept)
+        sc3, a3 = KS.log_forward(prep[1], prep[3], prep[6], prep[7], src, w, start, accept, n)
         assert _close(sc, sc3), (trial, sc, sc3)
-        g3 = K.log_backward(prep[1], prep[3], prep[4], prep[5], src, dst, w, accept, n, a3, sc3)
+        g3 = KS.log_backward(prep[1], prep[3], prep[4], prep[5], src, dst, w, accept, n, a3, sc3)
         assert _close(g, g3), trial
 
 
 def test_sorted_detection():
-    assert K.is_sorted_dag(np.array([0, 0, 1], np.int64), np.array([1, 2, 2], np.int64))
-    assert not K.is_sorted_dag(np.array([0, 1, 0], np.int64), np.array([1, 2, 2], np.int64))
-    assert not K.is_sorted_dag(np.array([0, 1], np.int64), np.array([1, 1], np.int64))
-    assert not K.is_sorted_dag(np.array([1], np.int64), np.array([0], np.int64))
-    assert K.is_sorted_dag(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert KS.is_sorted_dag(np.array([0, 0, 1], np.int64), np.array([1, 2, 2], np.int64))
+    assert not KS.is_sorted_dag(np.array([0, 1, 0], np.int64), np.array([1, 2, 2], np.int64))
+    assert not KS.is_sorted_dag(np.array([0, 1], np.int64), np.array([1, 1], np.int64))
+    assert not KS.is_sorted_dag(np.array([1], np.int64), np.array([0], np.int64))
+    assert KS.is_sorted_dag(np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _random_graph(rng, n, m, nlab, eps):
@@ -142,12 +143,12 @@ def test_sorted_kernels_large_sums_and_wide_ranges():
         start[[0, 3]] = True
         accept = np.zeros(n, np.bool_)
         accept[[n - 1, n - 5]] = True
-        sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+        sc, mx, sm = KS.log_forward_sorted(n, src, dst, w, start, accept)
         scratch = np.empty(2 * n + src.size + 1, np.int64)
-        st2, sc2, alpha2, order, op, oi = K.log_forward_fast(n, src, dst, w, start, accept, scratch)
+        st2, sc2, alpha2, order, op, oi = KS.log_forward_fast(n, src, dst, w, start, accept, scratch)
         assert np.isclose(sc, sc2, rtol=1e-14, atol=1e-12)
-        g1 = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
-        g2 = K.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
+        g1 = KS.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
+        g2 = KS.log_backward_fast(order, op, oi, dst, w, accept, alpha2, sc2, np.empty(n))
         # posteriors are exp(alpha + w + beta - score): an exponent of size |score|
         # carries a rounding error of about |score| * 2**-52 in either kernel
         tol = 1e-13 + 8 * abs(sc) * 2.0 ** -52
@@ -199,12 +200,12 @@ def test_sorted_kernels_float64_accuracy_on_a_chain():
     w[::13] = -np.inf
     g = gtn.linear_graph(M, N, False)
     n, src, dst, il, ol, _, start, accept = gtn.graph_arrays(g)
-    sc, mx, sm = K.log_forward_sorted(n, src, dst, w, start, accept)
+    sc, mx, sm = KS.log_forward_sorted(n, src, dst, w, start, accept)
     rows = w.astype(np.float64).reshape(M, N)
     top = rows.max(1, keepdims=True)
     lse = top[:, 0] + np.log(np.exp(rows - top).sum(1))
     assert abs(sc - lse.sum()) <= 1e-13 * abs(lse.sum())
-    post = K.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
+    post = KS.log_backward_sorted(src, dst, w, accept, mx, sm, sc, np.empty(n), np.empty(n))
     ref = np.exp(rows - lse[:, None]).reshape(-1)
     np.testing.assert_allclose(post, ref, rtol=1e-12, atol=0)
 

@@ -568,7 +568,7 @@ class Graph:
         return self._id
 
     def __repr__(self) -> str:
-        from ._graph_io import to_text
+        from .io import to_text
 
         return to_text(self)
 

@@ -1,4 +1,4 @@
-"""Differentiable operations on :class:`~duoloss.core._graph.Graph`.
+"""Differentiable operations on :class:`~duoloss.core.graph.graph.Graph`.
 
 Every operation returns a new graph.  When an input has ``calc_grad=True`` the
 output records its inputs and a gradient function; :func:`~._graph.backward`
@@ -33,8 +33,9 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from . import _graph_kernels as K
-from ._graph import EPSILON, MAX_LABEL, Graph, _float_arg, _int_arg
+from . import compose as KC
+from . import scores as KS
+from .graph import EPSILON, MAX_LABEL, Graph, _float_arg, _int_arg
 
 __all__ = [
     "clone", "negate", "add", "subtract", "project_input", "project_output", "concat",
@@ -82,7 +83,7 @@ def _scalar(value, inputs: Sequence[Graph], grad_fn, label: int = 0) -> Graph:
 
 def _gather_grad(index: np.ndarray, gout: np.ndarray, size: int) -> np.ndarray:
     """``out[a] = sum of gout[k] over k with index[k] == a`` (index ``-1`` ignored)."""
-    return K.scatter_add(index, np.asarray(gout, np.float64), int(size))
+    return KS.scatter_add(index, np.asarray(gout, np.float64), int(size))
 
 
 def _identity_grad(gout, inputs):
@@ -118,7 +119,7 @@ def linear_graph(M: int, N: int, calc_grad: bool = True) -> Graph:
     M, N = _int_arg("linear_graph", "M", M), _int_arg("linear_graph", "N", N)
     if M < 0 or N < 0:
         raise ValueError(f"linear_graph: M and N must be >= 0, got M={M}, N={N}")
-    src, dst, lab, olab, w = K.linear_arrays(M, N)
+    src, dst, lab, olab, w = KS.linear_arrays(M, N)
     start = np.zeros(M + 1, np.bool_)
     accept = np.zeros(M + 1, np.bool_)
     start[0] = True
@@ -392,8 +393,8 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
     if max(g1._na, g2._na) >= 2 ** 31:
         raise ValueError(f"{fn}: graphs with 2**31 arcs or more are not supported")
     # three filter states only when both sides have epsilons (see compose_kernel)
-    nf = 3 if (K.has_label(match1, _EMPTY_LABELS, EPSILON)
-               and K.has_label(_EMPTY_LABELS, match2, EPSILON)) else 1
+    nf = 3 if (KC.has_label(match1, _EMPTY_LABELS, EPSILON)
+               and KC.has_label(_EMPTY_LABELS, match2, EPSILON)) else 1
     bound = max(n1 * n2 * nf, 1)   # Python ints: exact
     if bound >= 2 ** 62:
         # state keys ``(q2 * n1 + q1) * nf`` must fit int64 inside the kernel
@@ -407,7 +408,7 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
         hkeys = _scratch("hkeys", hcap, np.int64)[:hcap]
         ws = _scratch("ws", hcap + 6 * state_cap + 5 * arc_cap + 1, np.int64)
         table = _dense_table(bound)
-        status, ns, na, nstart, n, m, topo = K.compose_kernel(
+        status, ns, na, nstart, n, m, topo = KC.compose_kernel(
             n1, s1, d1, match1, st1, ac1, out_il_from1, w1,
             n2, s2, d2, match2, st2, ac2, out_ol_from2, w2, state_cap, arc_cap, hkeys, ws, table,
             _LABEL_TABLES)
@@ -419,7 +420,7 @@ def _compose_impl(fn: str, g1: Graph, g2: Graph, match1: np.ndarray, match2: np.
             a1, a2 = blk[:m], blk[m:]
             w = _pooled(np.float32, m)
             start, accept = np.empty(n, np.bool_), np.empty(n, np.bool_)
-            status = K.compose_emit(ns, na, nstart, n, m, ac1, ac2, out_il_from1, w1,
+            status = KC.compose_emit(ns, na, nstart, n, m, ac1, ac2, out_il_from1, w1,
                                     out_ol_from2, w2, state_cap, arc_cap, hcap, ws,
                                     src, dst, a1, a2, il, ol, w, start, accept)
             if status != 0:  # pragma: no cover - sizes come from compose_kernel
@@ -480,7 +481,7 @@ def intersect(g1: Graph, g2: Graph) -> Graph:
 # ------------------------------------------------------------------- scores
 def _prepare(fn: str, g: Graph):
     n, src, dst, il, ol, w, st, ac = _arrays(g)
-    prep = K.dag_prepare(n, src, dst, st, ac)
+    prep = KS.dag_prepare(n, src, dst, st, ac)
     if prep[0] != 0:
         raise ValueError(
             f"{fn}: the graph has a cycle (or self-loop) on a path from a start to an accept "
@@ -514,24 +515,24 @@ def forward_score(g: Graph) -> Graph:
     _check("forward_score", "g", g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
     if g._topo is None:
-        g._topo = bool(K.is_sorted_dag(src, dst))
+        g._topo = bool(KS.is_sorted_dag(src, dst))
     if g._topo:
         # node ids are a topological order and arcs are grouped by source (e.g.
         # intersect/compose results with a linear graph): no sort, no CSR
         if not g._calc_grad:
-            return _scalar(K.log_forward_sorted(n, src, dst, w, st, ac)[0], (g,), None)
+            return _scalar(KS.log_forward_sorted(n, src, dst, w, st, ac)[0], (g,), None)
         # the weights are copied (set_weights may change them later; node flags never change)
         w_saved = np.empty(g._na, np.float32)
-        score, mx, sm = K.log_forward_sorted(n, src, dst, w, st, ac, w_saved)
+        score, mx, sm = KS.log_forward_sorted(n, src, dst, w, st, ac, w_saved)
         w = w_saved
 
         def grad_sorted(gout, inputs):
-            return (K.log_backward_sorted(src, dst, w, ac, mx, sm, score, _scratch("mb", n, np.float64),
+            return (KS.log_backward_sorted(src, dst, w, ac, mx, sm, score, _scratch("mb", n, np.float64),
                                           _scratch("sb", n, np.float64), float(gout[0])),)
 
         return _scalar(score, (g,), grad_sorted)
     scratch = _scratch("fwd", 2 * n + g._na + 1, np.int64)
-    status, score, alpha, order, out_ptr, out_idx = K.log_forward_fast(n, src, dst, w, st, ac, scratch)
+    status, score, alpha, order, out_ptr, out_idx = KS.log_forward_fast(n, src, dst, w, st, ac, scratch)
     if status == 0:
         if not g._calc_grad:
             return _scalar(score, (g,), None)
@@ -540,20 +541,20 @@ def forward_score(g: Graph) -> Graph:
 
         def grad_fn(gout, inputs):
             beta = _scratch("beta", n, np.float64)
-            post = K.log_backward_fast(order, out_ptr, out_idx, dst, w, ac, alpha, score, beta)
+            post = KS.log_backward_fast(order, out_ptr, out_idx, dst, w, ac, alpha, score, beta)
             return (post * gout[0],)
 
         return _scalar(score, (g,), grad_fn)
     # a cycle somewhere: restrict to the useful part (raises if the cycle is on a path)
     status, order, un, ua, op, oi, ip, ii = _prepare("forward_score", g)
-    score, alpha = K.log_forward(order, ua, ip, ii, src, w, st, ac, n)
+    score, alpha = KS.log_forward(order, ua, ip, ii, src, w, st, ac, n)
     if not g._calc_grad:
         return _scalar(score, (g,), None)
     w = w.copy()
     ac = ac.copy()
 
     def grad_fn_useful(gout, inputs):
-        post = K.log_backward(order, ua, op, oi, src, dst, w, ac, n, alpha, score)
+        post = KS.log_backward(order, ua, op, oi, src, dst, w, ac, n, alpha, score)
         return (post * gout[0],)
 
     return _scalar(score, (g,), grad_fn_useful)
@@ -562,10 +563,10 @@ def forward_score(g: Graph) -> Graph:
 def _viterbi(fn: str, g: Graph):
     status, order, un, ua, op, oi, ip, ii = _prepare(fn, g)
     n, src, dst, il, ol, w, st, ac = _arrays(g)
-    score, best_acc, back = K.max_forward(order, ua, ip, ii, src, w, st, ac, n)
+    score, best_acc, back = KS.max_forward(order, ua, ip, ii, src, w, st, ac, n)
     if best_acc < 0:
         return score, np.zeros(0, np.int64)
-    return score, K.trace_back(best_acc, back, src, order.shape[0] + 1)
+    return score, KS.trace_back(best_acc, back, src, order.shape[0] + 1)
 
 
 def viterbi_score(g: Graph) -> Graph:
@@ -632,7 +633,7 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
     starts = np.flatnonzero(st)
     if starts.size == 0 or not ac.any():
         return _empty_graph(g)
-    ptr, idx = K.csr(n, src)
+    ptr, idx = KS.csr(n, src)
     for _ in range(100):
         v = int(rng.choice(starts))
         path = []
@@ -782,7 +783,7 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     e_w = np.concatenate([w[eps].astype(np.float64), np.zeros(acc_nodes.size)])
     e_idx = np.concatenate([np.flatnonzero(eps), np.full(acc_nodes.size, -1, np.int64)])
     allt = np.ones(n + 1, np.bool_)
-    status, order, _, _, out_ptr, out_idx, in_ptr, in_idx = K.dag_prepare(n + 1, e_src, e_dst, allt, allt)
+    status, order, _, _, out_ptr, out_idx, in_ptr, in_idx = KS.dag_prepare(n + 1, e_src, e_dst, allt, allt)
     if status:
         raise ValueError(f"remove: the arcs labelled {il_rm}:{ol_rm} form a cycle; their closure is infinite")
     real = np.flatnonzero(~eps)
@@ -793,7 +794,7 @@ def remove(g: Graph, ilabel: int = EPSILON, olabel: Optional[int] = None) -> Gra
     newid = np.full(n + 1, -1, np.int64)
     newid[kept_ids] = np.arange(kept_ids.size)
     # real arcs grouped by source
-    r_ptr, r_idx = K.csr(n, src[real]) if real.size else (np.zeros(n + 1, np.int64), np.zeros(0, np.int64))
+    r_ptr, r_idx = KS.csr(n, src[real]) if real.size else (np.zeros(n + 1, np.int64), np.zeros(0, np.int64))
     pos = np.empty(n + 1, np.int64)
     pos[order] = np.arange(order.size)
 

@@ -45,7 +45,7 @@ is the *all-alignments* loss of GTN's PyTorch example
 (``bindings/python/examples/pytorch_loss.py``); the emission gradient is then
 ``softmax(emissions) - posterior``.
 
-Implementation: as in :mod:`duoloss.core._ctc`, the kernels exponentiate the
+Implementation: as in :mod:`duoloss.core.losses.ctc`, the kernels exponentiate the
 emissions once per frame (relative to the frame's maximum; values below
 ``exp(-708)`` relative to it flush to 0), the transitions and start scores once
 per call (relative to their maxima; zero-padded to a multiple of 8 tokens), run
@@ -54,9 +54,9 @@ rescaling, check on every frame that the posteriors sum to one, and fall back to
 an exact log-space recursion for a sequence where that check fails or a frame's
 mass underflows (e.g. a transition needed by the target that is ~700 nats below
 the best one).  Those exact recursions are the same code as the Viterbi decoders
-of :mod:`duoloss.core._align` in the other semiring: one token trellis (the
-normaliser; :func:`~duoloss.core._align.asg_viterbi`) and one target trellis
-(:func:`~duoloss.core._align.asg_align`), with the semiring a compile-time
+of :mod:`duoloss.core.losses.align` in the other semiring: one token trellis (the
+normaliser; :func:`~duoloss.core.losses.align.asg_viterbi`) and one target trellis
+(:func:`~duoloss.core.losses.align.asg_align`), with the semiring a compile-time
 constant.  The expected transition counts are accumulated during the
 backward pass; emission posteriors overwrite the forward variables.
 
@@ -84,15 +84,15 @@ import numpy as np
 
 # NB: the kernels inline these; numba's on-disk cache is keyed on this file's
 # mtime only, so touch it after editing _numerics.py.
-from ._numerics import CHECK_TOL as _CHECK_TOL
-from ._numerics import FALLBACK as _FALLBACK
-from ._numerics import FLUSH as _FLUSH
-from ._numerics import NAN as _NAN
-from ._numerics import NEG_INF as _NEG_INF
-from ._numerics import OK as _OK
-from ._numerics import exp_core, fast_exp, run_batch
-from ._numerics import logaddexp as _lae
-from ._spec import LossKernel
+from .._numerics import CHECK_TOL as _CHECK_TOL
+from .._numerics import FALLBACK as _FALLBACK
+from .._numerics import FLUSH as _FLUSH
+from .._numerics import NAN as _NAN
+from .._numerics import NEG_INF as _NEG_INF
+from .._numerics import OK as _OK
+from .._numerics import exp_core, fast_exp, run_batch
+from .._numerics import logaddexp as _lae
+from .._spec import LossKernel
 
 __all__ = [
     "ASG_KERNEL",
@@ -390,11 +390,11 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed)
 # The two ASG trellises in the log and tropical semirings                      #
 # --------------------------------------------------------------------------- #
 # One recursion per trellis serves the exact log-space fallback here
-# (logsumexp over predecessors) and the Viterbi decoders of ``_align.py`` (max
+# (logsumexp over predecessors) and the Viterbi decoders of ``align.py`` (max
 # over predecessors): ``tropical`` is a literal constant at every call site and
 # the cores are inlined, so LLVM drops the other semiring's branch.
 # NB: numba's on-disk cache of a caller in another module is keyed on that
-# module's mtime only: touch ``_align.py`` after editing these.
+# module's mtime only: touch ``align.py`` after editing these.
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -524,7 +524,7 @@ def _asg_best_target_step(stay, advance):
     """Tropical sum into a target position: ``(best, step)`` of the scores of
     staying (step 0) and advancing (step 1; ``-inf`` at position 0); a tie
     stays, NaN is never picked over a number.  Scalars only (see
-    :func:`duoloss.core._ctc._ctc_best_step`)."""
+    :func:`duoloss.core.losses.ctc._ctc_best_step`)."""
     best = stay
     step = 0
     if advance > best:
@@ -1011,7 +1011,7 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
     Returns:
       The ``(N, S)`` int64 padded targets when ``concrete``, else ``None``.
     """
-    from . import _validate as v
+    from .. import _validate as v
 
     v.check_ndim(fn, "emissions", emissions.shape, (3,), "a (T, N, C)-array")
     v.check_dtype(fn, "emissions", emissions.dtype, v.FLOAT_DTYPES, "a floating")
@@ -1055,7 +1055,7 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
         if int(tl.sum()) != tg.shape[0]:
             raise ValueError(f"{fn}: argument 'target_lengths' must sum to the size of the "
                              f"concatenated 1-D targets ({tg.shape[0]}), got sum {int(tl.sum())}")
-        from ._ctc import concat_to_padded
+        from .ctc import concat_to_padded
         tg = concat_to_padded(tg, tl)
     else:
         v.check_lengths(fn, "target_lengths", tl, int(targets.shape[1]),

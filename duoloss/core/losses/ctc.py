@@ -35,7 +35,7 @@ maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
 paths produce float64-accurate results for float32 and float64 inputs.  The
 exact log-space trellis is the same code as the Viterbi aligner
-(:func:`duoloss.core._align.ctc_align`) in the other semiring (logsumexp vs
+(:func:`duoloss.core.losses.align.ctc_align`) in the other semiring (logsumexp vs
 max, a compile-time constant); the rescaled linear-space kernels are a
 different algorithm, specialised for speed.
 
@@ -70,12 +70,12 @@ import math
 import numba
 import numpy as np
 
-from ._numerics import CHECK_TOL as _CHECK_TOL
-from ._numerics import FLUSH as _FLUSH
-from ._numerics import fast_exp
-from ._numerics import logaddexp as _logaddexp
-from ._numerics import run_batch
-from ._spec import LossKernel
+from .._numerics import CHECK_TOL as _CHECK_TOL
+from .._numerics import FLUSH as _FLUSH
+from .._numerics import fast_exp
+from .._numerics import logaddexp as _logaddexp
+from .._numerics import run_batch
+from .._spec import LossKernel
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
 
@@ -109,11 +109,11 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
 
 # ---- the CTC trellis in the log and tropical semirings -----------------------
 # One recursion serves the exact log-space loss (logsumexp over predecessors)
-# and the Viterbi aligner in ``_align.py`` (max over predecessors): ``tropical``
+# and the Viterbi aligner in ``align.py`` (max over predecessors): ``tropical``
 # is a literal constant at every call site, and the cores are inlined, so LLVM
 # drops the other semiring's branch (one kernel, no runtime test in the loop).
 # NB: numba's on-disk cache of a caller in another module is keyed on that
-# module's mtime only: touch ``_align.py`` after editing these.
+# module's mtime only: touch ``align.py`` after editing these.
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -146,7 +146,7 @@ def _ctc_trellis_forward(b, input_len, lab, skip, logp, tropical):
 
     Log semiring (``tropical=False``): ``log alpha_t(s)`` of the module
     docstring.  Tropical semiring: the Viterbi scores ``delta_t(s)``
-    (:mod:`duoloss.core._align`), with the predecessor rule of
+    (:mod:`duoloss.core.losses.align`), with the predecessor rule of
     :func:`_ctc_best_step`.
     """
     n_states = lab.shape[0]
@@ -644,7 +644,7 @@ def check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dt
 
 def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_dtype,
                       tl_shape, tl_dtype, blank, reduction):
-    from . import _validate as v
+    from .. import _validate as v
 
     v.check_dtype(fn, "log_probs", lp_dtype, v.FLOAT_DTYPES, "a floating")
     ndim = v.check_ndim(fn, "log_probs", lp_shape, (2, 3), "(T, N, C) or unbatched (T, C)")
@@ -713,7 +713,7 @@ def check_ctc_values(fn, targets, input_lengths, target_lengths, t_max, n_cls, b
 
     ``targets`` is ``(N, S)`` padded or, with ``concatenated``, 1-D.
     """
-    from . import _validate as v
+    from .. import _validate as v
 
     if not concatenated:
         code, b, i, val = _first_invalid(targets, input_lengths, target_lengths, t_max, n_cls,

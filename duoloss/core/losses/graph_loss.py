@@ -51,7 +51,7 @@ Denominators (:data:`GRAPH_MMI_KERNEL`, LF-MMI):
 terms by the kernel above; gradients are differences of posteriors / expected
 counts.
 
-Implementation: as in :mod:`duoloss.core._ctc`, a linear-space float64
+Implementation: as in :mod:`duoloss.core.losses.ctc`, a linear-space float64
 forward-backward over the arcs with per-frame rescaling (frame arcs relative to
 their largest weight; epsilon arcs, processed in topological order after each
 frame, with absolute weights), a per-frame check that the arc posteriors sum to
@@ -82,14 +82,14 @@ import numpy as np
 
 from typing import Any, NamedTuple
 
-from ._spec import LossKernel
-from ._numerics import CHECK_TOL as _CHECK_TOL
-from ._numerics import FALLBACK as _FALLBACK
-from ._numerics import NAN as _NAN
-from ._numerics import NEG_INF as _NEG_INF
-from ._numerics import OK as _OK
-from ._numerics import logaddexp as _lae
-from ._numerics import run_batch
+from .._spec import LossKernel
+from .._numerics import CHECK_TOL as _CHECK_TOL
+from .._numerics import FALLBACK as _FALLBACK
+from .._numerics import NAN as _NAN
+from .._numerics import NEG_INF as _NEG_INF
+from .._numerics import OK as _OK
+from .._numerics import logaddexp as _lae
+from .._numerics import run_batch
 
 __all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
            "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
@@ -246,7 +246,7 @@ def _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, table, back, 
     r"""Forward scores over the graph x frames trellis, log or tropical semiring.
 
     The one recursion behind the log-space loss (:func:`_graph_log`) and the
-    Viterbi alignment (:func:`duoloss.core._align._graph_align_one`).  Arcs
+    Viterbi alignment (:func:`duoloss.core.losses.align._graph_align_one`).  Arcs
     ``0 .. a_e-1`` consume a frame, arcs ``a_e ..`` are epsilon arcs in
     topological order of their sources; ``lw`` are the arcs' log weights.  Fills
     ``table[t, n]`` (``(tb+1, v_n)``, all ``-inf`` on entry) with the
@@ -386,7 +386,7 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
     """Sequence ``b``'s graph (``b % G``), checked and with its arcs in trellis order.
 
     Shared by the loss (:func:`_graph_one`) and the alignment
-    (:func:`duoloss.core._align._graph_align_one`).
+    (:func:`duoloss.core.losses.align._graph_align_one`).
 
     Returns:
       ``(ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept)``.  ``ok`` is
@@ -645,7 +645,7 @@ def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None)
       TypeError/ValueError: not a list of graphs, bad ``arc_weight_index`` shapes,
         or totals larger than ``num_nodes``/``num_arcs``.
     """
-    from ._graph import Graph, graph_arrays
+    from ..graph.graph import Graph, graph_arrays
 
     fn = "pack_graphs"
     if isinstance(graphs, Graph) or not isinstance(graphs, (list, tuple)):
@@ -720,7 +720,7 @@ def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_i
     the values of ``input_lengths`` are checked when ``concrete``, those of
     packed graphs when ``graphs_concrete`` (Graph objects always are).
     """
-    from . import _validate as v
+    from .. import _validate as v
 
     v.check_ndim(fn, "emissions", emissions.shape, (3,), "a (T, N, C)-array")
     v.check_dtype(fn, "emissions", emissions.dtype, v.FLOAT_DTYPES, "a floating")
@@ -929,7 +929,7 @@ def check_denominator(fn, emissions, denominator, weights, index, *, graphs_conc
     graphs (then ``index``, the ``denominator_arc_weight_index``, must be
     ``None``).  ``index`` is one integer array (a shared graph) or ``N`` of them.
     """
-    from ._graph import Graph
+    from ..graph.graph import Graph
 
     n, n_cls = int(emissions.shape[1]), int(emissions.shape[2])
     n_w = 0 if weights is None else int(weights.shape[0])

@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import _validate as _v
+from .. import _validate as _v
 
 __all__ = [
     "RNNT_TYPES",

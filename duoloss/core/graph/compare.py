@@ -5,7 +5,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ._graph import Graph
+from .graph import Graph
 
 __all__ = ["equal", "isomorphic", "rand_equivalent"]
 
@@ -124,7 +124,7 @@ def isomorphic(first: Graph, second: Graph) -> bool:
 
 
 def _pair_score(g: Graph, ilabels, olabels) -> float:
-    from ._graph_ops import compose, forward_score
+    from .ops import compose, forward_score
 
     def chain(labels):
         k = len(labels)
@@ -144,14 +144,14 @@ def rand_equivalent(g1: Graph, g2: Graph, num_samples: int = 1000, tol: float = 
                     max_length: int = 1000, rng: Optional[np.random.Generator] = None) -> bool:
     """Randomised test that two graphs have the same weighted language.
 
-    Samples ``num_samples`` paths from each graph (:func:`~._graph_ops.sample`),
+    Samples ``num_samples`` paths from each graph (:func:`~duoloss.core.graph.ops.sample`),
     and checks that both graphs give the path's label pair (epsilons removed)
     the same log-semiring weight within ``tol`` (relative to ``max(1, |w|)``).
 
     NB: probabilistic (can miss differences), as in GTN.  Both graphs must be
     acyclic on their useful parts.
     """
-    from ._graph_ops import sample
+    from .ops import sample
 
     _check("rand_equivalent", "g1", g1)
     _check("rand_equivalent", "g2", g2)
@@ -170,7 +170,7 @@ def rand_equivalent(g1: Graph, g2: Graph, num_samples: int = 1000, tol: float = 
             if not (abs(sa - sb) <= tol * max(1.0, abs(sa))):
                 return False
     # graphs with no accepting paths: both must be empty
-    from ._graph_ops import forward_score
+    from .ops import forward_score
 
     try:
         e1 = forward_score(g1).item() == -np.inf

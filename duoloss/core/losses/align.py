@@ -57,13 +57,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ._asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
-from ._asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
-from ._ctc import ctc_states
-from ._ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
-from ._graph_loss import _frames_forward, _load_graph
-from ._numerics import NEG_INF as _NEG_INF
-from ._numerics import run_batch
+from .asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
+from .asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
+from .ctc import ctc_states
+from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
+from .graph_loss import _frames_forward, _load_graph
+from .._numerics import NEG_INF as _NEG_INF
+from .._numerics import run_batch
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -83,10 +83,10 @@ def _run(kernel_serial, kernel_parallel, cells, args):
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
     """Viterbi alignment of sequence ``b``: the CTC trellis of
-    :func:`duoloss.core._ctc._ctc_trellis_forward` in the tropical semiring.
+    :func:`duoloss.core.losses.ctc._ctc_trellis_forward` in the tropical semiring.
 
     No back-pointers are stored: backtracking asks
-    :func:`~duoloss.core._ctc._ctc_best_step` again, on the same table
+    :func:`~duoloss.core.losses.ctc._ctc_best_step` again, on the same table
     values, so it takes the same steps (and ties) as the forward did.
     """
     t_max, _, n_cls = logp.shape
@@ -178,8 +178,8 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
 @numba.njit(cache=True, nogil=True)
 def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labels, scores):
     """Viterbi alignment of sequence ``b``: the target trellis of
-    :func:`duoloss.core._asg._asg_target_forward` in the tropical semiring;
-    backtracking asks :func:`~duoloss.core._asg._asg_best_target_step` again
+    :func:`duoloss.core.losses.asg._asg_target_forward` in the tropical semiring;
+    backtracking asks :func:`~duoloss.core.losses.asg._asg_best_target_step` again
     instead of storing back-pointers."""
     t_max, _, n_cls = em.shape
     input_len = in_len[b]
@@ -282,8 +282,8 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
 @numba.njit(cache=True, nogil=True)
 def _asg_viterbi_one(b, em, trans, start, has_trans, in_len, labels, scores):
     """Viterbi decoding of sequence ``b``: the normaliser's token trellis of
-    :func:`duoloss.core._asg._asg_token_forward` in the tropical semiring;
-    backtracking asks :func:`~duoloss.core._asg._asg_best_previous_token`
+    :func:`duoloss.core.losses.asg._asg_token_forward` in the tropical semiring;
+    backtracking asks :func:`~duoloss.core.losses.asg._asg_best_previous_token`
     again instead of storing back-pointers."""
     t_max = em.shape[0]
     input_len = in_len[b]
@@ -354,7 +354,7 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
 def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
                      start_all, accept_all, widx_all, labels, arcs, scores):
     """Viterbi alignment of sequence ``b``: the loss's trellis recursion
-    (:func:`duoloss.core._graph_loss._frames_forward`) in the tropical semiring,
+    (:func:`duoloss.core.losses.graph_loss._frames_forward`) in the tropical semiring,
     then a trace back through the winning arcs."""
     t_max, _, n_cls = em.shape
     for t in range(t_max):
@@ -416,7 +416,7 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
 
     Args:
       emissions: ``(T, N, C)`` float array.
-      packed: :func:`duoloss.core._graph_loss.pack_graphs` output (sequence ``b``
+      packed: :func:`duoloss.core.losses.graph_loss.pack_graphs` output (sequence ``b``
         uses graph ``b % G``).
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       weights: ``(K,)`` tied arc weights (with the packed ``arc_weight_index``) or ``None``.

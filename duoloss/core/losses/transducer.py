@@ -59,7 +59,7 @@ never an out-of-bounds read.
 Implementation: a rescaled *linear-space* forward-backward in float64 (inputs
 are read in their own float32/float64 dtype), parallel over the batch, with the
 exact log-space recursion as its safety net (the same design as CTC's kernel,
-see :mod:`duoloss.core._ctc`).  The sweep runs over *levels* of the lattice:
+see :mod:`duoloss.core.losses.ctc`).  The sweep runs over *levels* of the lattice:
 anti-diagonals ``(s - s_begin) + (t - t_begin)`` for ``'regular'`` (every move
 goes from one to the next) and frames ``t`` for ``'modified'``/``'constrained'``
 (every move advances one frame), so every path crosses every level exactly once.
@@ -101,9 +101,12 @@ import numpy as np
 
 # NB: the kernels inline fast_exp; numba's on-disk cache is keyed on this
 # file's mtime only, so touch it after editing _numerics.py.
-from ._numerics import fast_exp
-from ._spec import LossKernel
-from ._threading import parallel_guard
+from .._numerics import CHECK_TOL as _CHECK_TOL
+from .._numerics import FLUSH as _FLUSH
+from .._numerics import NEG_INF as _NEG_INF
+from .._numerics import fast_exp, run_batch
+from .._numerics import logaddexp_fast as _lae
+from .._spec import LossKernel
 
 __all__ = [
     "RNNT_FLOAT_DTYPES",
@@ -119,26 +122,10 @@ __all__ = [
 #: The lattice topologies (k2's names).
 RNNT_TYPES = ("regular", "modified", "constrained")
 
-_NEG_INF = -np.inf
 _PARALLEL_MIN_CELLS = 20_000
 # The linear sweep gives up (exact log space recomputes) when a level's mass
 # falls below this: float64's range ends near 1e-308.
 _TINY = 1e-200
-# A positive value below this has left (or is about to leave) float64's normal
-# range: the forward records it as "flushed" (see ``_one_linear``).
-_FLUSH = 1e-290
-# Relative tolerance of the per-level "posteriors sum to one" check.
-_CHECK_TOL = 1e-7
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _lae(a, b):
-    """log(exp(a) + exp(b)); -inf is the identity, NaN propagates."""
-    if a < b:
-        a, b = b, a
-    if b == _NEG_INF:
-        return a
-    return a + math.log1p(fast_exp(b - a))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -503,15 +490,7 @@ def transducer_loss_and_grad(px, py, boundary=None, *, rnnt_type="regular",
     if n > 0:
         args = (px, py, bd, modified, want_x, want_y, losses, gx, gy, bool(_log_space))
         cells = n * py.shape[1] * (py.shape[2] + 1)
-        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
-            with parallel_guard():
-                old = numba.set_parallel_chunksize(1)
-                try:
-                    _batch_parallel(*args)
-                finally:
-                    numba.set_parallel_chunksize(old)
-        else:
-            _batch_serial(*args)
+        run_batch(_batch_serial, _batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
     return losses.astype(dtype, copy=False), (gx if want_x else None, gy if want_y else None)
 
 
@@ -641,11 +620,8 @@ def transducer_viterbi(px, py, boundary=None, rnnt_type="regular"):
     frames = np.full((n, py.shape[1] - 1), -1, np.int64)
     if n > 0:
         cells = n * py.shape[1] * (py.shape[2] + 1)
-        if n > 1 and cells >= _PARALLEL_MIN_CELLS:
-            with parallel_guard():
-                _viterbi_parallel(px, py, bd, modified, scores, frames)
-        else:
-            _viterbi_serial(px, py, bd, modified, scores, frames)
+        run_batch(_viterbi_serial, _viterbi_parallel, n, cells, _PARALLEL_MIN_CELLS,
+                  (px, py, bd, modified, scores, frames))
     return scores, frames
 
 
@@ -669,7 +645,7 @@ def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *
     Returns:
       The blank index in ``[0, V)``.
     """
-    from . import _validate as v
+    from .. import _validate as v
 
     v.check_ndim(fn, "logits", logits.shape, (4,), "an (N, T, U + 1, V)-array")
     v.check_dtype(fn, "logits", logits.dtype, RNNT_FLOAT_DTYPES, "a floating")
@@ -705,7 +681,7 @@ def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *
 def check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda,
                        delay_penalty):
     """The scalar options of ``rnnt_loss`` (plain Python values)."""
-    from . import _validate as v
+    from .. import _validate as v
 
     v.check_reduction(fn, reduction)
     for arg, x in (("clamp", clamp), ("fastemit_lambda", fastemit_lambda),

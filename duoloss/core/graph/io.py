@@ -1,4 +1,4 @@
-"""Text and DOT formats for :class:`~duoloss.core._graph.Graph`.
+"""Text and DOT formats for :class:`~duoloss.core.graph.graph.Graph`.
 
 GTN's text format::
 
@@ -29,7 +29,7 @@ from typing import Dict, Optional, Union
 
 import numpy as np
 
-from ._graph import EPSILON, MAX_LABEL, Graph
+from .graph import EPSILON, MAX_LABEL, Graph
 
 __all__ = ["to_text", "from_text", "savetxt", "loadtxt", "save", "load", "to_dot", "draw"]
 
