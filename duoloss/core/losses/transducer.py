@@ -243,6 +243,13 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
 
     Falls back to :func:`_one` (exact log space) for anything the linear sweep
     cannot certify; ``gx``/``gy`` are zero on entry.  See the module docstring.
+
+    NB: longer than the house's ~120 lines on purpose: the forward sweep, the
+    flush record, the per-level check and the backward sweep share the level
+    window, the stored move exponentials ``ex``/``ey``, the level scales and the
+    fallback state; each exit to :func:`_one` must happen before any gradient
+    is written.  Split like CTC's ``_ctc_forward_linear``/``_ctc_backward_linear``
+    when it next changes.
     """
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
