@@ -20,10 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .._numerics import exp_core, fast_exp
-
 from .scores import csr
-
 
 
 @numba.njit(cache=True, nogil=True)
@@ -147,468 +144,6 @@ def _label_table(n, ptr, slab, enabled):
 
 
 @numba.njit(cache=True, nogil=True)
-def _compose_side(n, src, lab, tables):
-    """One operand of :func:`compose_kernel`, prepared for matching.
-
-    Returns ``(ptr, idx, sorted_labels, K, use_table, lo, hi, has_epsilon)``:
-    the out-arcs of node ``u`` sorted by label are ``idx[ptr[u]:ptr[u+1]]``
-    (:func:`_sorted_csr`), ``sorted_labels`` their labels in that order, then
-    the ``(node, label)`` table of :func:`_label_table`, and whether any arc is
-    an epsilon (label ``-1``).
-    """
-    ptr, idx = _sorted_csr(n, src, lab)
-    sorted_labels = np.empty(idx.shape[0], np.int64)   # one indirection less when matching
-    for k in range(idx.shape[0]):
-        sorted_labels[k] = lab[idx[k]]
-    K, use_table, lo, hi = _label_table(n, ptr, sorted_labels, tables)
-    has_epsilon = False
-    for a in range(lab.shape[0]):
-        if lab[a] == -1:
-            has_epsilon = True
-            break
-    return ptr, idx, sorted_labels, K, use_table, lo, hi, has_epsilon
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _compose_views(ws, cap, state_cap, arc_cap):
-    """The scratch arrays of :func:`compose_kernel` / :func:`compose_emit`, as views of ``ws``:
-    ``(hash_values, states, arcs, target_ptr, target_idx, stack, newid)`` with
-    ``states = (q1, q2, filter)`` (the node pair and filter state of each output
-    state) and ``arcs = (src, dst, arc1, arc2)`` (each explored arc's states and
-    the input arcs behind it, ``-1``: that side does not move)."""
-    o = 0
-    hash_values = ws[o:o + cap]
-    o += cap
-    q1 = ws[o:o + state_cap]
-    o += state_cap
-    q2 = ws[o:o + state_cap]
-    o += state_cap
-    filt = ws[o:o + state_cap]
-    o += state_cap
-    arc_src = ws[o:o + arc_cap]
-    o += arc_cap
-    arc_dst = ws[o:o + arc_cap]
-    o += arc_cap
-    arc1 = ws[o:o + arc_cap]
-    o += arc_cap
-    arc2 = ws[o:o + arc_cap]
-    o += arc_cap
-    target_ptr = ws[o:o + state_cap + 1]
-    o += state_cap + 1
-    target_idx = ws[o:o + arc_cap]
-    o += arc_cap
-    stack = ws[o:o + state_cap]
-    o += state_cap
-    newid = ws[o:o + state_cap]
-    return (hash_values, (q1, q2, filt), (arc_src, arc_dst, arc1, arc2), target_ptr, target_idx,
-            stack, newid)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _find_or_add_state(key, t1, t2, tf, ns, state_cap, dense, table, hkeys, hash_values, mask,
-                       states):
-    """State ``key`` (node pair ``(t1, t2)``, filter ``tf``): ``(status, state, ns)``.
-
-    Looks the key up in the dense table or the hash table (linear probing) and
-    creates the state when absent; ``status`` 1 when ``state_cap`` is reached.
-    Inlined in every matching loop (a call there costs ~40%)."""
-    if dense:
-        h = key
-        t = table[key]
-    else:
-        h = _slot(key, mask)
-        while hkeys[h] != -1 and hkeys[h] != key:
-            h = (h + 1) & mask
-        t = -1 if hkeys[h] == -1 else hash_values[h]
-    if t < 0:
-        if ns == state_cap:
-            return 1, -1, ns
-        if dense:
-            table[key] = ns
-        else:
-            hkeys[h] = key
-            hash_values[h] = ns
-        q1, q2, filt = states
-        q1[ns] = t1
-        q2[ns] = t2
-        filt[ns] = tf
-        t = ns
-        ns += 1
-    return 0, t, ns
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _find_or_add_state_dense(key, t1, t2, ns, state_cap, table, states):
-    """:func:`_find_or_add_state` for a dense table without epsilons, branch-free:
-    the new state's nodes are written speculatively (whether a state is new is
-    unpredictable, about half the arcs in the matching loops)."""
-    t = table[key]
-    fresh = t < 0
-    q1, q2, filt = states
-    if ns < state_cap:
-        q1[ns] = t1
-        q2[ns] = t2
-        filt[ns] = 0
-    elif fresh:
-        return 1, -1, ns
-    t = ns if fresh else t
-    table[key] = t
-    ns += 1 if fresh else 0
-    return 0, t, ns
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _add_arc(head, t, a1, a2, na, arc_cap, arcs):
-    """Append the explored arc ``head -> t`` (input arcs ``a1``, ``a2``); returns
-    the new arc count, or -1 when ``arc_cap`` is reached."""
-    if na == arc_cap:
-        return -1
-    arc_src, arc_dst, arc1, arc2 = arcs
-    arc_src[na] = head
-    arc_dst[na] = t
-    arc1[na] = a1
-    arc2[na] = a2
-    return na + 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _seed_start_states(n1, start1, n2, start2, nf, state_cap, dense, table, hkeys, hash_values,
-                       mask, states):
-    """One output state per pair of start nodes (filter 0): ``(status, ns)``."""
-    ns = 0
-    for s1 in range(n1):
-        if not start1[s1]:
-            continue
-        for s2 in range(n2):
-            if not start2[s2]:
-                continue
-            status, t, ns = _find_or_add_state((s2 * n1 + s1) * nf, s1, s2, 0, ns, state_cap,
-                                               dense, table, hkeys, hash_values, mask, states)
-            if status:
-                return status, ns
-    return 0, ns
-
-
-@numba.njit(cache=True, nogil=True)
-def _explore_tight(ns, n1, side1, dst1, side2, dst2, state_cap, arc_cap, table, states, arcs):
-    """Breadth-first exploration for the common case: no epsilons, a dense state
-    table and a ``(node, label)`` table for the second graph (e.g. a CTC graph
-    with an emission graph).  The same states and arcs, in the same order, as
-    :func:`_explore_general`, with a tighter loop.
-
-    Returns ``(status, ns, na, forward_ids)``; ``forward_ids``: every arc goes to
-    a later state."""
-    p1, i1, sl1 = side1[0], side1[1], side1[2]
-    i2, K2, lo2, hi2 = side2[1], side2[3], side2[5], side2[6]
-    sd1 = np.empty(i1.shape[0], np.int64)
-    for k in range(i1.shape[0]):
-        sd1[k] = dst1[i1[k]]
-    sd2 = np.empty(i2.shape[0], np.int64)
-    for k in range(i2.shape[0]):
-        sd2[k] = dst2[i2[k]]
-    q1s = states[0]
-    q2s = states[1]
-    na = 0
-    head = 0
-    forward_ids = True
-    while head < ns:
-        q1 = q1s[head]
-        base2 = q2s[head] * K2
-        for xx in range(p1[q1], p1[q1 + 1]):
-            l1 = sl1[xx]
-            if l1 >= K2:
-                break
-            y = lo2[base2 + l1]
-            if y < 0:
-                continue
-            a1 = i1[xx]
-            t1 = sd1[xx]
-            for yy in range(y, hi2[base2 + l1]):
-                t2 = sd2[yy]
-                status, t, ns = _find_or_add_state_dense(t2 * n1 + t1, t1, t2, ns, state_cap,
-                                                         table, states)
-                if status:
-                    return status, ns, na, forward_ids
-                if t <= head:
-                    forward_ids = False
-                na = _add_arc(head, t, a1, i2[yy], na, arc_cap, arcs)
-                if na < 0:
-                    return 1, ns, 0, forward_ids
-        head += 1
-    return 0, ns, na, forward_ids
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _match_by_table(head, q2, b1, e1, ns, na, n1, nf, side1, dst1, side2, dst2, state_cap,
-                    arc_cap, dense, table, hkeys, hash_values, mask, states, arcs):
-    """Real matches of state ``head``: each of its first-side arcs ``b1..e1-1``
-    (label-sorted) with the second side's arcs of that label, found in the second
-    side's ``(node, label)`` table.  Same ``(label, arc1, arc2)`` order as
-    :func:`_match_by_merge`.  Returns ``(status, ns, na)``."""
-    i1, sl1 = side1[1], side1[2]
-    i2, K2, lo2, hi2 = side2[1], side2[3], side2[5], side2[6]
-    for xx in range(b1, e1):
-        l1 = sl1[xx]
-        if l1 >= K2:
-            break
-        j = q2 * K2 + l1
-        y = lo2[j]
-        if y < 0:
-            continue
-        a1 = i1[xx]
-        t1 = dst1[a1]
-        for yy in range(y, hi2[j]):
-            a2 = i2[yy]
-            t2 = dst2[a2]
-            key = (t2 * n1 + t1) * nf
-            if dense:
-                status, t, ns = _find_or_add_state_dense(key, t1, t2, ns, state_cap, table,
-                                                         states)
-            else:
-                status, t, ns = _find_or_add_state(key, t1, t2, 0, ns, state_cap, dense, table,
-                                                   hkeys, hash_values, mask, states)
-            if status:
-                return status, ns, na
-            na = _add_arc(head, t, a1, a2, na, arc_cap, arcs)
-            if na < 0:
-                return 1, ns, 0
-    return 0, ns, na
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _match_by_merge(head, q1, b1, e1, b2, e2, by_first_table, ns, na, n1, nf, side1, dst1,
-                    side2, dst2, state_cap, arc_cap, dense, table, hkeys, hash_values, mask,
-                    states, arcs):
-    """Real matches of state ``head`` by groups of equal labels (``x..xe`` on the
-    first side, ``y..ye`` on the second), in increasing label order: the
-    second side's label groups looked up in the first side's ``(node, label)``
-    table (``by_first_table``), or a merge of the two label-sorted lists.
-    Returns ``(status, ns, na)``."""
-    i1, sl1, K1, lo1, hi1 = side1[1], side1[2], side1[3], side1[5], side1[6]
-    i2, sl2 = side2[1], side2[2]
-    x = b1
-    y = b2
-    while True:
-        found = False
-        xe = x
-        ye = y
-        if by_first_table:
-            while y < e2:
-                l2 = sl2[y]
-                ye = y + 1
-                while ye < e2 and sl2[ye] == l2:
-                    ye += 1
-                if l2 < K1:
-                    x = lo1[q1 * K1 + l2]
-                    if x >= 0:
-                        xe = hi1[q1 * K1 + l2]
-                        found = True
-                        break
-                y = ye
-        else:
-            while x < e1 and y < e2:
-                l1 = sl1[x]
-                l2 = sl2[y]
-                if l1 < l2:
-                    x += 1
-                elif l1 > l2:
-                    y += 1
-                else:
-                    xe = x + 1
-                    while xe < e1 and sl1[xe] == l1:
-                        xe += 1
-                    ye = y + 1
-                    while ye < e2 and sl2[ye] == l1:
-                        ye += 1
-                    found = True
-                    break
-        if not found:
-            return 0, ns, na
-        for xx in range(x, xe):
-            a1 = i1[xx]
-            t1 = dst1[a1]
-            for yy in range(y, ye):
-                a2 = i2[yy]
-                t2 = dst2[a2]
-                status, t, ns = _find_or_add_state((t2 * n1 + t1) * nf, t1, t2, 0, ns,
-                                                   state_cap, dense, table, hkeys, hash_values,
-                                                   mask, states)
-                if status:
-                    return status, ns, na
-                na = _add_arc(head, t, a1, a2, na, arc_cap, arcs)
-                if na < 0:
-                    return 1, ns, 0
-        x = xe
-        y = ye
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _match_epsilons(head, q1, q2, f, k1, b1, k2, b2, ns, na, n1, nf, side1, dst1, side2, dst2,
-                    state_cap, arc_cap, dense, table, hkeys, hash_values, mask, states, arcs):
-    """Epsilon moves of state ``head`` (filter state ``f``; epsilon arcs are
-    ``k1..b1-1`` and ``k2..b2-1``), under the epsilon-matching filter of
-    :func:`compose_kernel`: phase 1 the first side alone, phase 2 the second
-    side alone, phase 3 both together.  Returns ``(status, ns, na)``."""
-    i1 = side1[1]
-    i2 = side2[1]
-    for phase in range(1, 4):
-        if phase == 1:
-            if f == 2:
-                continue
-            xs, xe0, ys, ye0 = k1, b1, 0, 1
-        elif phase == 2:
-            if f == 1:
-                continue
-            xs, xe0, ys, ye0 = 0, 1, k2, b2
-        else:
-            if f != 0:
-                continue
-            xs, xe0, ys, ye0 = k1, b1, k2, b2
-        for xx in range(xs, xe0):
-            for yy in range(ys, ye0):
-                if phase == 3:
-                    a1 = i1[xx]
-                    a2 = i2[yy]
-                    t1 = dst1[a1]
-                    t2 = dst2[a2]
-                    tf = 0
-                elif phase == 1:
-                    a1 = i1[xx]
-                    a2 = -1
-                    t1 = dst1[a1]
-                    t2 = q2
-                    tf = 1
-                else:
-                    a1 = -1
-                    a2 = i2[yy]
-                    t1 = q1
-                    t2 = dst2[a2]
-                    tf = 2
-                if nf == 1:
-                    tf = 0   # one-sided epsilons: no filter state
-                status, t, ns = _find_or_add_state((t2 * n1 + t1) * nf + tf, t1, t2, tf, ns,
-                                                   state_cap, dense, table, hkeys, hash_values,
-                                                   mask, states)
-                if status:
-                    return status, ns, na
-                na = _add_arc(head, t, a1, a2, na, arc_cap, arcs)
-                if na < 0:
-                    return 1, ns, 0
-    return 0, ns, na
-
-
-@numba.njit(cache=True, nogil=True)
-def _explore_general(ns, n1, side1, dst1, side2, dst2, nf, state_cap, arc_cap, dense, table,
-                     hkeys, hash_values, mask, states, arcs):
-    """Breadth-first exploration of the output states (any graphs): for each
-    state, its real matches (:func:`_match_by_table` when the second side has a
-    ``(node, label)`` table and the first side has no more arcs there, else
-    :func:`_match_by_merge`), then its epsilon moves (:func:`_match_epsilons`).
-    Returns ``(status, ns, na)``."""
-    p1, sl1, use1 = side1[0], side1[2], side1[4]
-    p2, sl2, use2 = side2[0], side2[2], side2[4]
-    eps = side1[7] or side2[7]
-    q1s, q2s, filts = states
-    na = 0
-    head = 0
-    while head < ns:
-        q1 = q1s[head]
-        q2 = q2s[head]
-        k1 = p1[q1]
-        e1 = p1[q1 + 1]
-        k2 = p2[q2]
-        e2 = p2[q2 + 1]
-        b1 = k1   # the epsilon arcs come first in each node's label-sorted arcs
-        while b1 < e1 and sl1[b1] == -1:
-            b1 += 1
-        b2 = k2
-        while b2 < e2 and sl2[b2] == -1:
-            b2 += 1
-        if use2 and (e1 - b1 <= e2 - b2 or not use1):
-            status, ns, na = _match_by_table(head, q2, b1, e1, ns, na, n1, nf, side1, dst1,
-                                             side2, dst2, state_cap, arc_cap, dense, table,
-                                             hkeys, hash_values, mask, states, arcs)
-        else:
-            status, ns, na = _match_by_merge(head, q1, b1, e1, b2, e2, use1, ns, na, n1, nf,
-                                             side1, dst1, side2, dst2, state_cap, arc_cap, dense,
-                                             table, hkeys, hash_values, mask, states, arcs)
-        if status:
-            return status, ns, na
-        if eps:
-            status, ns, na = _match_epsilons(head, q1, q2, filts[head], k1, b1, k2, b2, ns, na,
-                                             n1, nf, side1, dst1, side2, dst2, state_cap,
-                                             arc_cap, dense, table, hkeys, hash_values, mask,
-                                             states, arcs)
-            if status:
-                return status, ns, na
-        head += 1
-    return 0, ns, na
-
-
-@numba.njit(cache=True, nogil=True)
-def _trim(ns, na, forward_ids, accept1, accept2, states, arcs, target_ptr, target_idx, stack,
-          newid):
-    """Keep the co-accessible output states (those that reach a pair of accept
-    nodes) and number them in creation order: writes ``newid`` (``-1``: dropped)
-    and returns ``(n_out, m_out)``.  With ``forward_ids`` (arcs in source order,
-    each to a later state) one backward sweep over the arcs suffices; otherwise a
-    depth-first search over the reversed arcs."""
-    q1s, q2s = states[0], states[1]
-    arc_src, arc_dst = arcs[0], arcs[1]
-    # newid = -2 unvisited, -1 co-accessible (renumbered below)
-    for s in range(ns):
-        newid[s] = -1 if (accept1[q1s[s]] and accept2[q2s[s]]) else -2
-    m_out = -1
-    if forward_ids:
-        # a target's state is final when its in-arcs come, so they are counted here
-        m_out = 0
-        for k in range(na - 1, -1, -1):
-            keep = newid[arc_dst[k]] == -1
-            if keep:
-                newid[arc_src[k]] = -1
-            m_out += 1 if keep else 0
-    else:
-        # reverse adjacency of the explored arcs (counting sort by target), then DFS
-        for s in range(ns + 1):
-            target_ptr[s] = 0
-        for k in range(na):
-            target_ptr[arc_dst[k] + 1] += 1
-        for s in range(ns):
-            target_ptr[s + 1] += target_ptr[s]
-        for s in range(ns):
-            stack[s] = target_ptr[s]
-        for k in range(na):
-            d = arc_dst[k]
-            target_idx[stack[d]] = k
-            stack[d] += 1
-        top = 0
-        for s in range(ns):
-            if newid[s] == -1:
-                stack[top] = s
-                top += 1
-        while top > 0:
-            top -= 1
-            v = stack[top]
-            for k in range(target_ptr[v], target_ptr[v + 1]):
-                u = arc_src[target_idx[k]]
-                if newid[u] == -2:
-                    newid[u] = -1
-                    stack[top] = u
-                    top += 1
-    n_out = 0
-    for s in range(ns):
-        if newid[s] == -1:
-            newid[s] = n_out
-            n_out += 1
-    if m_out < 0:
-        m_out = 0
-        for k in range(na):
-            if newid[arc_dst[k]] >= 0:
-                m_out += 1
-    return n_out, m_out
-
-
-@numba.njit(cache=True, nogil=True)
 def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
                    start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table, tables=True):
     """Composition / intersection of two graphs with an epsilon filter.
@@ -649,18 +184,40 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
       arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
       it (``-1``: that side did not move).
 
-    Steps: :func:`_compose_side` (label-sorted arcs and ``(node, label)``
-    tables of each operand), :func:`_seed_start_states`, the breadth-first
-    exploration (:func:`_explore_tight` for the common epsilon-free dense case,
-    else :func:`_explore_general` with :func:`_match_by_table`,
-    :func:`_match_by_merge` and :func:`_match_epsilons`), and :func:`_trim`.
+    NB: one long function on purpose.  A split into named steps (state lookup,
+    table and merge matching, epsilon moves, trimming as separate inlined
+    kernels) was tried and measured: the one-sequence intersect stage of
+    ``benchmarks/graphs.py`` (8,200,30,40) went from 1.1-1.5 ms to 3-7 ms,
+    because the helpers take the state tables as array arguments, whose
+    reference counting numba cannot elide in the innermost loop.  The
+    sections are marked by comments instead.
     """
-    side1 = _compose_side(n1, src1, lab1, tables)
-    side2 = _compose_side(n2, src2, lab2, tables)
-    eps = side1[7] or side2[7]
+    p1, i1 = _sorted_csr(n1, src1, lab1)
+    p2, i2 = _sorted_csr(n2, src2, lab2)
+    # labels in CSR order (one indirection less in the matching loops)
+    sl1 = np.empty(i1.shape[0], np.int64)
+    for k in range(i1.shape[0]):
+        sl1[k] = lab1[i1[k]]
+    sl2 = np.empty(i2.shape[0], np.int64)
+    for k in range(i2.shape[0]):
+        sl2[k] = lab2[i2[k]]
+    # (node, label) -> range of its label-sorted out-arcs, when the table is small
+    K1, use1, lo1, hi1 = _label_table(n1, p1, sl1, tables)
+    K2, use2, lo2, hi2 = _label_table(n2, p2, sl2, tables)
+    eps1 = False
+    for a in range(lab1.shape[0]):
+        if lab1[a] == -1:
+            eps1 = True
+            break
+    eps2 = False
+    for a in range(lab2.shape[0]):
+        if lab2[a] == -1:
+            eps2 = True
+            break
+    eps = eps1 or eps2
     # the filter is needed only when both sides have epsilons: with one side
     # alone the interleaving of a pair of paths is already unique
-    nf = 3 if (side1[7] and side2[7]) else 1
+    nf = 3 if (eps1 and eps2) else 1
     dense = table.shape[0] >= n1 * n2 * nf
     cap = hkeys.shape[0]
     if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
@@ -669,33 +226,402 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     mask = cap - 1
     if not dense:
         hkeys[:] = -1
-    hash_values, states, arcs, target_ptr, target_idx, stack, newid = _compose_views(
-        ws, cap, state_cap, arc_cap)
-    status, ns = _seed_start_states(n1, start1, n2, start2, nf, state_cap, dense, table, hkeys,
-                                    hash_values, mask, states)
-    nstart = ns
+    o = 0
+    hvals = ws[o:o + cap]
+    o += cap
+    sq1 = ws[o:o + state_cap]
+    o += state_cap
+    sq2 = ws[o:o + state_cap]
+    o += state_cap
+    sf = ws[o:o + state_cap]
+    o += state_cap
+    asrc = ws[o:o + arc_cap]
+    o += arc_cap
+    adst = ws[o:o + arc_cap]
+    o += arc_cap
+    aa1 = ws[o:o + arc_cap]
+    o += arc_cap
+    aa2 = ws[o:o + arc_cap]
+    o += arc_cap
+    t_ptr = ws[o:o + state_cap + 1]
+    o += state_cap + 1
+    t_idx = ws[o:o + arc_cap]
+    o += arc_cap
+    stack = ws[o:o + state_cap]
+    o += state_cap
+    newid = ws[o:o + state_cap]
+    ns = 0
     na = 0
-    forward_ids = True
-    tight = dense and not eps and side2[4]
-    if status == 0:
-        if tight:
-            status, ns, na, forward_ids = _explore_tight(ns, n1, side1, dst1, side2, dst2,
-                                                         state_cap, arc_cap, table, states, arcs)
+    for s1 in range(n1):
+        if not start1[s1]:
+            continue
+        for s2 in range(n2):
+            if not start2[s2]:
+                continue
+            if ns == state_cap:
+                _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                return 1, 0, 0, 0, 0, 0, False
+            key = (s2 * n1 + s1) * nf
+            h, found = _find(key, dense, table, hkeys, hvals, mask)
+            if found < 0:
+                _put(h, key, ns, dense, table, hkeys, hvals)
+                sq1[ns] = s1
+                sq2[ns] = s2
+                sf[ns] = 0
+                ns += 1
+    nstart = ns
+    head = 0
+    tight = dense and not eps and use2
+    forward_ids = True   # (tracked by the tight loop; checked afterwards otherwise)
+    if tight:
+        # the common case (no epsilons, small state space, a (node, label) table
+        # for the second graph, e.g. a CTC graph with an emission graph): the
+        # same exploration as below (same states, arcs and order), tighter
+        sd1 = np.empty(i1.shape[0], np.int64)
+        for k in range(i1.shape[0]):
+            sd1[k] = dst1[i1[k]]
+        sd2 = np.empty(i2.shape[0], np.int64)
+        for k in range(i2.shape[0]):
+            sd2[k] = dst2[i2[k]]
+        while head < ns:
+            q1 = sq1[head]
+            base2 = sq2[head] * K2
+            for xx in range(p1[q1], p1[q1 + 1]):
+                l1 = sl1[xx]
+                if l1 >= K2:
+                    break
+                y = lo2[base2 + l1]
+                if y < 0:
+                    continue
+                ye = hi2[base2 + l1]
+                a1 = i1[xx]
+                t1 = sd1[xx]
+                for yy in range(y, ye):
+                    t2 = sd2[yy]
+                    key = t2 * n1 + t1
+                    t = table[key]
+                    fresh = t < 0
+                    if ns < state_cap:
+                        sq1[ns] = t1
+                        sq2[ns] = t2
+                        sf[ns] = 0
+                    elif fresh:
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                        return 1, 0, 0, 0, 0, 0, False
+                    t = ns if fresh else t
+                    table[key] = t
+                    ns += 1 if fresh else 0
+                    if t <= head:
+                        forward_ids = False
+                    if na == arc_cap:
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                        return 1, 0, 0, 0, 0, 0, False
+                    asrc[na] = head
+                    adst[na] = t
+                    aa1[na] = a1
+                    aa2[na] = i2[yy]
+                    na += 1
+            head += 1
+    while head < ns:
+        q1 = sq1[head]
+        q2 = sq2[head]
+        f = sf[head]
+        k1 = p1[q1]
+        e1 = p1[q1 + 1]
+        k2 = p2[q2]
+        e2 = p2[q2 + 1]
+        b1 = k1
+        while b1 < e1 and sl1[b1] == -1:
+            b1 += 1
+        b2 = k2
+        while b2 < e2 and sl2[b2] == -1:
+            b2 += 1
+        # real matches: groups of equal labels (x..xe on side 1, y..ye on side 2),
+        # in increasing label order.  The side with fewer arcs is walked and its
+        # labels looked up in the other side's (node, label) table when there is
+        # one; otherwise the two label-sorted lists are merged.
+        if use2 and (e1 - b1 <= e2 - b2 or not use1):
+            mode = 1
+        elif use1:
+            mode = 2
         else:
-            status, ns, na = _explore_general(ns, n1, side1, dst1, side2, dst2, nf, state_cap,
-                                              arc_cap, dense, table, hkeys, hash_values, mask,
-                                              states, arcs)
-    _reset(dense, table, states[0], states[1], states[2], ns, n1, nf)
-    if status:
-        return 1, 0, 0, 0, 0, 0, False
+            mode = 0
+        x = b1
+        y = b2
+        if mode == 1:
+            # each side-1 arc (label-sorted) with its label's side-2 arcs: the same
+            # (label, x, y) order as the merge, one short loop per state
+            for xx in range(b1, e1):
+                l1 = sl1[xx]
+                if l1 >= K2:
+                    break
+                j = q2 * K2 + l1
+                y = lo2[j]
+                if y < 0:
+                    continue
+                ye = hi2[j]
+                a1 = i1[xx]
+                t1 = dst1[a1]
+                for yy in range(y, ye):
+                    a2 = i2[yy]
+                    t2 = dst2[a2]
+                    key = (t2 * n1 + t1) * nf
+                    if dense:
+                        # branch-free state lookup: whether the state is new is
+                        # unpredictable (about half the arcs here)
+                        t = table[key]
+                        fresh = t < 0
+                        if ns < state_cap:
+                            sq1[ns] = t1
+                            sq2[ns] = t2
+                            sf[ns] = 0
+                        elif fresh:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0, False
+                        t = ns if fresh else t
+                        table[key] = t
+                        ns += 1 if fresh else 0
+                        if na == arc_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0, False
+                        asrc[na] = head
+                        adst[na] = t
+                        aa1[na] = a1
+                        aa2[na] = a2
+                        na += 1
+                        continue
+                    else:
+                        h = _slot(key, mask)
+                        while hkeys[h] != -1 and hkeys[h] != key:
+                            h = (h + 1) & mask
+                        t = -1 if hkeys[h] == -1 else hvals[h]
+                    if t < 0:
+                        if ns == state_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0, False
+                        if dense:
+                            table[key] = ns
+                        else:
+                            hkeys[h] = key
+                            hvals[h] = ns
+                        sq1[ns] = t1
+                        sq2[ns] = t2
+                        sf[ns] = 0
+                        t = ns
+                        ns += 1
+                    if na == arc_cap:
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                        return 1, 0, 0, 0, 0, 0, False
+                    asrc[na] = head
+                    adst[na] = t
+                    aa1[na] = a1
+                    aa2[na] = a2
+                    na += 1
+        while mode != 1:
+            found = False
+            xe = x
+            ye = y
+            if mode == 2:
+                while y < e2:
+                    l2 = sl2[y]
+                    ye = y + 1
+                    while ye < e2 and sl2[ye] == l2:
+                        ye += 1
+                    if l2 < K1:
+                        x = lo1[q1 * K1 + l2]
+                        if x >= 0:
+                            xe = hi1[q1 * K1 + l2]
+                            found = True
+                            break
+                    y = ye
+            else:
+                while x < e1 and y < e2:
+                    l1 = sl1[x]
+                    l2 = sl2[y]
+                    if l1 < l2:
+                        x += 1
+                    elif l1 > l2:
+                        y += 1
+                    else:
+                        xe = x + 1
+                        while xe < e1 and sl1[xe] == l1:
+                            xe += 1
+                        ye = y + 1
+                        while ye < e2 and sl2[ye] == l1:
+                            ye += 1
+                        found = True
+                        break
+            if not found:
+                break
+            for xx in range(x, xe):
+                a1 = i1[xx]
+                t1 = dst1[a1]
+                for yy in range(y, ye):
+                    a2 = i2[yy]
+                    t2 = dst2[a2]
+                    key = (t2 * n1 + t1) * nf
+                    # state lookup, inlined (a helper call costs ~40% here)
+                    if dense:
+                        h = key
+                        t = table[key]
+                    else:
+                        h = _slot(key, mask)
+                        while hkeys[h] != -1 and hkeys[h] != key:
+                            h = (h + 1) & mask
+                        t = -1 if hkeys[h] == -1 else hvals[h]
+                    if t < 0:
+                        if ns == state_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0, False
+                        if dense:
+                            table[key] = ns
+                        else:
+                            hkeys[h] = key
+                            hvals[h] = ns
+                        sq1[ns] = t1
+                        sq2[ns] = t2
+                        sf[ns] = 0
+                        t = ns
+                        ns += 1
+                    if na == arc_cap:
+                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                        return 1, 0, 0, 0, 0, 0, False
+                    asrc[na] = head
+                    adst[na] = t
+                    aa1[na] = a1
+                    aa2[na] = a2
+                    na += 1
+            x = xe
+            y = ye
+        if eps:
+            # 1: first side alone on epsilon; 2: second side alone; 3: both together
+            for phase in range(1, 4):
+                if phase == 1:
+                    if f == 2:
+                        continue
+                    xs, xe0, ys, ye0 = k1, b1, 0, 1
+                elif phase == 2:
+                    if f == 1:
+                        continue
+                    xs, xe0, ys, ye0 = 0, 1, k2, b2
+                else:
+                    if f != 0:
+                        continue
+                    xs, xe0, ys, ye0 = k1, b1, k2, b2
+                for xx in range(xs, xe0):
+                    for yy in range(ys, ye0):
+                        if phase == 3:
+                            a1 = i1[xx]
+                            a2 = i2[yy]
+                            t1 = dst1[a1]
+                            t2 = dst2[a2]
+                            tf = 0
+                        elif phase == 1:
+                            a1 = i1[xx]
+                            a2 = -1
+                            t1 = dst1[a1]
+                            t2 = q2
+                            tf = 1
+                        else:
+                            a1 = -1
+                            a2 = i2[yy]
+                            t1 = q1
+                            t2 = dst2[a2]
+                            tf = 2
+                        if nf == 1:
+                            tf = 0   # one-sided epsilons: no filter state
+                        key = (t2 * n1 + t1) * nf + tf
+                        # state lookup, inlined (a helper call costs ~40% here)
+                        if dense:
+                            h = key
+                            t = table[key]
+                        else:
+                            h = _slot(key, mask)
+                            while hkeys[h] != -1 and hkeys[h] != key:
+                                h = (h + 1) & mask
+                            t = -1 if hkeys[h] == -1 else hvals[h]
+                        if t < 0:
+                            if ns == state_cap:
+                                _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                                return 1, 0, 0, 0, 0, 0, False
+                            if dense:
+                                table[key] = ns
+                            else:
+                                hkeys[h] = key
+                                hvals[h] = ns
+                            sq1[ns] = t1
+                            sq2[ns] = t2
+                            sf[ns] = tf
+                            t = ns
+                            ns += 1
+                        if na == arc_cap:
+                            _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+                            return 1, 0, 0, 0, 0, 0, False
+                        asrc[na] = head
+                        adst[na] = t
+                        aa1[na] = a1
+                        aa2[na] = a2
+                        na += 1
+        head += 1
+    _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+    # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
     if not tight:
-        arc_src, arc_dst = arcs[0], arcs[1]
+        forward_ids = True
         for k in range(na):
-            if arc_dst[k] <= arc_src[k]:
+            if adst[k] <= asrc[k]:
                 forward_ids = False
                 break
-    n_out, m_out = _trim(ns, na, forward_ids, accept1, accept2, states, arcs, target_ptr,
-                         target_idx, stack, newid)
+    for s in range(ns):
+        newid[s] = -1 if (accept1[sq1[s]] and accept2[sq2[s]]) else -2
+    m_out = -1
+    if forward_ids:
+        # arcs were emitted in source order and every arc goes to a later state:
+        # one backward sweep settles co-accessibility (e.g. products with a chain);
+        # a target's state is final when its in-arcs come, so they are counted here
+        m_out = 0
+        for k in range(na - 1, -1, -1):
+            keep = newid[adst[k]] == -1
+            if keep:
+                newid[asrc[k]] = -1
+            m_out += 1 if keep else 0
+    else:
+        # reverse adjacency of the explored arcs (counting sort by target), then DFS
+        for s in range(ns + 1):
+            t_ptr[s] = 0
+        for k in range(na):
+            t_ptr[adst[k] + 1] += 1
+        for s in range(ns):
+            t_ptr[s + 1] += t_ptr[s]
+        for s in range(ns):
+            stack[s] = t_ptr[s]
+        for k in range(na):
+            d = adst[k]
+            t_idx[stack[d]] = k
+            stack[d] += 1
+        top = 0
+        for s in range(ns):
+            if newid[s] == -1:
+                stack[top] = s
+                top += 1
+        while top > 0:
+            top -= 1
+            v = stack[top]
+            for k in range(t_ptr[v], t_ptr[v + 1]):
+                u = asrc[t_idx[k]]
+                if newid[u] == -2:
+                    newid[u] = -1
+                    stack[top] = u
+                    top += 1
+    n_out = 0
+    for s in range(ns):
+        if newid[s] == -1:
+            newid[s] = n_out
+            n_out += 1
+    if m_out < 0:
+        m_out = 0
+        for k in range(na):
+            if newid[adst[k]] >= 0:
+                m_out += 1
     return 0, ns, na, nstart, n_out, m_out, forward_ids
 
 
@@ -713,9 +639,20 @@ def compose_emit(ns, na, nstart, n_out, m_out, accept1, accept2, oil1, w1, ool2,
             or out_accept.shape[0] < n_out or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1
             or ns > state_cap or na > arc_cap):
         return 2
-    _, states, arcs, _, _, _, newid = _compose_views(ws, cap, state_cap, arc_cap)
-    sq1, sq2 = states[0], states[1]
-    asrc, adst, aa1, aa2 = arcs
+    o = cap
+    sq1 = ws[o:o + state_cap]
+    o += state_cap
+    sq2 = ws[o:o + state_cap]
+    o += 2 * state_cap
+    asrc = ws[o:o + arc_cap]
+    o += arc_cap
+    adst = ws[o:o + arc_cap]
+    o += arc_cap
+    aa1 = ws[o:o + arc_cap]
+    o += arc_cap
+    aa2 = ws[o:o + arc_cap]
+    o += 2 * arc_cap + 2 * state_cap + 1
+    newid = ws[o:o + state_cap]
     for i in range(n_out):
         out_start[i] = False
         out_accept[i] = False
@@ -760,5 +697,3 @@ def has_label(lab1, lab2, label):
         if lab2[a] == label:
             return True
     return False
-
-
