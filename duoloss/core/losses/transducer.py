@@ -144,6 +144,44 @@ def _fill_box(g, b, s0, s1, t0, t1, value):
             g[b, s, t] = value
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _max_nan(a, b):
+    """max(a, b) with NaN propagating."""
+    if a != a or b != b:
+        return np.nan
+    return a if a >= b else b
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lattice_forward(b, px, py, s0, t0, ns, nt, modified, tropical):
+    """Forward table ``table[i, j]`` of lattice node ``(s0 + i, t0 + j)`` over the box.
+
+    One recursion in two semirings: ``tropical=False`` sums paths (log space:
+    :func:`_one`'s exact fallback), ``tropical=True`` keeps the best one (NaN
+    propagating: :func:`_viterbi_one`).  Callers pass the semiring as a literal,
+    so after inlining LLVM drops the other branch.
+    """
+    table = np.empty((ns, nt))
+    for i in range(ns):
+        s = s0 + i
+        for j in range(nt):
+            t = t0 + j
+            if i == 0 and j == 0:
+                v = 0.0
+            else:
+                v = _NEG_INF
+                if j > 0:
+                    v = table[i, j - 1] + np.float64(py[b, s, t - 1])
+                if i > 0 and (j > 0 or not modified):
+                    if modified:
+                        w = table[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1])
+                    else:
+                        w = table[i - 1, j] + np.float64(px[b, s - 1, t])
+                    v = _max_nan(v, w) if tropical else _lae(v, w)
+            table[i, j] = v
+    return table
+
+
 @numba.njit(cache=True, nogil=True)
 def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     """Loss (and gradients) of sequence ``b``; ``gx``/``gy`` are zero on entry."""
@@ -163,23 +201,7 @@ def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     ns = s1 - s0 + 1
     nt = t1 - t0 + 1
     # alpha[i, j] = p[s0 + i, t0 + j]
-    alpha = np.empty((ns, nt))
-    for i in range(ns):
-        s = s0 + i
-        for j in range(nt):
-            t = t0 + j
-            if i == 0 and j == 0:
-                v = 0.0
-            else:
-                v = _NEG_INF
-                if j > 0:
-                    v = alpha[i, j - 1] + np.float64(py[b, s, t - 1])
-                if i > 0:
-                    if not modified:
-                        v = _lae(v, alpha[i - 1, j] + np.float64(px[b, s - 1, t]))
-                    elif j > 0:
-                        v = _lae(v, alpha[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1]))
-            alpha[i, j] = v
+    alpha = _lattice_forward(b, px, py, s0, t0, ns, nt, modified, False)
     total = alpha[ns - 1, nt - 1]
     losses[b] = -total
     if not (want_x or want_y):
@@ -521,14 +543,6 @@ TRANSDUCER_KERNEL = LossKernel(
 # --------------------------------------------------------------------------- #
 # Viterbi                                                                      #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True, inline="always")
-def _max_nan(a, b):
-    """max(a, b) with NaN propagating."""
-    if a != a or b != b:
-        return np.nan
-    return a if a >= b else b
-
-
 @numba.njit(cache=True, nogil=True)
 def _viterbi_one(b, px, py, bd, modified, scores, frames):
     n_s = py.shape[1] - 1
@@ -542,23 +556,7 @@ def _viterbi_one(b, px, py, bd, modified, scores, frames):
     t1 = bd[b, 3]
     ns = s1 - s0 + 1
     nt = t1 - t0 + 1
-    v = np.empty((ns, nt))
-    for i in range(ns):
-        s = s0 + i
-        for j in range(nt):
-            t = t0 + j
-            if i == 0 and j == 0:
-                x = 0.0
-            else:
-                x = _NEG_INF
-                if j > 0:
-                    x = v[i, j - 1] + np.float64(py[b, s, t - 1])
-                if i > 0:
-                    if not modified:
-                        x = _max_nan(x, v[i - 1, j] + np.float64(px[b, s - 1, t]))
-                    elif j > 0:
-                        x = _max_nan(x, v[i - 1, j - 1] + np.float64(px[b, s - 1, t - 1]))
-            v[i, j] = x
+    v = _lattice_forward(b, px, py, s0, t0, ns, nt, modified, True)
     best = v[ns - 1, nt - 1]
     scores[b] = best
     if best != best or best == _NEG_INF:
