@@ -1,19 +1,9 @@
 """Composition (and intersection) of two graphs: the state-pair table, label
 matching, epsilon handling and the emission of the composed graph's arrays.
 
-Compiled kernels of the graph engine (numba, ``nogil`` so threads overlap).
-
-Every kernel is a module-level ``@numba.njit(cache=True, nogil=True)`` function
-(kernels generated inside factories would defeat numba's on-disk cache).  The
-kernels take plain arrays, never index outside them (every index they read comes
-from arrays they validated or built themselves), and report problems through a
-status code: callers validate input before calling.
-
-Scores are accumulated in float64.  Notation: for a graph with arcs
-``a = (u -> v, w_a)``, a *path* runs from a start node to an accept node; the
-*useful* arcs are those on at least one path (source accessible from a start,
-target co-accessible to an accept).  Only useful arcs and nodes take part in
-scores, so dead ends, unreachable sources and their cycles are harmless.
+Same conventions as :mod:`duoloss.core.graph.scores` (module-level
+``@numba.njit(cache=True, nogil=True)`` kernels on validated arrays, problems
+reported through a status code).
 """
 from __future__ import annotations
 
