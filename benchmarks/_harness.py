@@ -43,6 +43,23 @@ SIZES_HELP = ("sizes as comma-separated integers, several separated by ';' "
               "(quote it in a shell): e.g. \"{example}\"; default: \"{default}\"")
 
 
+def synthetic_inputs(b, t, c, l):
+    """The loss benchmarks' synthetic batch (seed 0): ``(rng, x, log_probs, targets,
+    input_lengths, target_lengths, transitions)``; ``x`` is ``(T, B, C)`` float32 logits,
+    ``log_probs`` their float32 log-softmax, and ``rng`` the generator, positioned after
+    these draws, for any further inputs a script needs."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t, b, c)).astype(np.float32)
+    lp = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
+    tg = rng.integers(1, c, (b, l))
+    il = np.full(b, t)
+    tl = np.full(b, l)
+    tr = (0.5 * rng.standard_normal((c, c))).astype(np.float32)
+    return rng, x, lp, tg, il, tl, tr
+
+
 def parse_sizes(text, names):
     """``"8,200,30,40;1,50,20,10"`` -> ``[(8, 200, 30, 40), (1, 50, 20, 10)]``.
 

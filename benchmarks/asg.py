@@ -38,13 +38,7 @@ def bench(b, t, c, l, rounds, frontends, label=""):
     from duoloss.core.losses.graph_loss import check_graph_args, graph_loss_and_grad
     from duoloss.graphs import ctc_graph
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((t, b, c)).astype(np.float32)
-    lp = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
-    tg = rng.integers(1, c, (b, l))
-    il = np.full(b, t)
-    tl = np.full(b, l)
-    tr = (0.5 * rng.standard_normal((c, c))).astype(np.float32)
+    rng, x, lp, tg, il, tl, tr = H.synthetic_inputs(b, t, c, l)
     sv = rng.standard_normal(c).astype(np.float32)
     graphs = [ctc_graph(tg[i]) for i in range(b)]
 

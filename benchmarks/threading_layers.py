@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 
 if __package__ in (None, ""):  # ``python benchmarks/threading_layers.py``: time this checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,14 +44,7 @@ QUICK_SIZES = [(4, 200, 12, 25)]  # above the core's serial cut-off: a parallel 
 
 
 def _inputs(b, t, c, l):
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((t, b, c)).astype(np.float32)
-    lp = (x - np.log(np.exp(x).sum(-1, keepdims=True))).astype(np.float32)
-    tg = rng.integers(1, c, (b, l))
-    il = np.full(b, t)
-    tl = np.full(b, l)
-    tr = (0.5 * rng.standard_normal((c, c))).astype(np.float32)
-    return x, lp, tg, il, tl, tr
+    return H.synthetic_inputs(b, t, c, l)[1:]
 
 
 def _kernels(size):
