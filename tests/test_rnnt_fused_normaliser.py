@@ -1,9 +1,12 @@
 """The fused normaliser + gather of the RNN-T frontends (issue #11 speed work).
 
-The torch CPU path runs ``log_softmax`` through blocks of rows; the JAX path
-has one custom backward.  Both are checked against an independent float64
-reference written here (plain torch autograd through ``log_softmax``, gathers
-and the alpha recursion), on every block split, and against each other.
+The core's one-pass kernels (:mod:`duoloss.core.losses.joiner`, what torch CPU
+tensors take) are checked against torch's ``log_softmax`` and autograd on rows
+of every width around the kernels' 32-wide blocks, NaN/inf rows and the row
+sentinels; the torch frontend (CPU kernels and the torch-op formula GPU tensors
+take) and the JAX custom backward against an independent float64 reference
+written here (plain torch autograd through ``log_softmax``, gathers and the
+alpha recursion), and against each other.
 """
 import numpy as np
 import pytest
@@ -43,8 +46,8 @@ def _case(seed=0, n=3, t=5, u=3, v=7):
     return x, tg, il, tl
 
 
-def _torch_loss_grad(x, tg, il, tl, **kw):
-    xt = torch.tensor(x, requires_grad=True)
+def _torch_loss_grad(x, tg, il, tl, dtype=torch.float64, **kw):
+    xt = torch.tensor(x, dtype=dtype, requires_grad=True)
     loss = dt.rnnt_loss(xt, torch.tensor(tg), torch.tensor(il), torch.tensor(tl), blank=0,
                         reduction="none", **kw)
     w = torch.arange(1.0, x.shape[0] + 1, dtype=xt.dtype)  # distinct cotangents per sequence
@@ -52,33 +55,138 @@ def _torch_loss_grad(x, tg, il, tl, **kw):
     return loss.detach().numpy(), xt.grad.numpy()
 
 
-@pytest.mark.parametrize("block_rows", [1, 3, 4, 10_000])
-def test_torch_blocked_matches_reference(monkeypatch, block_rows):
+def _core_reference(x, labels, blank, g_label, g_blank):
+    """float64 torch autograd through log_softmax and the two gathers."""
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    lp = torch.log_softmax(xt, -1)
+    rows = torch.arange(x.shape[0])
+    lab = torch.tensor(np.clip(labels, 0, None))
+    has = torch.tensor(labels >= 0)
+    act = torch.tensor(labels != -2)
+    label = torch.where(has, lp[rows, lab], torch.tensor(-np.inf, dtype=torch.float64))
+    blk = lp[:, blank]
+    tot = (torch.where(has & act, label, 0.0) * torch.tensor(g_label)).sum() \
+        + (torch.where(act, blk, 0.0) * torch.tensor(g_blank)).sum()
+    tot.backward()
+    return label.detach().numpy(), blk.detach().numpy(), xt.grad.numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_cls", [1, 2, 7, 28, 31, 32, 33, 64, 95, 500])
+def test_core_kernel_matches_torch_log_softmax(dtype, n_cls):
+    from duoloss.core.losses.joiner import log_softmax_gather, log_softmax_gather_grad
+
+    rng = np.random.default_rng(n_cls)
+    r = 300
+    x = (rng.standard_normal((r, n_cls)) * 6).astype(dtype)
+    x[5, -1] = 80.0                      # a large logit: max-shifted sums must not overflow
+    x[6, 0] = -1e30
+    labels = rng.integers(0, n_cls, r)
+    labels[7] = -1
+    labels[8] = -2
+    blank = n_cls - 1
+    g_label = rng.standard_normal(r)
+    g_blank = rng.standard_normal(r)
+    g_label[9] = g_blank[9] = 0.0
+    lab, blk, lse = log_softmax_gather(x, labels, blank)
+    grad = log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank)
+    rl, rb, rg = _core_reference(x.astype(np.float64), labels, blank, g_label, g_blank)
+    act = labels != -2
+    tol = dict(rtol=1e-13, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
+    assert lab.dtype == blk.dtype == grad.dtype == dtype and lse.dtype == np.float64
+    np.testing.assert_allclose(blk[act], rb[act], **tol)
+    has = act & (labels >= 0)
+    np.testing.assert_allclose(lab[has], rl[has], **tol)
+    assert np.all(lab[labels == -1] == -np.inf)
+    assert lab[8] == blk[8] == 0.0 and np.all(grad[8] == 0.0) and np.all(grad[9] == 0.0)
+    np.testing.assert_allclose(grad, rg, **tol)
+
+
+def test_core_kernel_nan_and_inf_rows_follow_torch():
+    from duoloss.core.losses.joiner import log_softmax_gather, log_softmax_gather_grad
+
+    x = np.zeros((6, 40))
+    x[0, 3] = np.nan         # NaN inside: row NaN
+    x[1, 0] = np.nan         # NaN first
+    x[2, 7] = np.inf         # +inf: NaN, as torch.log_softmax
+    x[3, :] = -np.inf        # all -inf: NaN
+    x[4, 5] = -np.inf        # one -inf: finite, its gradient exactly 0
+    labels = np.full(6, 5)
+    for dtype in (np.float32, np.float64):
+        xd = x.astype(dtype)
+        lab, blk, lse = log_softmax_gather(xd, labels, 0)
+        ref = torch.log_softmax(torch.tensor(xd), -1)[:, 0].numpy()
+        assert np.array_equal(np.isnan(blk), np.isnan(ref)) and np.isnan(blk[:4]).all()
+        g = log_softmax_gather_grad(xd, lse, labels, 0, np.ones(6), np.ones(6))
+        assert np.isnan(g[:4]).all(axis=1).all() and np.isfinite(g[4:]).all()
+        assert g[4, 5] == 1.0    # softmax 0 (exactly), plus the label's own cotangent
+        # no cotangent: a zero row, even where the row is NaN
+        g0 = log_softmax_gather_grad(xd, lse, labels, 0, np.zeros(6), np.zeros(6))
+        assert np.all(g0 == 0.0)
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (dict(x=np.zeros((3, 4), np.int64)), TypeError, "'x' must be a 2-D float32/float64"),
+    (dict(x=np.zeros((3,))), TypeError, "'x' must be a 2-D"),
+    (dict(labels=np.zeros(2, np.int64)), ValueError, "'labels' must have 3 entries"),
+    (dict(labels=np.array([0, 4, 0])), ValueError, r"'labels' must lie in \[-2, 3\]"),
+    (dict(labels=np.array([0, -3, 0])), ValueError, r"'labels' must lie in \[-2, 3\]"),
+    (dict(blank=4), ValueError, r"'blank' must lie in \[0, 3\], got 4"),
+    (dict(blank=-1), ValueError, "'blank' must lie in"),
+])
+def test_core_kernel_bad_input(bad, err, match):
+    from duoloss.core.losses.joiner import log_softmax_gather
+
+    kw = dict(x=np.zeros((3, 4)), labels=np.zeros(3, np.int64), blank=0)
+    kw.update(bad)
+    with pytest.raises(err, match="log_softmax_gather: " + match):
+        log_softmax_gather(**kw)
+
+
+def test_core_grad_out_argument_checked():
+    from duoloss.core.losses.joiner import log_softmax_gather_grad
+
+    x = np.zeros((3, 4))
+    args = (x, np.zeros(3), np.zeros(3, np.int64), 0, np.ones(3), np.ones(3))
+    with pytest.raises(ValueError, match="log_softmax_gather_grad: 'out' must be"):
+        log_softmax_gather_grad(*args, out=np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="log_softmax_gather_grad: 'lse' must have 3"):
+        log_softmax_gather_grad(x, np.zeros(2), *args[2:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_torch_matches_reference(dtype):
     x, tg, il, tl = _case()
-    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
-    monkeypatch.setattr(trnnt, "_BLOCK_BYTES", block_rows * x.shape[-1] * 8)
-    loss, grad = _torch_loss_grad(x, tg, il, tl)
+    loss, grad = _torch_loss_grad(x, tg, il, tl, dtype=dtype)
     xr = torch.tensor(x, requires_grad=True)
     ref = _reference(xr, tg, il, tl, 0)
     (ref * torch.arange(1.0, 4.0, dtype=xr.dtype)).sum().backward()
-    np.testing.assert_allclose(loss, ref.detach().numpy(), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(grad, xr.grad.numpy(), rtol=1e-10, atol=1e-12)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss, ref.detach().numpy(), **tol)
+    np.testing.assert_allclose(grad, xr.grad.numpy(), **tol)
 
 
-def test_torch_blocked_is_bit_identical_to_whole_tensor_path(monkeypatch):
+def test_torch_cpu_kernels_agree_with_the_device_formula(monkeypatch):
+    """The CPU kernels and the torch-op formula that GPU tensors take."""
     x, tg, il, tl = _case(1)
-    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
-    monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 3 * x.shape[-1] * 8)
-    blocked = _torch_loss_grad(x, tg, il, tl)
-    monkeypatch.setattr(trnnt, "_row_blocks", lambda x: None)
-    whole = _torch_loss_grad(x, tg, il, tl)
-    assert np.array_equal(blocked[0], whole[0]) and np.array_equal(blocked[1], whole[1])
+    cpu = _torch_loss_grad(x, tg, il, tl)
+    monkeypatch.setattr(trnnt._joiner, "supported", lambda x: False)
+    formula = _torch_loss_grad(x, tg, il, tl)
+    np.testing.assert_allclose(cpu[0], formula[0], rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(cpu[1], formula[1], rtol=1e-12, atol=1e-14)
 
 
-def test_torch_no_grad_loss_is_bit_identical_and_retain_graph_works(monkeypatch):
+def test_torch_func_grad_is_bit_identical_to_eager():
+    x, tg, il, tl = _case(6)
+    args = (torch.tensor(tg), torch.tensor(il), torch.tensor(tl))
+    eager = _torch_loss_grad(x, tg, il, tl)[1] / 1.0
+    w = torch.arange(1.0, x.shape[0] + 1, dtype=torch.float64)
+    g = torch.func.grad(lambda z: (dt.rnnt_loss(z, *args, blank=0, reduction="none") * w).sum())
+    assert np.array_equal(g(torch.tensor(x)).numpy(), eager)
+
+
+def test_torch_no_grad_loss_is_bit_identical_and_retain_graph_works():
     x, tg, il, tl = _case(2)
-    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
-    monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 2 * x.shape[-1] * 8)
     args = (torch.tensor(tg), torch.tensor(il), torch.tensor(tl))
     with torch.no_grad():
         plain = dt.rnnt_loss(torch.tensor(x), *args, blank=0, reduction="none")
@@ -91,10 +199,11 @@ def test_torch_no_grad_loss_is_bit_identical_and_retain_graph_works(monkeypatch)
     assert torch.equal(plain, with_grad)
 
 
-def test_torch_nan_in_padding_stays_out_with_blocks(monkeypatch):
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_torch_nan_in_padding_stays_out(monkeypatch, cpu_kernels):
+    if not cpu_kernels:
+        monkeypatch.setattr(trnnt._joiner, "supported", lambda x: False)
     x, tg, il, tl = _case(3)
-    monkeypatch.setattr(trnnt, "_BLOCKED_MIN_BYTES", 0)
-    monkeypatch.setattr(trnnt, "_BLOCK_BYTES", 2 * x.shape[-1] * 8)
     clean = _torch_loss_grad(x, tg, il, tl)
     dirty = x.copy()
     dirty[2, 4, 3, :] = np.nan  # sequence 2 has T_b = 1, U_b = 0: a padded cell

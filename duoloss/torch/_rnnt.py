@@ -1,11 +1,13 @@
 """RNN-T for PyTorch: ``rnnt_loss``, ``RNNTLoss`` and ``rnnt_align``.
 
-The joiner output never leaves its device: ``log_softmax`` (as a
-``logsumexp``) and the gathers of the target and blank log-probabilities run in
-torch, and only the two ``(N, U(+1), T(+1))`` lattices cross to the host for
-the core recursion (:mod:`duoloss.core.losses.transducer`); one custom backward
-(:class:`_LogProbGather`) takes their gradients back through the gathers and the
-normaliser.
+The joiner output never crosses to another device: the normaliser
+(``log_softmax`` as a ``logsumexp``) and the gathers of the target and blank
+log-probabilities run where the logits live (CPU: the core's one-pass kernels
+on zero-copy views, :mod:`duoloss.torch._joiner`; GPU: torch ops), and only the
+two ``(N, U(+1), T(+1))`` lattices cross to the host for the core recursion
+(:mod:`duoloss.core.losses.transducer`); one custom backward
+(:class:`_LogProbGather`) takes their gradients back through the gathers and
+the normaliser.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ import torch
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
+from . import _joiner
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
-from ._private import transforms_active
+from ._ops import second_order_message
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -60,107 +63,81 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
-#: Bytes of logits per block of rows in the CPU path of :class:`_LogProbGather`
-#: (few blocks: each is one parallel region of torch's own threads).
-_BLOCK_BYTES = 16 << 20
-#: Smaller logits take the whole-tensor path (blocks only pay where fresh
-#: full-size buffers cost page faults).
-_BLOCKED_MIN_BYTES = 256 << 20
+class _JoinerGrad(torch.autograd.Function):
+    """The CPU backward of :class:`_LogProbGather` as a node of its own: run
+    inside ``forward`` it sees plain tensors under every ``torch.func``
+    transform, and differentiating it raises (no second derivatives)."""
 
+    generate_vmap_rule = True
 
-def _row_blocks(x):
-    """``(rows (R, V), [(r0, r1), ...])`` blocks of about :data:`_BLOCK_BYTES`,
-    or ``None`` where the blocked path does not apply (not a plain contiguous CPU
-    tensor of at least :data:`_BLOCKED_MIN_BYTES`, under ``torch.compile`` or a
-    ``torch.func`` transform)."""
-    if (x.device.type != "cpu" or not x.is_contiguous() or x.numel() * x.element_size()
-            < _BLOCKED_MIN_BYTES
-            or not is_concrete(x) or transforms_active()):
-        return None
-    n_cls = x.shape[-1]
-    rows = x.reshape(-1, n_cls)
-    step = max(1, _BLOCK_BYTES // (n_cls * x.element_size()))
-    return rows, [(r, min(r + step, rows.shape[0])) for r in range(0, rows.shape[0], step)]
+    @staticmethod
+    def forward(x, lse, labels, g_label, g_blank, blank):
+        return _joiner.joiner_backward(x, lse, labels, g_label, g_blank, blank)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(second_order_message("rnnt_loss"))
 
 
 class _LogProbGather(torch.autograd.Function):
     """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
 
-    Forward: ``px = logp[..., y]`` ``(N, T, U)`` and ``py = logp[..., blank]``
-    ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
-    ``c = -sum(g)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.  Only
-    ``x`` is saved: the backward recomputes the softmax in one pass (the same
-    kernel on the same rows in both paths, so the same bits).  On a contiguous
-    CPU tensor of 256 MiB or more both passes work through blocks of rows of
-    about 16 MiB (the forward in one reused buffer, the backward straight into
-    the gradient), so the only full-size tensor written per call is the
-    gradient itself (fresh multi-GB buffers cost more in page faults than the
-    arithmetic); elsewhere
-    (smaller, GPU, ``torch.compile``, ``torch.func``) the same formula runs on
-    the whole tensor.
+    ``x`` ``(N, T, U + 1, V)``, ``labels`` ``(N, T, U + 1)`` int64: the target
+    label of each cell, ``-1`` (none: the last position) or ``-2`` (a cell the
+    lattice never reads: past the frames or the target of its sequence).
+    Forward: ``px = logp[..., labels]`` ``(N, T, U)`` and ``py = logp[...,
+    blank]`` ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
+    ``c = -(g_px + g_py)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.
 
-    The softmax term is exactly 0 in cells with ``c = 0`` (padded cells), so a
-    NaN there stays out of the gradient (no ``0 * NaN``).  ``softmax(x)`` is NaN
-    only in rows whose normaliser is not finite, where ``py`` is NaN or -inf, so
-    the small ``(N, T, U + 1)`` tensors tell whether that masking pass over the
-    logits is needed at all (eager; it always runs under compile and vmap).
+    On CPU both directions are one pass of the core's kernels
+    (:mod:`duoloss.torch._joiner`: eager, ``torch.func`` and ``torch.compile``
+    alike; the forward keeps only the ``(N, T, U + 1)`` normaliser, the
+    backward writes the gradient once); unread cells cost nothing and get a
+    zero gradient.  Elsewhere (GPU) the same formula runs as torch ops on the
+    input's device, recomputing the softmax in one pass.  Either way the
+    softmax term is exactly 0 in cells with ``c = 0`` (no ``0 * NaN``).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, idx, blank):
-        blocks = _row_blocks(x)
-        if blocks is None:
-            logp = torch.log_softmax(x, dim=-1)
-            return torch.gather(logp, 3, idx)[..., 0], logp[..., blank]
-        rows, spans = blocks
-        n, t_max, u1, n_cls = x.shape
-        u_max = u1 - 1
-        # one label index per row (the last target position of each (n, t) has none)
-        lab = torch.nn.functional.pad(idx[..., 0], (0, 1)).reshape(-1, 1)
-        buf = torch.empty((spans[0][1] - spans[0][0], n_cls), dtype=x.dtype)
-        px = torch.empty((n, t_max, u1), dtype=x.dtype)
-        py = torch.empty((n, t_max, u1), dtype=x.dtype)
-        px_r, py_r = px.view(-1), py.view(-1)
-        for r0, r1 in spans:
-            b = buf[:r1 - r0]
-            torch.log_softmax(rows[r0:r1], -1, out=b)
-            torch.gather(b, 1, lab[r0:r1], out=px_r[r0:r1, None])
-            py_r[r0:r1] = b[:, blank]
-        return px[..., :u_max], py
+    def forward(x, labels, blank):
+        u_max = x.shape[2] - 1
+        if _joiner.supported(x):
+            px, py, lse = _joiner.joiner_forward(x, labels, blank)
+            return px[..., :u_max], py, lse
+        logp = torch.log_softmax(x, dim=-1)
+        idx = labels[..., :u_max].clamp(min=0).unsqueeze(-1)
+        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp.new_empty(0)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, idx, blank = inputs
+        x, labels, blank = inputs
         ctx.blank = blank
-        ctx.save_for_backward(x, idx, output[1])
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(x, labels, output[1], output[2])
 
     @staticmethod
-    def backward(ctx, gpx, gpy):
-        x, idx, py = ctx.saved_tensors
+    def backward(ctx, gpx, gpy, unused):
+        x, labels, py, lse = ctx.saved_tensors
+        gpx = torch.nn.functional.pad(gpx, (0, 1))            # (N, T, U + 1)
+        if _joiner.supported(x):
+            return _JoinerGrad.apply(x, lse, labels, gpx, gpy, ctx.blank), None, None
         # c = 0 - (g_blank + g_label): +0.0 (not -0.0) in cells without cotangent
-        c = torch.sub(0.0, gpy)
-        c[..., :-1] -= gpx
-        blocks = _row_blocks(x)
-        if blocks is None:
-            out = torch.softmax(x, dim=-1)  # one pass: no log_softmax + exp
-            out.mul_(c.unsqueeze(-1))
-        else:
-            rows, spans = blocks
-            out = torch.empty_like(x)
-            out_r = out.view(rows.shape)
-            c_r = c.reshape(-1, 1)
-            for r0, r1 in spans:
-                o = out_r[r0:r1]
-                torch.softmax(rows[r0:r1], -1, out=o)
-                o.mul_(c_r[r0:r1])
+        c = torch.sub(0.0, gpy) - gpx
+        out = torch.softmax(x, dim=-1)  # one pass: no log_softmax + exp
+        out.mul_(c.unsqueeze(-1))
         # softmax(x) is NaN only in rows with a non-finite normaliser, where py is
         # NaN or -inf; zero those rows where no cotangent arrives
         dead = (c == 0) & ~torch.isfinite(py)
         if not is_concrete(dead, out) or bool(dead.any()):
             out.masked_fill_(dead.unsqueeze(-1), 0.0)
-        out[:, :, :-1].scatter_add_(3, idx, gpx.unsqueeze(-1))
+        idx = labels.clamp(min=0).unsqueeze(-1)
+        out.scatter_add_(3, idx, (gpx * (labels >= 0)).unsqueeze(-1))
         out[..., ctx.blank] += gpy
         return out, None, None
 
@@ -204,10 +181,17 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
              & ~bad_label.any(dim=1))
     idx = tg.clamp(0, n_cls - 1)
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
-    gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
     if fused_log_softmax:
-        px, py = _LogProbGather.apply(logits, gidx, blank)
+        # per cell: its label, -1 on the last position, -2 where never read
+        labels = torch.nn.functional.pad(idx, (0, 1), value=-1)[:, None, :].expand(
+            n, t_max, u1)
+        read = ((torch.arange(t_max, device=logits.device)[None, :, None] < il[:, None, None])
+                & (torch.arange(u1, device=logits.device)[None, None, :] <= tl[:, None, None]))
+        labels = torch.where(read, labels, torch.full((), -2, dtype=labels.dtype,
+                                                       device=labels.device))
+        px, py, _ = _LogProbGather.apply(logits, labels, blank)
     else:
+        gidx = idx[:, None, :, None].expand(n, t_max, u_max, 1)
         px = torch.gather(logits[:, :, :u_max], 3, gidx)[..., 0]
         py = logits[..., blank]
     if fastemit_lambda > 0:

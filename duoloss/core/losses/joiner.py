@@ -1,0 +1,364 @@
+r"""The transducer joiner's normaliser on numpy buffers: ``log_softmax`` over the
+classes and the two lattice gathers in one pass, and its backward in one pass.
+
+A transducer loss reads two log-probabilities per lattice cell from the joiner
+output ``x`` (``N * T * (U + 1)`` rows of ``V`` logits): the blank and the
+cell's next target label.  With :math:`m_r = \max_v x_{r,v}` and
+
+.. math::
+
+    \operatorname{lse}_r = m_r + \log \sum_v e^{x_{r,v} - m_r}, \qquad
+    \text{label}_r = x_{r,y_r} - \operatorname{lse}_r, \qquad
+    \text{blank}_r = x_{r,\varnothing} - \operatorname{lse}_r,
+
+and, for cotangents :math:`g^y_r` (label) and :math:`g^\varnothing_r` (blank),
+:math:`c_r = -(g^y_r + g^\varnothing_r)`,
+
+.. math::
+
+    \frac{\partial}{\partial x_{r,v}} = e^{x_{r,v} - \operatorname{lse}_r}\, c_r
+        + [v = y_r]\, g^y_r + [v = \varnothing]\, g^\varnothing_r .
+
+Shapes: ``x`` ``(R, V)`` C-contiguous float32 or float64; ``labels`` ``(R,)``
+int64: ``y_r >= 0``, ``-1`` for a row without a label (the last target
+position: its label output is ``-inf``), ``-2`` for a row the lattice never
+reads (frames past a sequence's length, positions past its target): its
+outputs are 0 and its gradient row is 0 whatever the cotangents.  Every row
+with ``c_r = 0`` gets an exact zero softmax term (a NaN logit there stays out
+of the gradient).
+
+Why it exists (measured, ``benchmarks/rnnt.py``): on a CPU tensor this is the
+whole framework-side cost of a transducer loss, and torch's own
+``log_softmax`` + ``gather`` + ``softmax`` backward took 2-3x the time of these
+two passes (slow on short rows such as ``V = 28``; full-size temporaries at
+large ``V``).  The forward reads each row twice (max, then the exponentials
+into an L1-sized row buffer that is summed in float64), the backward reads it
+once and writes the gradient once.  For float32 rows the exponential is a
+vectorisable float32 polynomial (``_exp32``: about 1 ulp on ``[-87, 0.5]``)
+and the sums, ``lse`` and the gathered values are float64; float64 rows use
+the float64 ``exp`` of :mod:`duoloss.core._numerics`.  Rows whose maximum is
+not finite (NaN, ``+inf``, all ``-inf``) take the C library's ``exp`` and give
+NaN, as ``torch.log_softmax``; a NaN logit makes its row's outputs NaN.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+# NB: the kernels inline exp_core; numba's on-disk cache is keyed on this
+# file's mtime only, so touch it after editing _numerics.py.
+from .._numerics import exp_core, run_batch
+
+__all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad"]
+
+#: ``labels`` value of a row without a label (its label output is ``-inf``).
+NO_LABEL = -1
+#: ``labels`` value of a row that is not computed (outputs 0, zero gradient).
+INACTIVE = -2
+
+# Rows of about this many logits per parallel work item.
+_CHUNK_ELEMS = 1 << 16
+_PARALLEL_MIN_ELEMS = 1 << 18
+
+
+@intrinsic
+def _f32_to_bits(typingctx, x):
+    """Reinterpret a float32's bits as an int32."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _bits_to_f32(typingctx, x):
+    """Reinterpret an int32's bits as a float32."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+_F = np.float32
+_LOG2E = _F(1.4426950408889634)
+_ROUND = _F(12582912.0)                 # 1.5 * 2**23: k + _ROUND rounds k to an integer
+_ROUND_BITS = np.int32(0x4B400000)      # its bits
+_LN2_HI = _F(0.693359375)               # ln 2 in two parts (Cody-Waite): exact k * _LN2_HI
+_LN2_LO = _F(-2.12194440e-4)
+_ONE = _F(1.0)
+_P2, _P3, _P4 = _F(1 / 2), _F(1 / 6), _F(1 / 24)
+_P5, _P6, _P7 = _F(1 / 120), _F(1 / 720), _F(1 / 5040)
+_LOW32 = _F(-87.0)                      # exp(-87) ~ 1.6e-38: still a normal float32
+_LOW64 = -708.0
+_EXP_BIAS = np.int32(127)
+_MANT = np.int32(23)
+
+
+@numba.njit(cache=True, nogil=True, inline="always", fastmath={"contract"})
+def _exp32(d):
+    """float32 ``exp(d)`` for ``-87 <= d <= 0.5`` (degree-7 Taylor on ``|r| <= ln2/2``)."""
+    kf = d * _LOG2E + _ROUND
+    k = _f32_to_bits(kf) - _ROUND_BITS
+    kf = kf - _ROUND
+    r = (d - kf * _LN2_HI) - kf * _LN2_LO
+    p = _ONE + r * (_ONE + r * (_P2 + r * (_P3 + r * (_P4 + r * (_P5 + r * (_P6 + r * _P7))))))
+    return p * _bits_to_f32((k + _EXP_BIAS) << _MANT)
+
+
+def _exp_nonpos(d):
+    """``exp(d)`` for ``d <= 0.5`` in ``d``'s own precision: 0 below the normal
+    range, NaN for NaN (vectorisable: selects, no branches)."""
+    raise NotImplementedError  # pragma: no cover  (numba only)
+
+
+@overload(_exp_nonpos, jit_options={"fastmath": {"contract"}})
+def _exp_nonpos_impl(d):
+    if isinstance(d, types.Float) and d.bitwidth == 32:
+        def exp32(d):
+            dc = d if not d < _LOW32 else _LOW32
+            e = _exp32(dc)
+            return e if not d < _LOW32 else _F(0.0)
+        return exp32
+
+    def exp64(d):
+        dc = d if not d < _LOW64 else _LOW64
+        e = exp_core(dc)
+        return e if not d < _LOW64 else 0.0
+    return exp64
+
+
+def _cast_like(a, value):
+    """``value`` converted to the dtype of the array ``a``."""
+    raise NotImplementedError  # pragma: no cover  (numba only)
+
+
+@overload(_cast_like)
+def _cast_like_impl(a, value):
+    if a.dtype == types.float32:
+        return lambda a, value: np.float32(value)
+    return lambda a, value: np.float64(value)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+def _sum64(buf, n):
+    """float64 sum of ``buf[:n]`` (reassociation lets it vectorise; nothing else
+    lives in this function, so no other expression is reordered)."""
+    s = 0.0
+    for v in range(n):
+        s += np.float64(buf[v])
+    return s
+
+
+#: The exponential loops run over whole blocks of this many entries (LLVM
+#: vectorises them 8 lanes x 4 deep): a row's last ``V % _BLOCK`` logits go
+#: through a padded block buffer instead of a scalar remainder loop (which made
+#: rows of ``V = 28`` 3x slower).
+_BLOCK = 32
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _tail_buffer(n_cls, dtype_like):
+    """The padded tail block (``-inf`` beyond the row) and the exponentials buffer."""
+    tail = np.full(_BLOCK, -np.inf, dtype_like.dtype)
+    buf = np.empty(n_cls - n_cls % _BLOCK + _BLOCK, dtype_like.dtype)
+    return tail, buf
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_lse(row, tail, buf):
+    n_cls = row.shape[0]
+    m = row[0]
+    for v in range(1, n_cls):
+        xv = row[v]
+        m = xv if xv > m else m
+    if not abs(m) < np.inf:
+        # NaN first entry, +inf, or all -inf: the C library's exp (NaN, as torch)
+        s = 0.0
+        for v in range(n_cls):
+            s += math.exp(np.float64(row[v]) - np.float64(m))
+        return np.float64(m) + math.log(s)
+    body = n_cls - n_cls % _BLOCK
+    for v in range(body):
+        buf[v] = _exp_nonpos(row[v] - m)
+    for v in range(body, n_cls):
+        tail[v - body] = row[v]
+    for j in range(_BLOCK):           # entries past the row are -inf: exp gives 0
+        buf[body + j] = _exp_nonpos(tail[j] - m)
+    return np.float64(m) + math.log(_sum64(buf, body + _BLOCK))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
+    tail, buf = _tail_buffer(x.shape[1], x)
+    for r in range(r0, r1):
+        k = labels[r]
+        if k == INACTIVE:
+            lse_out[r] = 0.0
+            lab_out[r] = 0.0
+            blank_out[r] = 0.0
+            continue
+        row = x[r]
+        lse = _row_lse(row, tail, buf)
+        lse_out[r] = lse
+        blank_out[r] = np.float64(row[blank]) - lse
+        lab_out[r] = np.float64(row[k]) - lse if k >= 0 else -np.inf
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
+    n_cls = x.shape[1]
+    body = n_cls - n_cls % _BLOCK
+    tail, buf = _tail_buffer(n_cls, x)
+    for r in range(r0, r1):
+        o = out[r]
+        k = labels[r]
+        gl = g_lab[r] if k >= 0 else 0.0
+        gb = g_blank[r] if k != INACTIVE else 0.0
+        c = 0.0 - (gl + gb)
+        if c == 0.0:
+            for v in range(n_cls):
+                o[v] = 0.0
+        else:
+            row = x[r]
+            ls = lse[r]
+            if abs(ls) < np.inf:
+                # exp(x - lse) = exp(x - lf) * exp(lf - lse) with lf = lse rounded
+                # to x's dtype: the loop subtracts in that dtype, no precision lost
+                lf = _cast_like(o, ls)
+                cc = _cast_like(o, c * math.exp(np.float64(lf) - ls))
+                for v in range(body):
+                    o[v] = _exp_nonpos(row[v] - lf) * cc
+                for v in range(body, n_cls):
+                    tail[v - body] = row[v]
+                for j in range(_BLOCK):
+                    buf[j] = _exp_nonpos(tail[j] - lf) * cc
+                for v in range(body, n_cls):
+                    o[v] = buf[v - body]
+            else:
+                for v in range(n_cls):
+                    o[v] = math.exp(np.float64(row[v]) - ls) * c
+        if k >= 0:
+            o[k] += gl
+        o[blank] += gb
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _forward_parallel(x, labels, blank, rows_per_chunk, lab_out, blank_out, lse_out):
+    n_rows = x.shape[0]
+    for c in numba.prange((n_rows + rows_per_chunk - 1) // rows_per_chunk):
+        r0 = c * rows_per_chunk
+        _forward_rows(x, labels, blank, r0, min(r0 + rows_per_chunk, n_rows),
+                      lab_out, blank_out, lse_out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _forward_serial(x, labels, blank, rows_per_chunk, lab_out, blank_out, lse_out):
+    _forward_rows(x, labels, blank, 0, x.shape[0], lab_out, blank_out, lse_out)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _backward_parallel(x, lse, labels, blank, g_lab, g_blank, rows_per_chunk, out):
+    n_rows = x.shape[0]
+    for c in numba.prange((n_rows + rows_per_chunk - 1) // rows_per_chunk):
+        r0 = c * rows_per_chunk
+        _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0,
+                       min(r0 + rows_per_chunk, n_rows), out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_serial(x, lse, labels, blank, g_lab, g_blank, rows_per_chunk, out):
+    _backward_rows(x, lse, labels, blank, g_lab, g_blank, 0, x.shape[0], out)
+
+
+def _rows(fn, x, labels, blank):
+    """Checked ``(x (R, V), labels (R,) int64, blank)``; raises before any kernel."""
+    x = np.asarray(x)
+    if x.ndim != 2 or x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{fn}: 'x' must be a 2-D float32/float64 array (R, V), got "
+                        f"{x.ndim}-D {x.dtype}")
+    n_rows, n_cls = x.shape
+    if n_cls < 1:
+        raise ValueError(f"{fn}: 'x' must have at least one class, got shape {x.shape}")
+    x = np.ascontiguousarray(x)
+    labels = np.ascontiguousarray(labels, dtype=np.int64).reshape(-1)
+    if labels.shape[0] != n_rows:
+        raise ValueError(f"{fn}: 'labels' must have {n_rows} entries (one per row of x), "
+                         f"got {labels.shape[0]}")
+    if n_rows and (labels.min() < INACTIVE or labels.max() >= n_cls):
+        raise ValueError(f"{fn}: 'labels' must lie in [{INACTIVE}, {n_cls - 1}], got "
+                         f"[{labels.min()}, {labels.max()}]")
+    blank = int(blank)
+    if not 0 <= blank < n_cls:
+        raise ValueError(f"{fn}: 'blank' must lie in [0, {n_cls - 1}], got {blank}")
+    return x, labels, blank, max(1, _CHUNK_ELEMS // n_cls)
+
+
+def log_softmax_gather(x, labels, blank):
+    """``(label, blank, lse)``: each row's gathered log-probabilities and normaliser.
+
+    Args:
+      x: ``(R, V)`` float32/float64 logits.
+      labels: ``(R,)`` integers: the label to gather per row, :data:`NO_LABEL`
+        or :data:`INACTIVE` (see the module doc).
+      blank: the blank class in ``[0, V)``.
+
+    Returns:
+      ``label (R,)`` and ``blank (R,)`` in ``x``'s dtype, ``lse (R,)`` float64
+      (keep it for :func:`log_softmax_gather_grad`).
+    """
+    x, labels, blank, rows_per_chunk = _rows("log_softmax_gather", x, labels, blank)
+    n_rows = x.shape[0]
+    lab_out = np.empty(n_rows, x.dtype)
+    blank_out = np.empty(n_rows, x.dtype)
+    lse = np.empty(n_rows, np.float64)
+    if n_rows:
+        args = (x, labels, blank, rows_per_chunk, lab_out, blank_out, lse)
+        run_batch(_forward_serial, _forward_parallel, -(-n_rows // rows_per_chunk), x.size,
+                  _PARALLEL_MIN_ELEMS, args)
+    return lab_out, blank_out, lse
+
+
+def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
+    """The gradient w.r.t. ``x`` of ``sum(g_label * label + g_blank * blank)``.
+
+    Args:
+      x, labels, blank: as in :func:`log_softmax_gather`.
+      lse: ``(R,)`` float64 from :func:`log_softmax_gather`.
+      g_label, g_blank: ``(R,)`` cotangents (``g_label`` is ignored on rows
+        without a label).
+      out: optional ``(R, V)`` C-contiguous array of ``x``'s dtype to write into.
+
+    Returns:
+      ``(R, V)`` gradient in ``x``'s dtype (``out`` when given).
+    """
+    fn = "log_softmax_gather_grad"
+    x, labels, blank, rows_per_chunk = _rows(fn, x, labels, blank)
+    n_rows = x.shape[0]
+    lse = np.ascontiguousarray(lse, dtype=np.float64).reshape(-1)
+    g_label = np.ascontiguousarray(g_label, dtype=np.float64).reshape(-1)
+    g_blank = np.ascontiguousarray(g_blank, dtype=np.float64).reshape(-1)
+    for name, a in (("lse", lse), ("g_label", g_label), ("g_blank", g_blank)):
+        if a.shape[0] != n_rows:
+            raise ValueError(f"{fn}: '{name}' must have {n_rows} entries, got {a.shape[0]}")
+    if out is None:
+        out = np.empty_like(x)
+    elif (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
+          or not out.flags.writeable):
+        raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
+                         f"shape {x.shape}, got {out.dtype} {out.shape}")
+    if n_rows:
+        args = (x, lse, labels, blank, g_label, g_blank, rows_per_chunk, out)
+        run_batch(_backward_serial, _backward_parallel, -(-n_rows // rows_per_chunk), x.size,
+                  _PARALLEL_MIN_ELEMS, args)
+    return out
