@@ -16,6 +16,7 @@ from typing import Literal, Tuple
 import numpy as np
 import torch
 
+from duoloss.core.losses.joiner import INACTIVE, NO_LABEL
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
@@ -87,8 +88,8 @@ class _LogProbGather(torch.autograd.Function):
     """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
 
     ``x`` ``(N, T, U + 1, V)``, ``labels`` ``(N, T, U + 1)`` int64: the target
-    label of each cell, ``-1`` (none: the last position) or ``-2`` (a cell the
-    lattice never reads: past the frames or the target of its sequence).
+    label of each cell, ``NO_LABEL`` (the last position) or ``INACTIVE`` (a cell
+    the lattice never reads: past the frames or the target of its sequence).
     Forward: ``px = logp[..., labels]`` ``(N, T, U)`` and ``py = logp[...,
     blank]`` ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
     ``c = -(g_px + g_py)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.
@@ -182,12 +183,12 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     idx = tg.clamp(0, n_cls - 1)
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
     if fused_log_softmax:
-        # per cell: its label, -1 on the last position, -2 where never read
-        labels = torch.nn.functional.pad(idx, (0, 1), value=-1)[:, None, :].expand(
+        # per cell: its label, NO_LABEL on the last position, INACTIVE where never read
+        labels = torch.nn.functional.pad(idx, (0, 1), value=NO_LABEL)[:, None, :].expand(
             n, t_max, u1)
         read = ((torch.arange(t_max, device=logits.device)[None, :, None] < il[:, None, None])
                 & (torch.arange(u1, device=logits.device)[None, None, :] <= tl[:, None, None]))
-        labels = torch.where(read, labels, torch.full((), -2, dtype=labels.dtype,
+        labels = torch.where(read, labels, torch.full((), INACTIVE, dtype=labels.dtype,
                                                        device=labels.device))
         px, py, _ = _LogProbGather.apply(logits, labels, blank)
     else:
