@@ -60,28 +60,31 @@ CHECK_TOL = 1e-7
 OK, FALLBACK, NAN = 0, 1, 2
 
 
-@intrinsic
-def _bits_to_f64(typingctx, x):
-    """Reinterpret an int64's bits as a float64."""
-    if not isinstance(x, types.Integer):
-        return None
+def _bitcast(name, accepts, src, dst, llvm_dst):
+    """A numba intrinsic ``name(x)`` that reinterprets the bits of a ``src``
+    value (any ``accepts`` numba type, cast to ``src``) as a ``dst`` value."""
+    def reinterpret(typingctx, x):
+        if not isinstance(x, accepts):
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_dst)
 
-    return types.float64(types.int64), codegen
+        return dst(src), codegen
+
+    reinterpret.__name__ = reinterpret.__qualname__ = name
+    reinterpret.__doc__ = f"Reinterpret a {src}'s bits as a {dst}."
+    return intrinsic(reinterpret)
 
 
-@intrinsic
-def _f64_to_bits(typingctx, x):
-    """Reinterpret a float64's bits as an int64."""
-    if not isinstance(x, types.Float):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return types.int64(types.float64), codegen
+_bits_to_f64 = _bitcast("_bits_to_f64", types.Integer, types.int64, types.float64,
+                        ir.DoubleType())
+_f64_to_bits = _bitcast("_f64_to_bits", types.Float, types.float64, types.int64,
+                        ir.IntType(64))
+_bits_to_f32 = _bitcast("_bits_to_f32", types.Integer, types.int32, types.float32,
+                        ir.FloatType())
+_f32_to_bits = _bitcast("_f32_to_bits", types.Float, types.float32, types.int32,
+                        ir.IntType(32))
 
 
 def _tables():

@@ -46,13 +46,12 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 # NB: the kernels inline exp_core; numba's on-disk cache is keyed on this
 # file's mtime only, so touch it after editing _numerics.py.
-from .._numerics import exp_core, run_batch
+from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, run_batch
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad"]
 
@@ -64,30 +63,6 @@ INACTIVE = -2
 # Rows of about this many logits per parallel work item.
 _CHUNK_ELEMS = 1 << 16
 _PARALLEL_MIN_ELEMS = 1 << 18
-
-
-@intrinsic
-def _f32_to_bits(typingctx, x):
-    """Reinterpret a float32's bits as an int32."""
-    if not isinstance(x, types.Float):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(types.float32), codegen
-
-
-@intrinsic
-def _bits_to_f32(typingctx, x):
-    """Reinterpret an int32's bits as a float32."""
-    if not isinstance(x, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.int32), codegen
 
 
 _F = np.float32
