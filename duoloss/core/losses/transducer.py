@@ -129,11 +129,18 @@ _TINY = 1e-200
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _box_ok(bd, b, n_s, n_t):
+def _box(bd, b):
+    """Sequence ``b``'s box ``(s0, t0, s1, t1)`` and its size ``(ns, nt)``."""
     s0 = bd[b, 0]
     t0 = bd[b, 1]
     s1 = bd[b, 2]
     t1 = bd[b, 3]
+    return s0, t0, s1, t1, s1 - s0 + 1, t1 - t0 + 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _box_ok(bd, b, n_s, n_t):
+    s0, t0, s1, t1, _, _ = _box(bd, b)
     return 0 <= s0 and s0 <= s1 and s1 <= n_s and 0 <= t0 and t0 <= t1 and t1 <= n_t
 
 
@@ -194,12 +201,7 @@ def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
         if want_y:
             _fill_box(gy, b, 0, gy.shape[1], 0, gy.shape[2], np.nan)
         return
-    s0 = bd[b, 0]
-    t0 = bd[b, 1]
-    s1 = bd[b, 2]
-    t1 = bd[b, 3]
-    ns = s1 - s0 + 1
-    nt = t1 - t0 + 1
+    s0, t0, s1, t1, ns, nt = _box(bd, b)
     # alpha[i, j] = p[s0 + i, t0 + j]
     alpha = _lattice_forward(b, px, py, s0, t0, ns, nt, modified, False)
     total = alpha[ns - 1, nt - 1]
@@ -278,12 +280,7 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     if not _box_ok(bd, b, n_s, n_t):
         _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
         return
-    s0 = bd[b, 0]
-    t0 = bd[b, 1]
-    s1 = bd[b, 2]
-    t1 = bd[b, 3]
-    ns = s1 - s0 + 1
-    nt = t1 - t0 + 1
+    s0, t0, s1, t1, ns, nt = _box(bd, b)
     if modified and ns > nt:  # no complete path: the log-space kernel's +inf / zeros
         _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
         return
@@ -550,12 +547,7 @@ def _viterbi_one(b, px, py, bd, modified, scores, frames):
     if not _box_ok(bd, b, n_s, n_t):
         scores[b] = np.nan
         return
-    s0 = bd[b, 0]
-    t0 = bd[b, 1]
-    s1 = bd[b, 2]
-    t1 = bd[b, 3]
-    ns = s1 - s0 + 1
-    nt = t1 - t0 + 1
+    s0, t0, s1, t1, ns, nt = _box(bd, b)
     v = _lattice_forward(b, px, py, s0, t0, ns, nt, modified, True)
     best = v[ns - 1, nt - 1]
     scores[b] = best
