@@ -52,7 +52,7 @@ from numba.extending import intrinsic
 from ._threading import parallel_guard
 
 __all__ = ["CHECK_TOL", "FALLBACK", "FLUSH", "NAN", "NEG_INF", "OK", "exp_core", "fast_exp",
-           "logaddexp", "logaddexp_fast", "run_batch"]
+           "logaddexp", "logaddexp_fast", "run_batch", "sequence_ok"]
 
 NEG_INF = -np.inf
 FLUSH = 1e-290
@@ -189,6 +189,22 @@ def logaddexp_fast(a, b):
     if b == NEG_INF:
         return a
     return a + math.log1p(fast_exp(b - a))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, has_blank):
+    """Memory safety of sequence ``b`` before a trellis kernel reads it: lengths
+    in range and every label of its target in ``[0, n_cls)``; with
+    ``has_blank`` the blank must lie in ``[0, n_cls)`` and appear in no target
+    (ASG has no blank).  A sequence that fails gets NaN, never an out-of-bounds read."""
+    ok = (0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
+          and (not has_blank or 0 <= blank < n_cls))
+    if ok:
+        for i in range(target_len):
+            y = targets[b, i]
+            if y < 0 or y >= n_cls or (has_blank and y == blank):
+                ok = False
+    return ok
 
 
 def run_batch(serial, parallel, n, cells, min_cells, args):

@@ -63,7 +63,7 @@ from .ctc import ctc_states
 from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from .graph_loss import _frames_forward, _load_graph
 from .._numerics import NEG_INF as _NEG_INF
-from .._numerics import run_batch
+from .._numerics import run_batch, sequence_ok
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
 
@@ -94,13 +94,7 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
     target_len = tg_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    ok = (0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
-          and 0 <= blank < n_cls)
-    if ok:
-        for i in range(target_len):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls or y == blank:
-                ok = False
+    ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, True)
     if not ok:
         scores[b] = np.nan
         return
@@ -186,12 +180,7 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labe
     target_len = tg_len[b]
     for t in range(t_max):
         labels[b, t] = -1
-    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
-    if ok:
-        for i in range(target_len):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls:
-                ok = False
+    ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, -1, False)
     if not ok:
         scores[b] = np.nan
         return

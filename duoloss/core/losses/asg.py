@@ -90,7 +90,7 @@ from .._numerics import FLUSH as _FLUSH
 from .._numerics import NAN as _NAN
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
-from .._numerics import exp_core, fast_exp, run_batch
+from .._numerics import exp_core, fast_exp, run_batch, sequence_ok
 from .._numerics import logaddexp as _lae
 from .._spec import LossKernel
 
@@ -797,12 +797,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     want = want_e or want_t or want_s
     want_cnt = has_trans and want_t
     _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st)
-    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1]
-    if ok:
-        for i in range(target_len):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls:
-                ok = False
+    ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, -1, False)
     if not ok:
         _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
         return

@@ -74,7 +74,7 @@ from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import fast_exp
 from .._numerics import logaddexp as _logaddexp
-from .._numerics import run_batch
+from .._numerics import run_batch, sequence_ok
 from .._spec import LossKernel
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
@@ -462,12 +462,7 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
     input_len = in_len[b]
     target_len = tg_len[b]
     # Memory safety first: anything out of range makes the sequence NaN.
-    ok = 0 <= input_len <= t_max and 0 <= target_len <= targets.shape[1] and 0 <= blank < n_cls
-    if ok:
-        for i in range(target_len):
-            y = targets[b, i]
-            if y < 0 or y >= n_cls or y == blank:
-                ok = False
+    ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, True)
     if want_grad:
         _fill_rows(grad, b, 0, t_max, 0.0)
     if not ok:
