@@ -102,6 +102,39 @@ def test_core_kernel_matches_torch_log_softmax(dtype, n_cls):
     np.testing.assert_allclose(grad, rg, **tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_cls", [5, 28, 300])
+def test_core_kernel_rows_on_both_sides_of_the_unshifted_range(dtype, n_cls):
+    # rows whose normaliser lies inside the range where the kernels skip the max
+    # shift (float32 [-16, 80], float64 [-500, 690]), on its edges and outside
+    # (the max-shifted path): every row matches torch's float64 log_softmax
+    from duoloss.core.losses.joiner import log_softmax_gather, log_softmax_gather_grad
+
+    rng = np.random.default_rng(n_cls)
+    shifts = [-1e4, -700, -501, -499, -100, -30, -17, -16.5, -15.5, -3, 0, 10, 60, 79, 80.5,
+              85, 87.9, 88.5, 95, 300, 650, 689, 691, 1e4]
+    if dtype == np.float32:
+        shifts = [c for c in shifts if abs(c) < 1e4]
+    r = len(shifts) * 3
+    x = rng.standard_normal((r, n_cls))
+    x[1::3] *= 30                          # wide rows: entries far below the row's max
+    x[2::3, 1:] = -200.0                   # one dominant entry
+    x += np.repeat(shifts, 3)[:, None]
+    x = x.astype(dtype)
+    labels = rng.integers(0, n_cls, r)
+    g_label = rng.standard_normal(r)
+    g_blank = rng.standard_normal(r)
+    lab, blk, lse = log_softmax_gather(x, labels, 0)
+    grad = log_softmax_gather_grad(x, lse, labels, 0, g_label, g_blank)
+    rl, rb, rg = _core_reference(x.astype(np.float64), labels, 0, g_label, g_blank)
+    tol = dict(rtol=1e-13, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(blk, rb, **tol)
+    np.testing.assert_allclose(lab, rl, **tol)
+    np.testing.assert_allclose(grad, rg, **tol)
+    # softmax entries the kernels drop are far below the dtype's resolution
+    assert np.all(np.abs(grad - rg)[grad == 0] <= (1e-30 if dtype == np.float32 else 1e-200))
+
+
 def test_core_kernel_nan_and_inf_rows_follow_torch():
     from duoloss.core.losses.joiner import log_softmax_gather, log_softmax_gather_grad
 

@@ -35,9 +35,14 @@ def _assert_same(lin, ref, rtol=1e-12, atol=1e-13):
         if b is None:
             assert a is None
         else:
-            # same NaN pattern, same exact zeros (outside the box, unreachable cells)
+            # same NaN pattern; exact zeros wherever the exact kernel has them
+            # (outside the box, unreachable cells); the linear sweep's own zeros
+            # only where the exact posterior is negligible: a move more than 708
+            # nats below the box's best underflows, and a level's mass is at
+            # least 1e-200 (else log space), so what is lost is below 1e-308/1e-200
             np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-            np.testing.assert_array_equal(a == 0, b == 0)
+            assert np.all(a[b == 0] == 0)
+            assert np.all(np.abs(b[(a == 0) & (b != 0)]) < 1e-100)
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=atol, equal_nan=True)
 
 

@@ -51,7 +51,7 @@ from numba.extending import overload
 
 # NB: the kernels inline exp_core; numba's on-disk cache is keyed on this
 # file's mtime only, so touch it after editing _numerics.py.
-from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, run_batch
+from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly, run_batch
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad"]
 
@@ -76,6 +76,8 @@ _P2, _P3, _P4 = _F(1 / 2), _F(1 / 6), _F(1 / 24)
 _P5, _P6, _P7 = _F(1 / 120), _F(1 / 720), _F(1 / 5040)
 _LOW32 = _F(-87.0)                      # exp(-87) ~ 1.6e-38: still a normal float32
 _LOW64 = -708.0
+_HIGH32 = _F(88.0)                      # exp(88) ~ 1.7e38: still finite in float32
+_HIGH64 = 700.0
 _EXP_BIAS = np.int32(127)
 _MANT = np.int32(23)
 
@@ -173,9 +175,70 @@ def _row_lse(row, tail, buf):
     return np.float64(m) + math.log(_sum64(buf, body + _BLOCK))
 
 
+def _exp_unshifted(d):
+    """``exp(d)`` in ``d``'s precision for any ``d``: 0 below the normal range,
+    clamped above (float32 at ``88``, float64 at ``700``), NaN for NaN."""
+    raise NotImplementedError  # pragma: no cover  (numba only)
+
+
+@overload(_exp_unshifted, jit_options={"fastmath": {"contract"}})
+def _exp_unshifted_impl(d):
+    if isinstance(d, types.Float) and d.bitwidth == 32:
+        def exp32(d):
+            dc = d if not d < _LOW32 else _LOW32
+            dc = dc if not dc > _HIGH32 else _HIGH32
+            e = _exp32(dc)
+            return e if not d < _LOW32 else _F(0.0)
+        return exp32
+    return lambda d: exp_poly(d if not d > _HIGH64 else _HIGH64)
+
+
+def _unshifted_range(a):
+    """``(lo, hi)``: a row's normaliser ``lse`` may come from unshifted
+    exponentials when ``lo <= lse <= hi`` (see :func:`_forward_block`)."""
+    raise NotImplementedError  # pragma: no cover  (numba only)
+
+
+@overload(_unshifted_range)
+def _unshifted_range_impl(a):
+    if a.dtype == types.float32:
+        return lambda a: (-16.0, 80.0)
+    return lambda a: (-500.0, 690.0)
+
+
+#: Rows are processed in blocks of about this many logits (L1-resident buffers).
+_BLOCK_ELEMS = 4096
+#: Rows at least this long need no block-wide pass to vectorise.
+_LONG_ROW = 256
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
-def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
-    tail, buf = _tail_buffer(x.shape[1], x)
+def _forward_block(x, labels, blank, r0, r1, lab_out, blank_out, lse_out, e, sums, tail, buf):
+    """Rows ``[r0, r1)``: one vectorised pass of *unshifted* exponentials over
+    the block, per row a float64 sum, one vectorised pass of logs.
+
+    Without the max shift, ``sum_v exp(x_v)`` is exact to the dtype's rounding
+    whenever its log ``lse`` lies in :func:`_unshifted_range` (float32:
+    ``[-16, 80]``): no exponential overflows (inputs are clamped, and a clamped
+    one takes ``lse`` out of the range), and the ones that underflow to 0
+    (``x < -87``) weigh below ``e**-71`` of the row.  Other rows (and NaN/inf
+    rows, whose sum is NaN or out of range) take the max-shifted path,
+    :func:`_row_lse`.
+    """
+    n_cls = x.shape[1]
+    lo, hi = _unshifted_range(x)
+    s_lo = math.exp(lo)
+    s_hi = math.exp(hi)
+    xs = x.reshape(-1)[r0 * n_cls:r1 * n_cls]
+    for i in range(xs.shape[0]):
+        e[i] = _exp_unshifted(xs[i])
+    nb = r1 - r0
+    for i in range(nb):
+        sums[i] = _sum64(e[i * n_cls:], n_cls)
+    for i in range(nb):
+        sv = sums[i]
+        ok = s_lo <= sv <= s_hi
+        sums[i] = log_poly(sv if ok else 1.0) if ok else np.nan
     for r in range(r0, r1):
         k = labels[r]
         if k == INACTIVE:
@@ -184,48 +247,104 @@ def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
             blank_out[r] = 0.0
             continue
         row = x[r]
-        lse = _row_lse(row, tail, buf)
+        lse = sums[r - r0]
+        if lse != lse:
+            lse = _row_lse(row, tail, buf)
         lse_out[r] = lse
         blank_out[r] = np.float64(row[blank]) - lse
         lab_out[r] = np.float64(row[k]) - lse if k >= 0 else -np.inf
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
+def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
     n_cls = x.shape[1]
-    body = n_cls - n_cls % _BLOCK
+    per = max(1, _BLOCK_ELEMS // n_cls)
+    e = np.empty(per * n_cls, x.dtype)
+    sums = np.empty(per)
     tail, buf = _tail_buffer(n_cls, x)
+    for b0 in range(r0, r1, per):
+        _forward_block(x, labels, blank, b0, min(b0 + per, r1), lab_out, blank_out, lse_out,
+                       e, sums, tail, buf)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _backward_row_shifted(row, ls, c, o, tail, buf):
+    """``o = exp(row - ls) * c`` by the max-shifted path (any ``ls``)."""
+    n_cls = row.shape[0]
+    body = n_cls - n_cls % _BLOCK
+    if abs(ls) < np.inf:
+        # exp(x - lse) = exp(x - lf) * exp(lf - lse) with lf = lse rounded
+        # to x's dtype: the loop subtracts in that dtype, no precision lost
+        lf = _cast_like(o, ls)
+        cc = _cast_like(o, c * math.exp(np.float64(lf) - ls))
+        for v in range(body):
+            o[v] = _exp_nonpos(row[v] - lf) * cc
+        for v in range(body, n_cls):
+            tail[v - body] = row[v]
+        for j in range(_BLOCK):
+            buf[j] = _exp_nonpos(tail[j] - lf) * cc
+        for v in range(body, n_cls):
+            o[v] = buf[v - body]
+    else:
+        for v in range(n_cls):
+            o[v] = math.exp(np.float64(row[v]) - ls) * c
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _backward_block(x, lse, labels, blank, g_lab, g_blank, r0, r1, out, kb, tail, buf):
+    """Rows ``[r0, r1)``: ``exp(x) * (c e**-lse)`` in one vectorised pass where
+    ``lse`` lies in :func:`_unshifted_range` (see :func:`_forward_block`), the
+    max-shifted path elsewhere, exact zeros where ``c = 0``.  ``kb`` holds each
+    row's factor once per logit (an L1-sized buffer)."""
+    n_cls = x.shape[1]
+    lo, hi = _unshifted_range(x)
+    for r in range(r0, r1):
+        k = labels[r]
+        gl = g_lab[r] if k >= 0 else 0.0
+        gb = g_blank[r] if k != INACTIVE else 0.0
+        c = 0.0 - (gl + gb)
+        ls = lse[r]
+        kr = _cast_like(kb, c * math.exp(-ls) if (c != 0.0 and lo <= ls <= hi) else 0.0)
+        if n_cls >= _LONG_ROW:  # long rows vectorise by themselves
+            row = x[r]
+            o = out[r]
+            for v in range(n_cls):
+                o[v] = _exp_unshifted(row[v]) * kr
+            continue
+        kb_row = kb[(r - r0) * n_cls:(r - r0 + 1) * n_cls]
+        for v in range(n_cls):
+            kb_row[v] = kr
+    if n_cls < _LONG_ROW:
+        xs = x.reshape(-1)[r0 * n_cls:r1 * n_cls]
+        os = out.reshape(-1)[r0 * n_cls:r1 * n_cls]
+        for i in range(xs.shape[0]):
+            os[i] = _exp_unshifted(xs[i]) * kb[i]
     for r in range(r0, r1):
         o = out[r]
         k = labels[r]
         gl = g_lab[r] if k >= 0 else 0.0
         gb = g_blank[r] if k != INACTIVE else 0.0
         c = 0.0 - (gl + gb)
+        ls = lse[r]
         if c == 0.0:
             for v in range(n_cls):
                 o[v] = 0.0
-        else:
-            row = x[r]
-            ls = lse[r]
-            if abs(ls) < np.inf:
-                # exp(x - lse) = exp(x - lf) * exp(lf - lse) with lf = lse rounded
-                # to x's dtype: the loop subtracts in that dtype, no precision lost
-                lf = _cast_like(o, ls)
-                cc = _cast_like(o, c * math.exp(np.float64(lf) - ls))
-                for v in range(body):
-                    o[v] = _exp_nonpos(row[v] - lf) * cc
-                for v in range(body, n_cls):
-                    tail[v - body] = row[v]
-                for j in range(_BLOCK):
-                    buf[j] = _exp_nonpos(tail[j] - lf) * cc
-                for v in range(body, n_cls):
-                    o[v] = buf[v - body]
-            else:
-                for v in range(n_cls):
-                    o[v] = math.exp(np.float64(row[v]) - ls) * c
+        elif not lo <= ls <= hi:
+            _backward_row_shifted(x[r], ls, c, o, tail, buf)
         if k >= 0:
             o[k] += gl
         o[blank] += gb
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
+    n_cls = x.shape[1]
+    per = max(1, _BLOCK_ELEMS // n_cls)
+    kb = np.empty(per * n_cls, x.dtype)
+    tail, buf = _tail_buffer(n_cls, x)
+    for b0 in range(r0, r1, per):
+        _backward_block(x, lse, labels, blank, g_lab, g_blank, b0, min(b0 + per, r1), out,
+                        kb, tail, buf)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)

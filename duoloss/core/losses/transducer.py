@@ -104,7 +104,7 @@ import numpy as np
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import NEG_INF as _NEG_INF
-from .._numerics import fast_exp, run_batch
+from .._numerics import exp_poly, fast_exp, run_batch
 from .._numerics import logaddexp_fast as _lae
 from .._spec import LossKernel
 
@@ -261,6 +261,69 @@ def _window(lev, ns, nt, modified):
     return max(0, lev - (nt - 1)), min(ns - 1, lev)  # level = i + j (anti-diagonal)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _moves(i, ns, nt, modified):
+    """Frame offsets ``[ylo, yhi)`` of the blank moves and ``[xlo, xhi)`` of the
+    symbol moves out of row ``i`` of the box that lie on a complete path."""
+    if modified:  # cells (i, j) with i <= j <= i + nt - ns
+        ylo, yhi = i, i + nt - ns
+        xlo, xhi = i, i + nt - ns + 1
+    else:
+        ylo, yhi = 0, nt - 1
+        xlo, xhi = 0, nt
+    if i == ns - 1:
+        xhi = xlo
+    return ylo, yhi, xlo, xhi
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
+    """``(ex, ey, m, bad, flushed)``: every move on a complete path exponentiated
+    relative to the largest of them, ``m``, in box coordinates (``ex[i, j]``:
+    the symbol move out of cell ``(i, j)``, ``ey[i, j]``: its blank move).
+
+    ``bad``: a NaN or ``+inf`` move, or none finite (the exact log space
+    decides); ``flushed``: a move of nonzero probability below ``_FLUSH``.
+    One shift for the whole box is exact for the rescaled sweep because every
+    path makes the same number of moves; the exponentials are a vectorised
+    loop over each row (:func:`exp_poly`).
+    """
+    ex = np.empty((ns, nt))
+    ey = np.empty((ns, nt))
+    m = _NEG_INF
+    nan = 0
+    for i in range(ns):
+        s = s0 + i
+        ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
+        for j in range(ylo, yhi):
+            w = np.float64(py[b, s, t0 + j])
+            nan += w != w
+            m = w if w > m else m
+        for j in range(xlo, xhi):
+            w = np.float64(px[b, s, t0 + j])
+            nan += w != w
+            m = w if w > m else m
+    bad = nan > 0 or not m > _NEG_INF or m == np.inf
+    n_flush = 0
+    if not bad:
+        for i in range(ns):
+            s = s0 + i
+            ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
+            ey_i = ey[i]
+            for j in range(ylo, yhi):
+                d = np.float64(py[b, s, t0 + j]) - m
+                e = exp_poly(d)
+                ey_i[j] = e
+                n_flush += (e < _FLUSH) & (d > _NEG_INF)
+            ex_i = ex[i]
+            for j in range(xlo, xhi):
+                d = np.float64(px[b, s, t0 + j]) - m
+                e = exp_poly(d)
+                ex_i[j] = e
+                n_flush += (e < _FLUSH) & (d > _NEG_INF)
+    return ex, ey, m, bad, n_flush > 0
+
+
 @numba.njit(cache=True, nogil=True)
 def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
@@ -270,10 +333,9 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
 
     NB: longer than the house's ~120 lines on purpose: the forward sweep, the
     flush record, the per-level check and the backward sweep share the level
-    window, the stored move exponentials ``ex``/``ey``, the level scales and the
+    window, the move exponentials ``ex``/``ey``, the level scales and the
     fallback state; each exit to :func:`_one` must happen before any gradient
-    is written.  Split like CTC's ``_ctc_forward_linear``/``_ctc_backward_linear``
-    when it next changes.
+    is written.
     """
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
@@ -285,69 +347,32 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
         _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
         return
     n_lev = nt if modified else ns + nt - 1
+    ex, ey, m, bad, flushed = _exp_moves(b, px, py, s0, t0, ns, nt, modified)
+    state = 1 if (bad and n_lev > 1) else 0  # 0: fine, 1: recompute in log space
     # Cell (lev, i) is lattice node (s0 + i, t0 + j), j = lev (modified) or lev - i.
-    # alpha[lev, i]: forward score / its level's scale; ex/ey[lev, i]: exp of the
-    # symbol / blank move out of that cell minus the max of the moves into lev + 1.
+    # alpha[lev, i]: forward score / its level's scale (every move carries e^-m).
     alpha = np.zeros((n_lev, ns))
-    ex = np.zeros((n_lev, ns))
-    ey = np.zeros((n_lev, ns))
     log_a = np.empty(n_lev)  # log of the scale of level lev (alpha = alpha-hat * e^log_a)
-    mlev = np.empty(n_lev)   # the max move log-probability into level lev
     alpha[0, 0] = 1.0
     log_a[0] = 0.0
-    mlev[0] = 0.0
-    state = 0  # 0: fine, 1: recompute in log space
-    flushed = False
     plo = 0
     phi = 0
-    for lev in range(1, n_lev):
+    for lev in range(1, n_lev if state == 0 else 1):
         lo, hi = _window(lev, ns, nt, modified)
-        # Pass 1: the max move log-probability into this level (NaN -> log space).
-        m = _NEG_INF
-        for i in range(lo, hi + 1):
-            s = s0 + i
-            j = lev if modified else lev - i
-            t = t0 + j
-            if plo <= i <= phi:  # blank move from (i, j - 1)
-                w = np.float64(py[b, s, t - 1])
-                if w != w:
-                    state = 1
-                if w > m:
-                    m = w
-            if plo <= i - 1 <= phi:  # symbol move from (i - 1, j) or (i - 1, j - 1)
-                w = np.float64(px[b, s - 1, t - 1]) if modified else np.float64(px[b, s - 1, t])
-                if w != w:
-                    state = 1
-                if w > m:
-                    m = w
-        if state != 0 or not m > _NEG_INF or m == np.inf:
-            state = 1
-            break
-        # Pass 2: exponentiate each move once, accumulate the level.
         c = 0.0
         for i in range(lo, hi + 1):
-            s = s0 + i
             j = lev if modified else lev - i
-            t = t0 + j
             v = 0.0
-            if plo <= i <= phi:
-                w = np.float64(py[b, s, t - 1])
-                e = fast_exp(w - m)
-                if e < _FLUSH and w != _NEG_INF:
-                    flushed = True
-                ey[lev - 1, i] = e
+            if plo <= i <= phi:  # blank move from (i, j - 1)
                 a = alpha[lev - 1, i]
+                e = ey[i, j - 1]
                 u = a * e
                 if u < _FLUSH and a > 0.0 and e > 0.0:
                     flushed = True
                 v = u
-            if plo <= i - 1 <= phi:
-                w = np.float64(px[b, s - 1, t - 1]) if modified else np.float64(px[b, s - 1, t])
-                e = fast_exp(w - m)
-                if e < _FLUSH and w != _NEG_INF:
-                    flushed = True
-                ex[lev - 1, i - 1] = e
+            if plo <= i - 1 <= phi:  # symbol move from (i - 1, j) or (i - 1, j - 1)
                 a = alpha[lev - 1, i - 1]
+                e = ex[i - 1, j - 1] if modified else ex[i - 1, j]
                 u = a * e
                 if u < _FLUSH and a > 0.0 and e > 0.0:
                     flushed = True
@@ -361,7 +386,6 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
         for i in range(lo, hi + 1):
             alpha[lev, i] *= inv
         log_a[lev] = log_a[lev - 1] + math.log(c) + m
-        mlev[lev] = m
         plo = lo
         phi = hi
     logz = log_a[n_lev - 1] if state == 0 else np.nan  # the last level is one cell = 1
@@ -379,15 +403,16 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
         nhi = ns - 1
         for lev in range(n_lev - 2, -1, -1):
             lo, hi = _window(lev, ns, nt, modified)
-            lb = log_b + mlev[lev + 1]  # true beta at lev = nb * e^lb
+            lb = log_b + m  # true beta at lev = nb * e^lb
             r = 0.0
             d = 0.0
             for i in range(lo, hi + 1):
+                j = lev if modified else lev - i
                 v = 0.0
                 if nlo <= i <= nhi:
-                    v = ey[lev, i] * beta[i]
+                    v = ey[i, j] * beta[i]
                 if nlo <= i + 1 <= nhi:
-                    v += ex[lev, i] * beta[i + 1]
+                    v += ex[i, j] * beta[i + 1]
                 nb[i] = v
                 d += v
                 r += alpha[lev, i] * v
@@ -399,13 +424,14 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
             if want:
                 g = 1.0 / r
                 for i in range(lo, hi + 1):
+                    j = lev if modified else lev - i
                     s = s0 + i
-                    t = t0 + (lev if modified else lev - i)
+                    t = t0 + j
                     a = alpha[lev, i] * g
                     if want_y and nlo <= i <= nhi:
-                        gy[b, s, t] = -(a * ey[lev, i] * beta[i])
+                        gy[b, s, t] = -(a * ey[i, j] * beta[i])
                     if want_x and nlo <= i + 1 <= nhi:
-                        gx[b, s, t] = -(a * ex[lev, i] * beta[i + 1])
+                        gx[b, s, t] = -(a * ex[i, j] * beta[i + 1])
             inv = 1.0 / d
             for i in range(lo, hi + 1):
                 beta[i] = nb[i] * inv
