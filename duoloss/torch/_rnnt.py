@@ -84,6 +84,51 @@ class _JoinerGrad(torch.autograd.Function):
         raise NotImplementedError(second_order_message("rnnt_loss"))
 
 
+class _LatticeGrad(torch.autograd.Function):
+    """The backward of :class:`_LatticeLogProbs` as a node of its own (as
+    :class:`_JoinerGrad`)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, lse, targets, il, tl, g_px, g_py, blank):
+        return _joiner.lattice_backward(x, lse, targets, il, tl, g_px, g_py, blank)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(second_order_message("rnnt_loss"))
+
+
+class _LatticeLogProbs(torch.autograd.Function):
+    """CPU tensors: ``(px (N, U, T + 1), py (N, U + 1, T))`` straight from the
+    logits in one pass each way (:func:`duoloss.torch._joiner.lattice_forward`):
+    what :class:`_LogProbGather` and the transposes, pads and masks of
+    :func:`_lattice` compute, without their intermediate tensors."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, targets, il, tl, blank):
+        return _joiner.lattice_forward(x, targets, il, tl, blank)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, targets, il, tl, blank = inputs
+        ctx.blank = blank
+        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(x, targets, il, tl, output[2])
+
+    @staticmethod
+    def backward(ctx, gpx, gpy, unused):
+        x, targets, il, tl, lse = ctx.saved_tensors
+        return (_LatticeGrad.apply(x, lse, targets, il, tl, gpx, gpy, ctx.blank),
+                None, None, None, None)
+
+
 class _LogProbGather(torch.autograd.Function):
     """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
 
@@ -181,6 +226,17 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max)
              & ~bad_label.any(dim=1))
     idx = tg.clamp(0, n_cls - 1)
+    zero = torch.zeros_like(il)
+    neg = torch.full_like(il, -1)
+    boundary = torch.stack([zero, zero, torch.where(valid, tl, neg),
+                            torch.where(valid, il, neg)], dim=1)
+    if fused_log_softmax and _joiner.supported(logits):
+        px, py, _ = _LatticeLogProbs.apply(logits, tg, il, tl, blank)
+        if fastemit_lambda > 0:
+            px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
+        if delay_penalty > 0:
+            px = px + _delay(il, t_max, delay_penalty, px)
+        return px, py, boundary
     # px[b, s, t] = logp[b, t, s, y_s];  py[b, s, t] = logp[b, t, s, blank]
     if fused_log_softmax:
         # per cell: its label, NO_LABEL on the last position, INACTIVE where never read
@@ -202,17 +258,19 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     px = torch.nn.functional.pad(px, (0, 1), value=float("-inf"))
     frame = torch.arange(t_max + 1, device=logits.device)
     if delay_penalty > 0:
-        # k2's delay penalty: symbols emitted early are rewarded, late ones penalised
-        offset = (il.to(px.dtype) - 1) / 2
-        px = px + float(delay_penalty) * (offset[:, None, None] - frame.to(px.dtype)[None, None])
+        px = px + _delay(il, t_max, delay_penalty, px)
     # No symbol on the one-past-the-last frame T_b (k2's fix_for_boundary)
     px = torch.where(frame[None, None, :] < il[:, None, None], px,
                      torch.full((), float("-inf"), dtype=px.dtype, device=px.device))
-    zero = torch.zeros_like(il)
-    neg = torch.full_like(il, -1)
-    boundary = torch.stack([zero, zero, torch.where(valid, tl, neg),
-                            torch.where(valid, il, neg)], dim=1)
     return px, py, boundary
+
+
+def _delay(il, t_max, delay_penalty, px):
+    """k2's delay penalty on ``px`` ``(N, U, T + 1)``: symbols emitted early are
+    rewarded, late ones penalised (``(N, 1, T + 1)``)."""
+    frame = torch.arange(t_max + 1, device=px.device, dtype=px.dtype)
+    offset = (il.to(px.dtype) - 1) / 2
+    return float(delay_penalty) * (offset[:, None, None] - frame[None, None])
 
 
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,

@@ -53,7 +53,8 @@ from numba.extending import overload
 # file's mtime only, so touch it after editing _numerics.py.
 from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly, run_batch
 
-__all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad"]
+__all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
+           "transducer_log_probs", "transducer_log_probs_grad"]
 
 #: ``labels`` value of a row without a label (its label output is ``-inf``).
 NO_LABEL = -1
@@ -456,3 +457,125 @@ def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
         run_batch(_backward_serial, _backward_parallel, -(-n_rows // rows_per_chunk), x.size,
                   _PARALLEL_MIN_ELEMS, args)
     return out
+
+
+# --------------------------------------------------------------------------- #
+# The RNN-T lattice straight from the joiner output                            #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True)
+def _lattice_labels(targets, il, tl, t_max, u1, n_cls):
+    """``(N * T * (U + 1),)`` row labels: the cell's target label, ``NO_LABEL``
+    on the last position, ``INACTIVE`` past a sequence's frames or target."""
+    n = targets.shape[0]
+    labels = np.empty(n * t_max * u1, np.int64)
+    r = 0
+    for b in range(n):
+        ib = il[b]
+        ub = tl[b]
+        for t in range(t_max):
+            for u in range(u1):
+                if t >= ib or u > ub:
+                    labels[r] = INACTIVE
+                elif u == u1 - 1:
+                    labels[r] = NO_LABEL
+                else:
+                    labels[r] = min(max(targets[b, u], 0), n_cls - 1)
+                r += 1
+    return labels
+
+
+@numba.njit(cache=True, nogil=True)
+def _to_lattice(lab, blk, il, px, py):
+    """``px[b, s, t] = lab[b, t, s]`` (``-inf`` from frame ``T_b`` on),
+    ``py[b, s, t] = blk[b, t, s]``."""
+    n, t_max, u1 = blk.shape
+    for b in range(n):
+        ib = il[b]
+        for s in range(u1 - 1):
+            for t in range(t_max + 1):
+                px[b, s, t] = lab[b, t, s] if t < ib and t < t_max else -np.inf
+        for s in range(u1):
+            for t in range(t_max):
+                py[b, s, t] = blk[b, t, s]
+
+
+@numba.njit(cache=True, nogil=True)
+def _from_lattice(g_px, g_py, g_label, g_blank):
+    """The transpose of :func:`_to_lattice` for the cotangents (0 on the last position)."""
+    n, t_max, u1 = g_blank.shape
+    for b in range(n):
+        for t in range(t_max):
+            for u in range(u1 - 1):
+                g_label[b, t, u] = g_px[b, u, t]
+            g_label[b, t, u1 - 1] = 0.0
+            for u in range(u1):
+                g_blank[b, t, u] = g_py[b, u, t]
+
+
+def _lattice_args(fn, x, targets, logit_lengths, target_lengths):
+    x = np.asarray(x)
+    if x.ndim != 4:
+        raise ValueError(f"{fn}: 'x' must be a 4-D (N, T, U + 1, V) array, got shape {x.shape}")
+    n, t_max, u1, n_cls = x.shape
+    targets = np.asarray(targets)
+    if targets.shape != (n, u1 - 1) or targets.dtype.kind not in "iu":
+        raise ValueError(f"{fn}: 'targets' must be an integer ({n}, {u1 - 1}) array, got "
+                         f"{targets.dtype} {targets.shape}")
+    lens = []
+    for name, a in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        a = np.asarray(a)
+        if a.shape != (n,) or a.dtype.kind not in "iu":
+            raise ValueError(f"{fn}: '{name}' must be an integer ({n},) array, got "
+                             f"{a.dtype} {a.shape}")
+        lens.append(np.ascontiguousarray(a, dtype=np.int64))
+    labels = _lattice_labels(np.ascontiguousarray(targets, dtype=np.int64), lens[0], lens[1],
+                             t_max, u1, max(n_cls, 1))
+    return x, labels, lens[0]
+
+
+def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
+    """The RNN-T lattice's log-probabilities from the joiner output, in the
+    layout of :mod:`~duoloss.core.losses.transducer`.
+
+    Args:
+      x: ``(N, T, U + 1, V)`` float32/float64 logits.
+      targets: ``(N, U)`` integer targets (clamped to ``[0, V)`` when read).
+      logit_lengths, target_lengths: ``(N,)`` integers ``T_b``, ``U_b``.
+      blank: the blank class in ``[0, V)``.
+
+    Returns:
+      ``px`` ``(N, U, T + 1)``: ``log_softmax(x)[b, t, s, y_s]`` for
+      ``t < T_b`` and ``s <= U_b``, ``-inf`` for ``t >= T_b``, 0 elsewhere;
+      ``py`` ``(N, U + 1, T)``: ``log_softmax(x)[b, t, s, blank]`` for
+      ``t < T_b`` and ``s <= U_b``, 0 elsewhere; ``lse`` ``(N, T, U + 1)``
+      float64 (for :func:`transducer_log_probs_grad`).  Cells the lattice never
+      reads cost nothing.
+    """
+    fn = "transducer_log_probs"
+    x, labels, il = _lattice_args(fn, x, targets, logit_lengths, target_lengths)
+    n, t_max, u1, n_cls = x.shape
+    lab, blk, lse = log_softmax_gather(x.reshape(-1, n_cls), labels, blank)
+    px = np.empty((n, u1 - 1, t_max + 1), x.dtype)
+    py = np.empty((n, u1, t_max), x.dtype)
+    _to_lattice(lab.reshape(n, t_max, u1), blk.reshape(n, t_max, u1), il, px, py)
+    return px, py, lse.reshape(n, t_max, u1)
+
+
+def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, blank, g_px,
+                              g_py):
+    """The gradient w.r.t. ``x`` of ``sum(g_px * px + g_py * py)`` for
+    :func:`transducer_log_probs` (``(N, T, U + 1, V)``, ``x``'s dtype); cells
+    past a sequence's frames or target get exact zeros."""
+    fn = "transducer_log_probs_grad"
+    x, labels, _ = _lattice_args(fn, x, targets, logit_lengths, target_lengths)
+    n, t_max, u1, n_cls = x.shape
+    g_px = np.asarray(g_px)
+    g_py = np.asarray(g_py)
+    if g_px.shape != (n, u1 - 1, t_max + 1) or g_py.shape != (n, u1, t_max):
+        raise ValueError(f"{fn}: 'g_px' and 'g_py' must have shapes {(n, u1 - 1, t_max + 1)} "
+                         f"and {(n, u1, t_max)}, got {g_px.shape} and {g_py.shape}")
+    g_label = np.empty((n, t_max, u1))
+    g_blank = np.empty((n, t_max, u1))
+    _from_lattice(g_px, g_py, g_label, g_blank)
+    out = log_softmax_gather_grad(x.reshape(-1, n_cls), lse, labels, blank, g_label, g_blank)
+    return out.reshape(x.shape)
