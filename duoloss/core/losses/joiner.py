@@ -257,15 +257,33 @@ def _forward_block(x, labels, blank, r0, r1, lab_out, blank_out, lse_out, e, sum
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _run_end(labels, r, lim):
+    """End of the run of rows from ``r`` (below ``lim``) that are not ``INACTIVE``."""
+    end = r + 1
+    while end < lim and labels[end] != INACTIVE:
+        end += 1
+    return end
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
     n_cls = x.shape[1]
     per = max(1, _BLOCK_ELEMS // n_cls)
     e = np.empty(per * n_cls, x.dtype)
     sums = np.empty(per)
     tail, buf = _tail_buffer(n_cls, x)
-    for b0 in range(r0, r1, per):
-        _forward_block(x, labels, blank, b0, min(b0 + per, r1), lab_out, blank_out, lse_out,
-                       e, sums, tail, buf)
+    r = r0
+    while r < r1:  # blocks of consecutive rows the lattice reads; others cost nothing
+        if labels[r] == INACTIVE:
+            lse_out[r] = 0.0
+            lab_out[r] = 0.0
+            blank_out[r] = 0.0
+            r += 1
+            continue
+        end = _run_end(labels, r, min(r + per, r1))
+        _forward_block(x, labels, blank, r, end, lab_out, blank_out, lse_out, e, sums, tail,
+                       buf)
+        r = end
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -343,9 +361,17 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
     per = max(1, _BLOCK_ELEMS // n_cls)
     kb = np.empty(per * n_cls, x.dtype)
     tail, buf = _tail_buffer(n_cls, x)
-    for b0 in range(r0, r1, per):
-        _backward_block(x, lse, labels, blank, g_lab, g_blank, b0, min(b0 + per, r1), out,
-                        kb, tail, buf)
+    r = r0
+    while r < r1:
+        if labels[r] == INACTIVE:
+            o = out[r]
+            for v in range(n_cls):
+                o[v] = 0.0
+            r += 1
+            continue
+        end = _run_end(labels, r, min(r + per, r1))
+        _backward_block(x, lse, labels, blank, g_lab, g_blank, r, end, out, kb, tail, buf)
+        r = end
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
