@@ -271,3 +271,65 @@ def test_jax_fused_backward_matches_reference_and_torch():
         np.testing.assert_allclose(np.asarray(grad), xr.grad.numpy(), rtol=1e-10, atol=1e-12)
         _, tgrad = _torch_loss_grad(x, tg, il, tl)
         np.testing.assert_allclose(np.asarray(grad), tgrad, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_core_lattice_log_probs_match_torch_gathers(dtype):
+    # transducer_log_probs = log_softmax + gathers + the core's (N, U, T + 1) /
+    # (N, U + 1, T) layout with -inf past each sequence's frames; the gradient
+    # against torch autograd through the same masks (padding gets exact zeros)
+    from duoloss.core.losses.joiner import transducer_log_probs, transducer_log_probs_grad
+
+    rng = np.random.default_rng(3)
+    n, t, u, v = 4, 6, 3, 9
+    x = (rng.standard_normal((n, t, u + 1, v)) * 3).astype(dtype)
+    tg = rng.integers(1, v, (n, u))
+    il = np.array([6, 4, 0, 2])
+    tl = np.array([3, 1, 0, 2])
+    x[1, 5, 0, 2] = np.nan                 # past sequence 1's frames: never read
+    px, py, lse = transducer_log_probs(x, tg, il, tl, 0)
+    assert px.shape == (n, u, t + 1) and py.shape == (n, u + 1, t) and lse.shape == (n, t, u + 1)
+    # (the reference without the NaN: torch's softmax backward would spread it)
+    xt = torch.tensor(np.nan_to_num(x.astype(np.float64)), requires_grad=True)
+    lp = torch.log_softmax(xt, -1)
+    ref_px = torch.full((n, u, t + 1), -np.inf, dtype=torch.float64)
+    ref_py = torch.zeros((n, u + 1, t), dtype=torch.float64)
+    for b in range(n):
+        for tt in range(il[b]):
+            for s in range(tl[b] + 1):
+                ref_py[b, s, tt] = lp[b, tt, s, 0]
+                if s < u:
+                    ref_px[b, s, tt] = lp[b, tt, s, tg[b, s]]
+            for s in range(tl[b] + 1, u):
+                ref_px[b, s, tt] = 0.0     # never read: not computed
+    tol = dict(rtol=1e-13, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(px, ref_px.detach().numpy(), **tol)
+    np.testing.assert_allclose(py, ref_py.detach().numpy(), **tol)
+    g_px = rng.standard_normal(px.shape) * np.isfinite(ref_px.detach().numpy())
+    g_py = rng.standard_normal(py.shape)
+    grad = transducer_log_probs_grad(x, lse, tg, il, tl, 0, g_px, g_py)
+    keep = torch.isfinite(ref_px)
+    ((torch.where(keep, ref_px, 0.0) * torch.tensor(g_px)).sum()
+     + (ref_py * torch.tensor(g_py)).sum()).backward()
+    assert grad.dtype == dtype and np.isfinite(grad).all()
+    np.testing.assert_allclose(grad, xt.grad.numpy(), **tol)
+    assert np.all(grad[2] == 0) and np.all(grad[1, 4:] == 0) and np.all(grad[0, :, 3:] != 0)
+
+
+def test_core_lattice_log_probs_bad_input():
+    from duoloss.core.losses.joiner import transducer_log_probs, transducer_log_probs_grad
+
+    x = np.zeros((2, 3, 4, 5), np.float32)
+    tg = np.ones((2, 3), np.int64)
+    ln = np.array([3, 3])
+    with pytest.raises(ValueError, match="transducer_log_probs: 'x' must be a 4-D"):
+        transducer_log_probs(x[0], tg, ln, ln, 0)
+    with pytest.raises(ValueError, match=r"'targets' must be an integer \(2, 3\) array"):
+        transducer_log_probs(x, tg[:, :2], ln, ln, 0)
+    with pytest.raises(ValueError, match=r"'logit_lengths' must be an integer \(2,\) array"):
+        transducer_log_probs(x, tg, ln[:1], ln, 0)
+    with pytest.raises(ValueError, match="'blank' must lie in"):
+        transducer_log_probs(x, tg, ln, ln, 5)
+    px, py, lse = transducer_log_probs(x, tg, ln, ln, 0)
+    with pytest.raises(ValueError, match="transducer_log_probs_grad: 'g_px' and 'g_py'"):
+        transducer_log_probs_grad(x, lse, tg, ln, ln, 0, py, px)
