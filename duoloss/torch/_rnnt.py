@@ -64,29 +64,10 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.factor, None
 
 
-class _JoinerGrad(torch.autograd.Function):
-    """The CPU backward of :class:`_LogProbGather` as a node of its own: run
+class _LatticeGrad(torch.autograd.Function):
+    """The CPU backward of :class:`_LatticeLogProbs` as a node of its own: run
     inside ``forward`` it sees plain tensors under every ``torch.func``
     transform, and differentiating it raises (no second derivatives)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x, lse, labels, g_label, g_blank, blank):
-        return _joiner.joiner_backward(x, lse, labels, g_label, g_blank, blank)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise NotImplementedError(second_order_message("rnnt_loss"))
-
-
-class _LatticeGrad(torch.autograd.Function):
-    """The backward of :class:`_LatticeLogProbs` as a node of its own (as
-    :class:`_JoinerGrad`)."""
 
     generate_vmap_rule = True
 
@@ -139,13 +120,10 @@ class _LogProbGather(torch.autograd.Function):
     blank]`` ``(N, T, U + 1)`` with ``logp = log_softmax(x)``.  Backward, with
     ``c = -(g_px + g_py)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.
 
-    On CPU both directions are one pass of the core's kernels
-    (:mod:`duoloss.torch._joiner`: eager, ``torch.func`` and ``torch.compile``
-    alike; the forward keeps only the ``(N, T, U + 1)`` normaliser, the
-    backward writes the gradient once); unread cells cost nothing and get a
-    zero gradient.  Elsewhere (GPU) the same formula runs as torch ops on the
-    input's device, recomputing the softmax in one pass.  Either way the
-    softmax term is exactly 0 in cells with ``c = 0`` (no ``0 * NaN``).
+    The path of tensors the CPU operators do not take (GPU; CPU tensors take
+    :class:`_LatticeLogProbs`): torch ops on the input's device, the backward
+    recomputing the softmax in one pass.  The softmax term is exactly 0 in
+    cells with ``c = 0`` (no ``0 * NaN``).
     """
 
     generate_vmap_rule = True
@@ -153,9 +131,6 @@ class _LogProbGather(torch.autograd.Function):
     @staticmethod
     def forward(x, labels, blank):
         u_max = x.shape[2] - 1
-        if _joiner.supported(x):
-            px, py, lse = _joiner.joiner_forward(x, labels, blank)
-            return px[..., :u_max], py, lse
         logp = torch.log_softmax(x, dim=-1)
         idx = labels[..., :u_max].clamp(min=0).unsqueeze(-1)
         return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp.new_empty(0)
@@ -165,14 +140,12 @@ class _LogProbGather(torch.autograd.Function):
         x, labels, blank = inputs
         ctx.blank = blank
         ctx.mark_non_differentiable(output[2])
-        ctx.save_for_backward(x, labels, output[1], output[2])
+        ctx.save_for_backward(x, labels, output[1])
 
     @staticmethod
     def backward(ctx, gpx, gpy, unused):
-        x, labels, py, lse = ctx.saved_tensors
+        x, labels, py = ctx.saved_tensors
         gpx = torch.nn.functional.pad(gpx, (0, 1))            # (N, T, U + 1)
-        if _joiner.supported(x):
-            return _JoinerGrad.apply(x, lse, labels, gpx, gpy, ctx.blank), None, None
         # c = 0 - (g_blank + g_label): +0.0 (not -0.0) in cells without cotangent
         c = torch.sub(0.0, gpy) - gpx
         out = torch.softmax(x, dim=-1)  # one pass: no log_softmax + exp
