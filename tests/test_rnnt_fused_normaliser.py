@@ -330,6 +330,18 @@ def test_core_lattice_log_probs_bad_input():
         transducer_log_probs(x, tg, ln[:1], ln, 0)
     with pytest.raises(ValueError, match="'blank' must lie in"):
         transducer_log_probs(x, tg, ln, ln, 5)
+    with pytest.raises(TypeError, match="transducer_log_probs: 'x' must be float32 or float64"):
+        transducer_log_probs(x.astype(np.float16), tg, ln, ln, 0)
     px, py, lse = transducer_log_probs(x, tg, ln, ln, 0)
-    with pytest.raises(ValueError, match="transducer_log_probs_grad: 'g_px' and 'g_py'"):
+    with pytest.raises(ValueError, match=r"transducer_log_probs_grad: 'g_px' must be a float "
+                                         r"array of shape \(2, 3, 4\)"):
         transducer_log_probs_grad(x, lse, tg, ln, ln, 0, py, px)
+    with pytest.raises(ValueError, match=r"transducer_log_probs_grad: 'lse' must be a float "
+                                         r"array of shape \(2, 3, 4\)"):
+        transducer_log_probs_grad(x, lse[:1], tg, ln, ln, 0, px, py)
+    with pytest.raises(ValueError, match="transducer_log_probs_grad: 'out' must be a writeable"):
+        transducer_log_probs_grad(x, lse, tg, ln, ln, 0, px, py, out=np.zeros_like(x[:1]))
+    out = np.full_like(x, np.nan)
+    g_px, g_py = np.ones_like(px), np.ones_like(py)
+    assert transducer_log_probs_grad(x, lse, tg, ln, ln, 0, g_px, g_py, out=out) is out
+    assert np.isfinite(out).all()

@@ -214,9 +214,12 @@ _LONG_ROW = 256
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _forward_block(x, labels, blank, r0, r1, lab_out, blank_out, lse_out, e, sums, tail, buf):
-    """Rows ``[r0, r1)``: one vectorised pass of *unshifted* exponentials over
-    the block, per row a float64 sum, one vectorised pass of logs.
+def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail, buf):
+    """Rows ``[r0, r1)`` of ``x``, all read by the lattice: one vectorised pass
+    of *unshifted* exponentials over the block (into ``e``), per row a float64
+    sum, one vectorised pass of logs.  Row ``r0 + i`` has the label
+    ``labs[i]`` (or :data:`NO_LABEL`); its normaliser and gathered values go
+    to ``lse_o[i]``, ``blank_o[i]`` and ``lab_o[i]``.
 
     Without the max shift, ``sum_v exp(x_v)`` is exact to the dtype's rounding
     whenever its log ``lse`` lies in :func:`_unshifted_range` (float32:
@@ -240,20 +243,15 @@ def _forward_block(x, labels, blank, r0, r1, lab_out, blank_out, lse_out, e, sum
         sv = sums[i]
         ok = s_lo <= sv <= s_hi
         sums[i] = log_poly(sv if ok else 1.0) if ok else np.nan
-    for r in range(r0, r1):
-        k = labels[r]
-        if k == INACTIVE:
-            lse_out[r] = 0.0
-            lab_out[r] = 0.0
-            blank_out[r] = 0.0
-            continue
-        row = x[r]
-        lse = sums[r - r0]
+    for i in range(nb):
+        row = x[r0 + i]
+        lse = sums[i]
         if lse != lse:
             lse = _row_lse(row, tail, buf)
-        lse_out[r] = lse
-        blank_out[r] = np.float64(row[blank]) - lse
-        lab_out[r] = np.float64(row[k]) - lse if k >= 0 else -np.inf
+        k = labs[i]
+        lse_o[i] = lse
+        blank_o[i] = np.float64(row[blank]) - lse
+        lab_o[i] = np.float64(row[k]) - lse if k >= 0 else -np.inf
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -267,9 +265,10 @@ def _run_end(labels, r, lim):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
+    """Rows ``[r0, r1)`` of the row API (:func:`log_softmax_gather`)."""
     n_cls = x.shape[1]
     per = max(1, _BLOCK_ELEMS // n_cls)
-    e = np.empty(per * n_cls, x.dtype)
+    scratch = np.empty(per * n_cls, x.dtype)
     sums = np.empty(per)
     tail, buf = _tail_buffer(n_cls, x)
     r = r0
@@ -281,8 +280,8 @@ def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
             r += 1
             continue
         end = _run_end(labels, r, min(r + per, r1))
-        _forward_block(x, labels, blank, r, end, lab_out, blank_out, lse_out, e, sums, tail,
-                       buf)
+        _forward_block(x, r, end, labels[r:end], blank, lab_out[r:end], blank_out[r:end],
+                       lse_out[r:end], scratch, sums, tail, buf)
         r = end
 
 
@@ -310,49 +309,49 @@ def _backward_row_shifted(row, ls, c, o, tail, buf):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _backward_block(x, lse, labels, blank, g_lab, g_blank, r0, r1, out, kb, tail, buf):
-    """Rows ``[r0, r1)``: ``exp(x) * (c e**-lse)`` in one vectorised pass where
+def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, kb, cs, tail, buf):
+    """Gradient rows ``[r0, r1)`` (all read by the lattice; row ``r0 + i`` has
+    label ``labs[i]``, normaliser ``lse_l[i]`` and cotangents ``gl_l[i]``
+    (label, ignored without one) and ``gb_l[i]`` (blank)):
+    ``exp(x) * (c e**-lse)`` in one vectorised pass over the block where
     ``lse`` lies in :func:`_unshifted_range` (see :func:`_forward_block`), the
     max-shifted path elsewhere, exact zeros where ``c = 0``.  ``kb`` holds each
-    row's factor once per logit (an L1-sized buffer)."""
+    row's factor once per logit (an L1-sized buffer), ``cs`` each row's ``c``."""
     n_cls = x.shape[1]
     lo, hi = _unshifted_range(x)
-    for r in range(r0, r1):
-        k = labels[r]
-        gl = g_lab[r] if k >= 0 else 0.0
-        gb = g_blank[r] if k != INACTIVE else 0.0
-        c = 0.0 - (gl + gb)
-        ls = lse[r]
+    for i in range(r1 - r0):
+        k = labs[i]
+        c = 0.0 - ((gl_l[i] if k >= 0 else 0.0) + gb_l[i])
+        cs[i] = c
+        ls = lse_l[i]
         kr = _cast_like(kb, c * math.exp(-ls) if (c != 0.0 and lo <= ls <= hi) else 0.0)
         if n_cls >= _LONG_ROW:  # long rows vectorise by themselves
-            row = x[r]
-            o = out[r]
+            o = out[r0 + i]
+            row = x[r0 + i]
             for v in range(n_cls):
                 o[v] = _exp_unshifted(row[v]) * kr
             continue
-        kb_row = kb[(r - r0) * n_cls:(r - r0 + 1) * n_cls]
+        kb_row = kb[i * n_cls:(i + 1) * n_cls]
         for v in range(n_cls):
             kb_row[v] = kr
     if n_cls < _LONG_ROW:
         xs = x.reshape(-1)[r0 * n_cls:r1 * n_cls]
         os = out.reshape(-1)[r0 * n_cls:r1 * n_cls]
-        for i in range(xs.shape[0]):
-            os[i] = _exp_unshifted(xs[i]) * kb[i]
-    for r in range(r0, r1):
-        o = out[r]
-        k = labels[r]
-        gl = g_lab[r] if k >= 0 else 0.0
-        gb = g_blank[r] if k != INACTIVE else 0.0
-        c = 0.0 - (gl + gb)
-        ls = lse[r]
+        for j in range(xs.shape[0]):
+            os[j] = _exp_unshifted(xs[j]) * kb[j]
+    for i in range(r1 - r0):
+        o = out[r0 + i]
+        k = labs[i]
+        c = cs[i]
+        ls = lse_l[i]
         if c == 0.0:
             for v in range(n_cls):
                 o[v] = 0.0
         elif not lo <= ls <= hi:
-            _backward_row_shifted(x[r], ls, c, o, tail, buf)
+            _backward_row_shifted(x[r0 + i], ls, c, o, tail, buf)
         if k >= 0:
-            o[k] += gl
-        o[blank] += gb
+            o[k] += gl_l[i]
+        o[blank] += gb_l[i]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -360,6 +359,7 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
     n_cls = x.shape[1]
     per = max(1, _BLOCK_ELEMS // n_cls)
     kb = np.empty(per * n_cls, x.dtype)
+    cs = np.empty(per)
     tail, buf = _tail_buffer(n_cls, x)
     r = r0
     while r < r1:
@@ -370,7 +370,8 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
             r += 1
             continue
         end = _run_end(labels, r, min(r + per, r1))
-        _backward_block(x, lse, labels, blank, g_lab, g_blank, r, end, out, kb, tail, buf)
+        _backward_block(x, r, end, labels[r:end], blank, lse[r:end], g_lab[r:end],
+                        g_blank[r:end], out, kb, cs, tail, buf)
         r = end
 
 
@@ -433,7 +434,6 @@ def log_softmax_gather(x, labels, blank):
       labels: ``(R,)`` integers: the label to gather per row, :data:`NO_LABEL`
         or :data:`INACTIVE` (see the module doc).
       blank: the blank class in ``[0, V)``.
-
     Returns:
       ``label (R,)`` and ``blank (R,)`` in ``x``'s dtype, ``lse (R,)`` float64
       (keep it for :func:`log_softmax_gather_grad`).
@@ -488,61 +488,149 @@ def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
 # --------------------------------------------------------------------------- #
 # The RNN-T lattice straight from the joiner output                            #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
-def _lattice_labels(targets, il, tl, t_max, u1, n_cls):
-    """``(N * T * (U + 1),)`` row labels: the cell's target label, ``NO_LABEL``
-    on the last position, ``INACTIVE`` past a sequence's frames or target."""
-    n = targets.shape[0]
-    labels = np.empty(n * t_max * u1, np.int64)
-    r = 0
-    for b in range(n):
-        ib = il[b]
-        ub = tl[b]
-        for t in range(t_max):
-            for u in range(u1):
-                if t >= ib or u > ub:
-                    labels[r] = INACTIVE
-                elif u == u1 - 1:
-                    labels[r] = NO_LABEL
-                else:
-                    labels[r] = min(max(targets[b, u], 0), n_cls - 1)
-                r += 1
-    return labels
+@numba.njit(cache=True, nogil=True, inline="always")
+def _cell(il, tl, u_max, b, t):
+    """How many positions of frame ``t`` of sequence ``b`` the lattice reads
+    (positions ``0 .. U_b``; none past its frames)."""
+    if t >= il[b]:
+        return 0
+    return min(max(tl[b], -1), u_max) + 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _block_labels(targets, b, u0, u1, u_max, n_cls, labs):
+    """``labs[u - u0]``: the label of position ``u`` (clamped target, or
+    :data:`NO_LABEL` on the last position)."""
+    for u in range(u0, u1):
+        labs[u - u0] = min(max(targets[b, u], 0), n_cls - 1) if u < u_max else NO_LABEL
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse):
+    """Frames ``f = b * (T + 1) + t`` in ``[f0, f1)``: the rows ``x[b, t, u]``
+    the lattice reads, written straight into ``px[b, :, t]``, ``py[b, :, t]``
+    and ``lse[b, t, :]`` (frame ``T`` only sets ``px[b, :, T]`` to ``-inf``)."""
+    n, t_max, u1, n_cls = x.shape
+    u_max = u1 - 1
+    x2 = x.reshape(-1, n_cls)
+    lse1 = lse.reshape(-1)
+    per = max(1, _BLOCK_ELEMS // n_cls)
+    scratch = np.empty(per * n_cls, x.dtype)
+    sums = np.empty(per)
+    labs = np.empty(per, np.int64)
+    lab_l = np.empty(per)
+    blk_l = np.empty(per)
+    tail, buf = _tail_buffer(n_cls, x)
+    for f in range(f0, f1):
+        b = f // (t_max + 1)
+        t = f - b * (t_max + 1)
+        if t == t_max or t >= il[b]:  # no symbol from here on (k2's fix_for_boundary)
+            for s in range(u_max):
+                px[b, s, t] = -np.inf
+            if t < t_max:
+                for s in range(u1):
+                    py[b, s, t] = 0.0
+                    lse[b, t, s] = 0.0
+            continue
+        n_act = _cell(il, tl, u_max, b, t)
+        for s in range(n_act, u1):  # positions past the target: never read
+            if s < u_max:
+                px[b, s, t] = 0.0
+            py[b, s, t] = 0.0
+            lse[b, t, s] = 0.0
+        rb = (b * t_max + t) * u1
+        u0 = 0
+        while u0 < n_act:
+            ue = min(u0 + per, n_act)
+            _block_labels(targets, b, u0, ue, u_max, n_cls, labs)
+            _forward_block(x2, rb + u0, rb + ue, labs, blank, lab_l, blk_l,
+                           lse1[rb + u0:rb + ue], scratch, sums, tail, buf)
+            for u in range(u0, ue):
+                py[b, u, t] = blk_l[u - u0]
+                if u < u_max:
+                    px[b, u, t] = lab_l[u - u0]
+            u0 = ue
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out):
+    """Frames ``f = b * T + t`` in ``[f0, f1)``: the gradient rows
+    ``out[b, t, :]`` from the cotangents ``g_px[b, :, t]``, ``g_py[b, :, t]``
+    (zero rows where the lattice reads nothing)."""
+    n, t_max, u1, n_cls = x.shape
+    u_max = u1 - 1
+    x2 = x.reshape(-1, n_cls)
+    out2 = out.reshape(-1, n_cls)
+    lse1 = lse.reshape(-1)
+    per = max(1, _BLOCK_ELEMS // n_cls)
+    kb = np.empty(per * n_cls, x.dtype)
+    cs = np.empty(per)
+    labs = np.empty(per, np.int64)
+    gl_l = np.empty(per)
+    gb_l = np.empty(per)
+    tail, buf = _tail_buffer(n_cls, x)
+    for f in range(f0, f1):
+        b = f // t_max
+        t = f - b * t_max
+        n_act = _cell(il, tl, u_max, b, t)
+        rb = f * u1
+        for r in range(rb + n_act, rb + u1):
+            o = out2[r]
+            for v in range(n_cls):
+                o[v] = 0.0
+        u0 = 0
+        while u0 < n_act:
+            ue = min(u0 + per, n_act)
+            _block_labels(targets, b, u0, ue, u_max, n_cls, labs)
+            for u in range(u0, ue):
+                gl_l[u - u0] = g_px[b, u, t] if u < u_max else 0.0
+                gb_l[u - u0] = g_py[b, u, t]
+            _backward_block(x2, rb + u0, rb + ue, labs, blank, lse1[rb + u0:rb + ue], gl_l, gb_l,
+                            out2, kb, cs, tail, buf)
+            u0 = ue
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _lattice_forward_parallel(x, targets, il, tl, blank, per_chunk, px, py, lse):
+    n_frames = x.shape[0] * (x.shape[1] + 1)
+    for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
+        f0 = c * per_chunk
+        _lattice_forward_frames(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
+                                px, py, lse)
 
 
 @numba.njit(cache=True, nogil=True)
-def _to_lattice(lab, blk, il, px, py):
-    """``px[b, s, t] = lab[b, t, s]`` (``-inf`` from frame ``T_b`` on),
-    ``py[b, s, t] = blk[b, t, s]``."""
-    n, t_max, u1 = blk.shape
-    for b in range(n):
-        ib = il[b]
-        for s in range(u1 - 1):
-            for t in range(t_max + 1):
-                px[b, s, t] = lab[b, t, s] if t < ib and t < t_max else -np.inf
-        for s in range(u1):
-            for t in range(t_max):
-                py[b, s, t] = blk[b, t, s]
+def _lattice_forward_serial(x, targets, il, tl, blank, per_chunk, px, py, lse):
+    _lattice_forward_frames(x, targets, il, tl, blank, 0, x.shape[0] * (x.shape[1] + 1),
+                            px, py, lse)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _lattice_backward_parallel(x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
+    n_frames = x.shape[0] * x.shape[1]
+    for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
+        f0 = c * per_chunk
+        _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0,
+                                 min(f0 + per_chunk, n_frames), out)
 
 
 @numba.njit(cache=True, nogil=True)
-def _from_lattice(g_px, g_py, g_label, g_blank):
-    """The transpose of :func:`_to_lattice` for the cotangents (0 on the last position)."""
-    n, t_max, u1 = g_blank.shape
-    for b in range(n):
-        for t in range(t_max):
-            for u in range(u1 - 1):
-                g_label[b, t, u] = g_px[b, u, t]
-            g_label[b, t, u1 - 1] = 0.0
-            for u in range(u1):
-                g_blank[b, t, u] = g_py[b, u, t]
+def _lattice_backward_serial(x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
+    _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, 0,
+                             x.shape[0] * x.shape[1], out)
 
 
-def _lattice_args(fn, x, targets, logit_lengths, target_lengths):
+def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
+    """Checked ``(x, targets, il, tl, blank, frames per chunk)``; raises before any kernel."""
     x = np.asarray(x)
     if x.ndim != 4:
         raise ValueError(f"{fn}: 'x' must be a 4-D (N, T, U + 1, V) array, got shape {x.shape}")
+    if x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{fn}: 'x' must be float32 or float64, got {x.dtype}")
     n, t_max, u1, n_cls = x.shape
+    if u1 < 1 or n_cls < 1:
+        raise ValueError(f"{fn}: 'x' must have at least one position and one class, got "
+                         f"shape {x.shape}")
     targets = np.asarray(targets)
     if targets.shape != (n, u1 - 1) or targets.dtype.kind not in "iu":
         raise ValueError(f"{fn}: 'targets' must be an integer ({n}, {u1 - 1}) array, got "
@@ -554,9 +642,11 @@ def _lattice_args(fn, x, targets, logit_lengths, target_lengths):
             raise ValueError(f"{fn}: '{name}' must be an integer ({n},) array, got "
                              f"{a.dtype} {a.shape}")
         lens.append(np.ascontiguousarray(a, dtype=np.int64))
-    labels = _lattice_labels(np.ascontiguousarray(targets, dtype=np.int64), lens[0], lens[1],
-                             t_max, u1, max(n_cls, 1))
-    return x, labels, lens[0]
+    blank = int(blank)
+    if not 0 <= blank < n_cls:
+        raise ValueError(f"{fn}: 'blank' must lie in [0, {n_cls - 1}], got {blank}")
+    return (np.ascontiguousarray(x), np.ascontiguousarray(targets, dtype=np.int64), lens[0],
+            lens[1], blank, max(1, _CHUNK_ELEMS // (u1 * n_cls)))
 
 
 def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
@@ -575,33 +665,51 @@ def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
       ``py`` ``(N, U + 1, T)``: ``log_softmax(x)[b, t, s, blank]`` for
       ``t < T_b`` and ``s <= U_b``, 0 elsewhere; ``lse`` ``(N, T, U + 1)``
       float64 (for :func:`transducer_log_probs_grad`).  Cells the lattice never
-      reads cost nothing.
+      reads cost nothing.  One pass over ``x`` writes them all (no row-major
+      intermediates to transpose).
     """
-    fn = "transducer_log_probs"
-    x, labels, il = _lattice_args(fn, x, targets, logit_lengths, target_lengths)
+    x, targets, il, tl, blank, per_chunk = _lattice_args(
+        "transducer_log_probs", x, targets, logit_lengths, target_lengths, blank)
     n, t_max, u1, n_cls = x.shape
-    lab, blk, lse = log_softmax_gather(x.reshape(-1, n_cls), labels, blank)
     px = np.empty((n, u1 - 1, t_max + 1), x.dtype)
     py = np.empty((n, u1, t_max), x.dtype)
-    _to_lattice(lab.reshape(n, t_max, u1), blk.reshape(n, t_max, u1), il, px, py)
-    return px, py, lse.reshape(n, t_max, u1)
+    lse = np.empty((n, t_max, u1))
+    if n:
+        args = (x, targets, il, tl, blank, per_chunk, px, py, lse)
+        run_batch(_lattice_forward_serial, _lattice_forward_parallel,
+                  -(-n * (t_max + 1) // per_chunk), x.size, _PARALLEL_MIN_ELEMS, args)
+    return px, py, lse
 
 
 def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, blank, g_px,
-                              g_py):
+                              g_py, out=None):
     """The gradient w.r.t. ``x`` of ``sum(g_px * px + g_py * py)`` for
     :func:`transducer_log_probs` (``(N, T, U + 1, V)``, ``x``'s dtype); cells
-    past a sequence's frames or target get exact zeros."""
+    past a sequence's frames or target get exact zeros; ``out``: an optional
+    C-contiguous array of ``x``'s dtype and shape to write into."""
     fn = "transducer_log_probs_grad"
-    x, labels, _ = _lattice_args(fn, x, targets, logit_lengths, target_lengths)
+    x, targets, il, tl, blank, per_chunk = _lattice_args(fn, x, targets, logit_lengths,
+                                                         target_lengths, blank)
     n, t_max, u1, n_cls = x.shape
+    lse = np.asarray(lse)
     g_px = np.asarray(g_px)
     g_py = np.asarray(g_py)
-    if g_px.shape != (n, u1 - 1, t_max + 1) or g_py.shape != (n, u1, t_max):
-        raise ValueError(f"{fn}: 'g_px' and 'g_py' must have shapes {(n, u1 - 1, t_max + 1)} "
-                         f"and {(n, u1, t_max)}, got {g_px.shape} and {g_py.shape}")
-    g_label = np.empty((n, t_max, u1))
-    g_blank = np.empty((n, t_max, u1))
-    _from_lattice(g_px, g_py, g_label, g_blank)
-    out = log_softmax_gather_grad(x.reshape(-1, n_cls), lse, labels, blank, g_label, g_blank)
-    return out.reshape(x.shape)
+    for name, a, shape in (("lse", lse, (n, t_max, u1)), ("g_px", g_px, (n, u1 - 1, t_max + 1)),
+                           ("g_py", g_py, (n, u1, t_max))):
+        if a.shape != shape or a.dtype.kind != "f":
+            raise ValueError(f"{fn}: '{name}' must be a float array of shape {shape}, got "
+                             f"{a.dtype} {a.shape}")
+    lse = np.ascontiguousarray(lse, dtype=np.float64)
+    g_px = np.ascontiguousarray(g_px, dtype=x.dtype)
+    g_py = np.ascontiguousarray(g_py, dtype=x.dtype)
+    if out is None:
+        out = np.empty_like(x)
+    elif (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
+          or not out.flags.writeable):
+        raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
+                         f"shape {x.shape}, got {out.dtype} {out.shape}")
+    if n:
+        args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out)
+        run_batch(_lattice_backward_serial, _lattice_backward_parallel,
+                  -(-n * t_max // per_chunk), x.size, _PARALLEL_MIN_ELEMS, args)
+    return out
