@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import Literal, Tuple
 
+import numba
 import numpy as np
 import torch
 
-from duoloss.core.losses.joiner import INACTIVE, NO_LABEL
+from duoloss.core.losses.joiner import INACTIVE, NO_LABEL, rnnt_loss_from_logits
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
 
-from . import _joiner
+from . import _joiner, _private
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
@@ -110,6 +111,58 @@ class _LatticeLogProbs(torch.autograd.Function):
                 None, None, None, None)
 
 
+class _FusedRNNT(torch.autograd.Function):
+    """The reduced (``'sum'``/``'mean'``) loss of CPU logits in plain eager mode,
+    computed one sequence at a time with its gradient
+    (:func:`duoloss.core.losses.joiner.rnnt_loss_from_logits`): each sequence's
+    logits are read from memory once, and the gradient for the cotangent that
+    ``loss.backward()`` sends (1) is ready before the backward.
+
+    Same numbers as the general path (:class:`_LatticeLogProbs`, the lattice
+    kernel, ``sum``/``/ N``): the gradient is computed for the per-sequence
+    cotangent autograd would derive from 1 (``1`` or ``1 / N`` in the logits'
+    dtype).  Any other cotangent (a scaled loss, ``create_graph=True``, a second
+    backward with ``retain_graph=True``) recomputes it the general way from the
+    saved normaliser and lattice gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, x, targets, il, tl, boundary, blank, mean):
+        n = x.shape[0]
+        scale = float(torch.ones((), dtype=x.dtype) / n) if mean else 1.0
+        losses, lse, gx, gy, grad = rnnt_loss_from_logits(
+            _joiner._view(x, x.shape), targets.numpy(), il.numpy(), tl.numpy(), blank,
+            boundary.numpy(), scale)
+        dtype = _joiner._view(x, x.shape).dtype
+        ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
+                              torch.from_numpy(gy), torch.from_numpy(grad))
+        ctx.blank, ctx.mean, ctx.ready = blank, mean, True
+        total = torch.from_numpy(losses.astype(dtype, copy=False)).sum()
+        return total / n if mean else total
+
+    @staticmethod
+    def backward(ctx, g):
+        x, targets, il, tl, lse, gx, gy, grad = ctx.saved_tensors
+        graph = torch.is_grad_enabled()
+        if ctx.ready and not graph and bool(g == 1):
+            ctx.ready = False  # handed out: a retained graph's next backward recomputes
+            return grad, None, None, None, None, None, None
+        n = x.shape[0]
+        gl = (g / n if ctx.mean else g).expand(n).to(gx.dtype).reshape(n, 1, 1)
+        args = (x, lse, targets, il, tl, gx * gl, gy * gl, ctx.blank)
+        out = _LatticeGrad.apply(*args) if graph else _joiner.lattice_backward(*args)
+        return out, None, None, None, None, None, None
+
+
+def _fusable(logits, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
+    """Whether :class:`_FusedRNNT` takes the call."""
+    return (fused_log_softmax and fastemit_lambda <= 0
+            and delay_penalty <= 0 and _joiner.supported(logits) and logits.shape[0] > 0
+            and logits.requires_grad and torch.is_grad_enabled()
+            and logits.shape[0] >= numba.get_num_threads()
+            and not torch.compiler.is_compiling() and not _private.transforms_active())
+
+
 class _LogProbGather(torch.autograd.Function):
     """``log_softmax`` over ``V`` and the two gathers of the lattice, in one node.
 
@@ -185,6 +238,23 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
+def _boundary(logits, targets, il, tl, blank):
+    """``(targets as int64, boundary (N, 4))``: the lattice kernel's box per
+    sequence, ``-1`` entries for an invalid one (its loss is NaN)."""
+    n, t_max, u1, n_cls = logits.shape
+    u_max = u1 - 1
+    tg = targets.to(torch.int64)
+    pos = torch.arange(u_max, device=logits.device)
+    in_len = pos[None, :] < tl[:, None]
+    bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
+    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max)
+             & ~bad_label.any(dim=1))
+    zero = torch.zeros_like(il)
+    neg = torch.full_like(il, -1)
+    return tg, torch.stack([zero, zero, torch.where(valid, tl, neg),
+                            torch.where(valid, il, neg)], dim=1)
+
+
 def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=0.0,
              delay_penalty=0.0):
     """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
@@ -192,17 +262,8 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     u_max = u1 - 1
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    tg = targets.to(torch.int64)
-    pos = torch.arange(u_max, device=logits.device)
-    in_len = pos[None, :] < tl[:, None]
-    bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
-    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_max)
-             & ~bad_label.any(dim=1))
+    tg, boundary = _boundary(logits, targets, il, tl, blank)
     idx = tg.clamp(0, n_cls - 1)
-    zero = torch.zeros_like(il)
-    neg = torch.full_like(il, -1)
-    boundary = torch.stack([zero, zero, torch.where(valid, tl, neg),
-                            torch.where(valid, il, neg)], dim=1)
     if fused_log_softmax and _joiner.supported(logits):
         px, py, _ = _LatticeLogProbs.apply(logits, tg, il, tl, blank)
         if fastemit_lambda > 0:
@@ -320,6 +381,10 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     if clamp > 0:
         bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
         x = _ClampGrad.apply(x, bound)
+    if reduction != "none" and _fusable(x, reduction, fused_log_softmax, fastemit_lambda,
+                                        delay_penalty):
+        tg, boundary = _boundary(x, targets, il, tl, blank)
+        return _FusedRNNT.apply(x, tg, il, tl, boundary, blank, reduction == "mean")
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")

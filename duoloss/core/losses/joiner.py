@@ -49,12 +49,14 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-# NB: the kernels inline exp_core; numba's on-disk cache is keyed on this
-# file's mtime only, so touch it after editing _numerics.py.
+# NB: the kernels inline exp_core and call transducer._one_linear; numba's
+# on-disk cache is keyed on this file's mtime only, so touch it after editing
+# _numerics.py or transducer.py.
 from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly, run_batch
+from .transducer import _one_linear
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
-           "transducer_log_probs", "transducer_log_probs_grad"]
+           "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits"]
 
 #: ``labels`` value of a row without a label (its label output is ``-inf``).
 NO_LABEL = -1
@@ -309,14 +311,18 @@ def _backward_row_shifted(row, ls, c, o, tail, buf):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, kb, cs, tail, buf):
+def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, in_out, kb, cs, tail,
+                    buf):
     """Gradient rows ``[r0, r1)`` (all read by the lattice; row ``r0 + i`` has
     label ``labs[i]``, normaliser ``lse_l[i]`` and cotangents ``gl_l[i]``
     (label, ignored without one) and ``gb_l[i]`` (blank)):
-    ``exp(x) * (c e**-lse)`` in one vectorised pass over the block where
-    ``lse`` lies in :func:`_unshifted_range` (see :func:`_forward_block`), the
-    max-shifted path elsewhere, exact zeros where ``c = 0``.  ``kb`` holds each
-    row's factor once per logit (an L1-sized buffer), ``cs`` each row's ``c``."""
+    ``exp(x) * (c e**-lse)`` where ``lse`` lies in :func:`_unshifted_range`
+    (see :func:`_forward_block`), the max-shifted path elsewhere, exact zeros
+    where ``c = 0``.  With ``in_out``, ``out``'s rows already hold ``exp(x)``
+    (the forward's exponentials) and are scaled in place; else the
+    exponentials are computed in one vectorised pass over the block: ``kb``
+    holds each row's factor once per logit (an L1-sized buffer), ``cs`` each
+    row's ``c``."""
     n_cls = x.shape[1]
     lo, hi = _unshifted_range(x)
     for i in range(r1 - r0):
@@ -325,16 +331,20 @@ def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, kb, cs, tail
         cs[i] = c
         ls = lse_l[i]
         kr = _cast_like(kb, c * math.exp(-ls) if (c != 0.0 and lo <= ls <= hi) else 0.0)
-        if n_cls >= _LONG_ROW:  # long rows vectorise by themselves
+        if in_out or n_cls >= _LONG_ROW:  # no block-wide pass needed to vectorise
             o = out[r0 + i]
-            row = x[r0 + i]
-            for v in range(n_cls):
-                o[v] = _exp_unshifted(row[v]) * kr
+            if in_out:
+                for v in range(n_cls):
+                    o[v] *= kr
+            else:
+                row = x[r0 + i]
+                for v in range(n_cls):
+                    o[v] = _exp_unshifted(row[v]) * kr
             continue
         kb_row = kb[i * n_cls:(i + 1) * n_cls]
         for v in range(n_cls):
             kb_row[v] = kr
-    if n_cls < _LONG_ROW:
+    if not in_out and n_cls < _LONG_ROW:
         xs = x.reshape(-1)[r0 * n_cls:r1 * n_cls]
         os = out.reshape(-1)[r0 * n_cls:r1 * n_cls]
         for j in range(xs.shape[0]):
@@ -371,7 +381,7 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
             continue
         end = _run_end(labels, r, min(r + per, r1))
         _backward_block(x, r, end, labels[r:end], blank, lse[r:end], g_lab[r:end],
-                        g_blank[r:end], out, kb, cs, tail, buf)
+                        g_blank[r:end], out, False, kb, cs, tail, buf)
         r = end
 
 
@@ -506,10 +516,11 @@ def _block_labels(targets, b, u0, u1, u_max, n_cls, labs):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse):
+def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse, keep):
     """Frames ``f = b * (T + 1) + t`` in ``[f0, f1)``: the rows ``x[b, t, u]``
     the lattice reads, written straight into ``px[b, :, t]``, ``py[b, :, t]``
-    and ``lse[b, t, :]`` (frame ``T`` only sets ``px[b, :, T]`` to ``-inf``)."""
+    and ``lse[b, t, :]`` (frame ``T`` only sets ``px[b, :, T]`` to ``-inf``).
+    The exponentials go to the rows of ``keep`` (``(R, V)``) when it has any."""
     n, t_max, u1, n_cls = x.shape
     u_max = u1 - 1
     x2 = x.reshape(-1, n_cls)
@@ -544,7 +555,9 @@ def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse):
             ue = min(u0 + per, n_act)
             _block_labels(targets, b, u0, ue, u_max, n_cls, labs)
             _forward_block(x2, rb + u0, rb + ue, labs, blank, lab_l, blk_l,
-                           lse1[rb + u0:rb + ue], scratch, sums, tail, buf)
+                           lse1[rb + u0:rb + ue],
+                           keep.reshape(-1)[(rb + u0) * n_cls:(rb + ue) * n_cls]
+                           if keep.shape[0] > 0 else scratch, sums, tail, buf)
             for u in range(u0, ue):
                 py[b, u, t] = blk_l[u - u0]
                 if u < u_max:
@@ -553,10 +566,11 @@ def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out):
+def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, in_out):
     """Frames ``f = b * T + t`` in ``[f0, f1)``: the gradient rows
     ``out[b, t, :]`` from the cotangents ``g_px[b, :, t]``, ``g_py[b, :, t]``
-    (zero rows where the lattice reads nothing)."""
+    (zero rows where the lattice reads nothing); ``in_out``: ``out`` holds the
+    forward's exponentials (see :func:`_backward_block`)."""
     n, t_max, u1, n_cls = x.shape
     u_max = u1 - 1
     x2 = x.reshape(-1, n_cls)
@@ -586,7 +600,7 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
                 gl_l[u - u0] = g_px[b, u, t] if u < u_max else 0.0
                 gb_l[u - u0] = g_py[b, u, t]
             _backward_block(x2, rb + u0, rb + ue, labs, blank, lse1[rb + u0:rb + ue], gl_l, gb_l,
-                            out2, kb, cs, tail, buf)
+                            out2, in_out, kb, cs, tail, buf)
             u0 = ue
 
 
@@ -596,13 +610,13 @@ def _lattice_forward_parallel(x, targets, il, tl, blank, per_chunk, px, py, lse)
     for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
         f0 = c * per_chunk
         _lattice_forward_frames(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
-                                px, py, lse)
+                                px, py, lse, x.reshape(-1, x.shape[3])[:0])
 
 
 @numba.njit(cache=True, nogil=True)
 def _lattice_forward_serial(x, targets, il, tl, blank, per_chunk, px, py, lse):
     _lattice_forward_frames(x, targets, il, tl, blank, 0, x.shape[0] * (x.shape[1] + 1),
-                            px, py, lse)
+                            px, py, lse, x.reshape(-1, x.shape[3])[:0])
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -611,13 +625,13 @@ def _lattice_backward_parallel(x, lse, targets, il, tl, blank, g_px, g_py, per_c
     for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
         f0 = c * per_chunk
         _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0,
-                                 min(f0 + per_chunk, n_frames), out)
+                                 min(f0 + per_chunk, n_frames), out, False)
 
 
 @numba.njit(cache=True, nogil=True)
 def _lattice_backward_serial(x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
     _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, 0,
-                             x.shape[0] * x.shape[1], out)
+                             x.shape[0] * x.shape[1], out, False)
 
 
 def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
@@ -713,3 +727,108 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
         run_batch(_lattice_backward_serial, _lattice_backward_parallel,
                   -(-n * t_max // per_chunk), x.size, _PARALLEL_MIN_ELEMS, args)
     return out
+
+
+# --------------------------------------------------------------------------- #
+# The whole RNN-T loss, one sequence at a time                                 #
+# --------------------------------------------------------------------------- #
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
+               cx, cy, out):
+    """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
+    gradients (:func:`~duoloss.core.losses.transducer._one_linear`), then, when
+    ``want``, the gradient ``out[b]`` for the cotangents ``gx * scale``
+    (rounded to ``x``'s dtype, as a framework multiplies them) while ``x[b]``
+    is still in cache."""
+    t_max = x.shape[1]
+    # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
+    keep = out.reshape(-1, x.shape[3])
+    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
+                            px, py, lse, keep if want else keep[:0])
+    _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
+    if not want:
+        return
+    sc = _cast_like(cx, scale)
+    for s in range(gx.shape[1]):
+        for t in range(gx.shape[2]):
+            cx[b, s, t] = gx[b, s, t] * sc
+    for s in range(gy.shape[1]):
+        for t in range(gy.shape[2]):
+            cy[b, s, t] = gy[b, s, t] * sc
+    _lattice_backward_frames(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
+                             (b + 1) * t_max, out, True)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _fused_parallel(x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
+                    cx, cy, out):
+    for b in numba.prange(x.shape[0]):
+        _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
+                   cx, cy, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fused_serial(x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
+                  cx, cy, out):
+    for b in range(x.shape[0]):
+        _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
+                   cx, cy, out)
+
+
+def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boundary,
+                          scale=1.0, want_grad=True):
+    """The RNN-T loss of each sequence straight from the joiner output, and its
+    gradient, one sequence at a time.
+
+    The same numbers as :func:`transducer_log_probs`, then
+    :func:`~duoloss.core.losses.transducer.transducer_loss_and_grad` on its
+    lattices, then :func:`transducer_log_probs_grad` with the cotangents
+    ``g_px * scale`` and ``g_py * scale`` rounded to ``x``'s dtype; but each
+    sequence's logits are read from memory once: its gradient is written while
+    they are still in cache (the two-pass form reads all ``N * T * (U + 1) * V``
+    logits twice).  What the torch frontend runs for ``rnnt_loss`` on CPU in
+    eager mode, where the cotangent of a reduced loss is known in advance
+    (``scale``: 1 for a sum, the framework's ``1 / N`` for a mean).
+
+    Args:
+      x, targets, logit_lengths, target_lengths, blank: as in
+        :func:`transducer_log_probs`.
+      boundary: ``(N, 4)`` integer rows ``[0, 0, U_b, T_b]`` of the lattice
+        kernel (``-1`` entries make a sequence's loss NaN, as there).
+      scale: the cotangent of every sequence's loss.
+      want_grad: compute the gradients (else only the losses).
+
+    Returns:
+      ``(losses, lse, g_px, g_py, grad)``: ``(N,)`` float64 losses, the ``(N,
+      T, U + 1)`` normaliser, the lattice gradients ``(N, U, T + 1)`` /
+      ``(N, U + 1, T)`` in ``x``'s dtype (unscaled) and the ``(N, T, U + 1, V)``
+      gradient w.r.t. ``x`` for the cotangent ``scale`` (the last three
+      ``None`` without ``want_grad``).
+    """
+    fn = "rnnt_loss_from_logits"
+    x, targets, il, tl, blank, _ = _lattice_args(fn, x, targets, logit_lengths, target_lengths,
+                                                 blank)
+    n, t_max, u1, n_cls = x.shape
+    bd = np.asarray(boundary)
+    if bd.shape != (n, 4) or bd.dtype.kind not in "iu":
+        raise ValueError(f"{fn}: 'boundary' must be an integer ({n}, 4) array, got "
+                         f"{bd.dtype} {bd.shape}")
+    bd = np.ascontiguousarray(bd, dtype=np.int64)
+    want = bool(want_grad)
+    px = np.empty((n, u1 - 1, t_max + 1), x.dtype)
+    py = np.empty((n, u1, t_max), x.dtype)
+    lse = np.empty((n, t_max, u1))
+    losses = np.empty(n)
+    shape_x, shape_y = (px.shape, py.shape) if want else ((0, 0, 0), (0, 0, 0))
+    gx = np.zeros(shape_x, x.dtype)
+    gy = np.zeros(shape_y, x.dtype)
+    cx = np.empty(shape_x, x.dtype)
+    cy = np.empty(shape_y, x.dtype)
+    out = np.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
+    if n:
+        args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
+                cx, cy, out)
+        run_batch(_fused_serial, _fused_parallel, n, x.size, _PARALLEL_MIN_ELEMS, args)
+    if not want:
+        return losses, lse, None, None, None
+    return losses, lse, gx, gy, out
