@@ -345,3 +345,98 @@ def test_core_lattice_log_probs_bad_input():
     g_px, g_py = np.ones_like(px), np.ones_like(py)
     assert transducer_log_probs_grad(x, lse, tg, ln, ln, 0, g_px, g_py, out=out) is out
     assert np.isfinite(out).all()
+
+
+def _general_path(monkeypatch):
+    """Route ``rnnt_loss`` through the general path (lattice operators, lattice
+    kernel, framework reduction) instead of the whole-loss one."""
+    monkeypatch.setattr(trnnt, "_fusable", lambda *a: False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_torch_whole_loss_path_is_bit_identical_to_the_general_path(monkeypatch, dtype,
+                                                                    reduction):
+    """``rnnt_loss`` on CPU in eager mode with a reduced loss runs the whole loss
+    one sequence at a time (gradient in the forward, for the cotangent
+    ``backward()`` sends); the general path must give the same bits, for that
+    cotangent and for any other (the fallback), and both match the reference."""
+    x, tg, il, tl = _case(7)  # N = 3: the mean's 1/3 is not a power of two
+    args = (torch.tensor(tg), torch.tensor(il), torch.tensor(tl))
+
+    def run(factor=None, clamp=-1):
+        xt = torch.tensor(x, dtype=dtype, requires_grad=True)
+        loss = dt.rnnt_loss(xt, *args, blank=0, reduction=reduction, clamp=clamp)
+        (loss if factor is None else loss * factor).backward()
+        return loss.detach(), xt.grad, type(loss.grad_fn).__name__
+
+    whole = [run(), run(3.0), run(clamp=0.05)]
+    assert {w[2] for w in whole} == {"_FusedRNNTBackward"}
+    with monkeypatch.context() as m:
+        _general_path(m)
+        general = [run(), run(3.0), run(clamp=0.05)]
+    assert "_FusedRNNTBackward" not in {g[2] for g in general}
+    for (lw, gw, _), (lg, gg, _) in zip(whole, general):
+        assert torch.equal(lw, lg) and torch.equal(gw, gg)
+    xr = torch.tensor(x, requires_grad=True)
+    ref = _reference(xr, tg, il, tl, 0)
+    ref = ref.sum() if reduction == "sum" else ref.mean()
+    ref.backward()
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(whole[0][0].double().numpy(), ref.detach().numpy(), **tol)
+    np.testing.assert_allclose(whole[0][1].double().numpy(), xr.grad.numpy(), **tol)
+    np.testing.assert_allclose(whole[1][1].double().numpy(), 3 * xr.grad.numpy(), **tol)
+
+
+def test_torch_whole_loss_path_retain_graph_and_second_order(monkeypatch):
+    x, tg, il, tl = _case(8)
+    args = (torch.tensor(tg), torch.tensor(il), torch.tensor(tl))
+    xt = torch.tensor(x, requires_grad=True)
+    loss = dt.rnnt_loss(xt, *args, blank=0, reduction="mean")
+    assert type(loss.grad_fn).__name__ == "_FusedRNNTBackward"
+    g1, = torch.autograd.grad(loss, xt, retain_graph=True)
+    g1c = g1.clone()
+    g1.zero_()  # the first gradient is the caller's: changing it must not change the next
+    g2, = torch.autograd.grad(loss, xt)
+    assert torch.equal(g1c, g2)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        torch.autograd.grad(loss, xt)
+    loss = dt.rnnt_loss(xt, *args, blank=0, reduction="sum")
+    g, = torch.autograd.grad(loss, xt, create_graph=True)
+    with pytest.raises(NotImplementedError, match="rnnt_loss"):
+        g.sum().backward()
+    _general_path(monkeypatch)
+    ref, = torch.autograd.grad(dt.rnnt_loss(xt, *args, blank=0, reduction="sum"), xt)
+    assert torch.equal(g.detach(), ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_core_rnnt_loss_from_logits_equals_the_three_steps(dtype):
+    from duoloss.core.losses.joiner import (rnnt_loss_from_logits, transducer_log_probs,
+                                            transducer_log_probs_grad)
+    from duoloss.core.losses.transducer import transducer_loss_and_grad
+
+    x, tg, il, tl = _case(9, n=4, t=6, u=3, v=33)
+    x = x.astype(dtype)
+    il = np.array([6, 4, 1, 0])
+    tl = np.array([3, 1, 0, 0])
+    x[1, 5] = np.nan  # past sequence 1's frames: stays out
+    bd = np.stack([np.zeros(4), np.zeros(4), tl, il], 1).astype(np.int64)
+    bd[3] = -1  # an invalid sequence: NaN loss (and NaN gradients), as the lattice kernel
+    scale = float(np.float32(1) / np.float32(3)) if dtype == np.float32 else 0.3
+    losses, lse, gx, gy, grad = rnnt_loss_from_logits(x, tg, il, tl, 0, bd, scale)
+    px, py, lse3 = transducer_log_probs(x, tg, il, tl, 0)
+    losses3, (gx3, gy3) = transducer_loss_and_grad(px, py, bd)
+    sc = dtype(scale)
+    grad3 = transducer_log_probs_grad(x, lse3, tg, il, tl, 0, gx3 * sc, gy3 * sc)
+    assert np.array_equal(losses.astype(dtype), losses3, equal_nan=True)
+    assert np.array_equal(lse, lse3)
+    for a, b in ((gx, gx3), (gy, gy3), (grad, grad3)):
+        assert np.array_equal(a, b, equal_nan=True)
+    assert np.isnan(losses[3]) and np.isfinite(grad[:3]).all()
+    only, _, no_gx, no_gy, no_grad = rnnt_loss_from_logits(x, tg, il, tl, 0, bd, want_grad=False)
+    assert np.array_equal(only, losses, equal_nan=True)
+    assert no_gx is None and no_gy is None and no_grad is None
+    with pytest.raises(ValueError, match=r"rnnt_loss_from_logits: 'boundary' must be an integer "
+                                         r"\(4, 4\) array"):
+        rnnt_loss_from_logits(x, tg, il, tl, 0, bd[:2])

@@ -135,17 +135,19 @@ class _FusedRNNT(torch.autograd.Function):
             boundary.numpy(), scale)
         dtype = _joiner._view(x, x.shape).dtype
         ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
-                              torch.from_numpy(gy), torch.from_numpy(grad))
-        ctx.blank, ctx.mean, ctx.ready = blank, mean, True
+                              torch.from_numpy(gy))
+        # not a saved tensor: handed out once, it is the caller's to change in place
+        ctx.grad = torch.from_numpy(grad)
+        ctx.blank, ctx.mean = blank, mean
         total = torch.from_numpy(losses.astype(dtype, copy=False)).sum()
         return total / n if mean else total
 
     @staticmethod
     def backward(ctx, g):
-        x, targets, il, tl, lse, gx, gy, grad = ctx.saved_tensors
+        x, targets, il, tl, lse, gx, gy = ctx.saved_tensors
         graph = torch.is_grad_enabled()
-        if ctx.ready and not graph and bool(g == 1):
-            ctx.ready = False  # handed out: a retained graph's next backward recomputes
+        if ctx.grad is not None and not graph and bool(g == 1):
+            grad, ctx.grad = ctx.grad, None  # a retained graph's next backward recomputes
             return grad, None, None, None, None, None, None
         n = x.shape[0]
         gl = (g / n if ctx.mean else g).expand(n).to(gx.dtype).reshape(n, 1, 1)
