@@ -436,6 +436,17 @@ def _rows(fn, x, labels, blank):
     return x, labels, blank, max(1, _CHUNK_ELEMS // n_cls)
 
 
+def _out_array(fn, out, x):
+    """``out`` checked to be a writeable C-contiguous array like ``x``, or a new one."""
+    if out is None:
+        return np.empty_like(x)
+    if (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
+            or not out.flags.writeable):
+        raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
+                         f"shape {x.shape}, got {out.dtype} {out.shape}")
+    return out
+
+
 def log_softmax_gather(x, labels, blank):
     """``(label, blank, lse)``: each row's gathered log-probabilities and normaliser.
 
@@ -482,12 +493,7 @@ def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
     for name, a in (("lse", lse), ("g_label", g_label), ("g_blank", g_blank)):
         if a.shape[0] != n_rows:
             raise ValueError(f"{fn}: '{name}' must have {n_rows} entries, got {a.shape[0]}")
-    if out is None:
-        out = np.empty_like(x)
-    elif (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
-          or not out.flags.writeable):
-        raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
-                         f"shape {x.shape}, got {out.dtype} {out.shape}")
+    out = _out_array(fn, out, x)
     if n_rows:
         args = (x, lse, labels, blank, g_label, g_blank, rows_per_chunk, out)
         run_batch(_backward_serial, _backward_parallel, -(-n_rows // rows_per_chunk), x.size,
@@ -516,6 +522,18 @@ def _block_labels(targets, b, u0, u1, u_max, n_cls, labs):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _frame_buffers(x):
+    """Per-call scratch of the frame kernels, for blocks of ``per`` rows:
+    ``(per, row block (per * V, x's dtype), three (per,) float64 buffers,
+    (per,) int64 labels, tail, buf)``."""
+    n_cls = x.shape[3]
+    per = max(1, _BLOCK_ELEMS // n_cls)
+    tail, buf = _tail_buffer(n_cls, x)
+    return (per, np.empty(per * n_cls, x.dtype), np.empty(per), np.empty(per), np.empty(per),
+            np.empty(per, np.int64), tail, buf)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse, keep):
     """Frames ``f = b * (T + 1) + t`` in ``[f0, f1)``: the rows ``x[b, t, u]``
     the lattice reads, written straight into ``px[b, :, t]``, ``py[b, :, t]``
@@ -525,13 +543,7 @@ def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse, keep
     u_max = u1 - 1
     x2 = x.reshape(-1, n_cls)
     lse1 = lse.reshape(-1)
-    per = max(1, _BLOCK_ELEMS // n_cls)
-    scratch = np.empty(per * n_cls, x.dtype)
-    sums = np.empty(per)
-    labs = np.empty(per, np.int64)
-    lab_l = np.empty(per)
-    blk_l = np.empty(per)
-    tail, buf = _tail_buffer(n_cls, x)
+    per, scratch, sums, lab_l, blk_l, labs, tail, buf = _frame_buffers(x)
     for f in range(f0, f1):
         b = f // (t_max + 1)
         t = f - b * (t_max + 1)
@@ -576,13 +588,7 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
     x2 = x.reshape(-1, n_cls)
     out2 = out.reshape(-1, n_cls)
     lse1 = lse.reshape(-1)
-    per = max(1, _BLOCK_ELEMS // n_cls)
-    kb = np.empty(per * n_cls, x.dtype)
-    cs = np.empty(per)
-    labs = np.empty(per, np.int64)
-    gl_l = np.empty(per)
-    gb_l = np.empty(per)
-    tail, buf = _tail_buffer(n_cls, x)
+    per, kb, cs, gl_l, gb_l, labs, tail, buf = _frame_buffers(x)
     for f in range(f0, f1):
         b = f // t_max
         t = f - b * t_max
@@ -716,12 +722,7 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
     lse = np.ascontiguousarray(lse, dtype=np.float64)
     g_px = np.ascontiguousarray(g_px, dtype=x.dtype)
     g_py = np.ascontiguousarray(g_py, dtype=x.dtype)
-    if out is None:
-        out = np.empty_like(x)
-    elif (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
-          or not out.flags.writeable):
-        raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
-                         f"shape {x.shape}, got {out.dtype} {out.shape}")
+    out = _out_array(fn, out, x)
     if n:
         args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out)
         run_batch(_lattice_backward_serial, _lattice_backward_parallel,
