@@ -440,3 +440,38 @@ def test_core_rnnt_loss_from_logits_equals_the_three_steps(dtype):
     with pytest.raises(ValueError, match=r"rnnt_loss_from_logits: 'boundary' must be an integer "
                                          r"\(4, 4\) array"):
         rnnt_loss_from_logits(x, tg, il, tl, 0, bd[:2])
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_jax_one_pass_normaliser_rows_on_both_sides_of_its_range(x64):
+    """duoloss.jax's ``logsumexp`` sums unshifted exponentials where every row's
+    normaliser allows it, else takes ``jax.nn.logsumexp`` for the rows that do
+    not: against an mpmath-free float64 reference (numpy's shifted sum on the
+    float64 values), and a row's bits never depend on the other rows."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from duoloss.jax._rnnt import _logsumexp
+
+    dtype = np.float64 if x64 else np.float32
+    lo, hi = (-500.0, 690.0) if x64 else (-16.0, 80.0)
+    rng = np.random.default_rng(11)
+    shifts = [lo - 3, lo + 1, -2.0, 0.0, 5.0, hi - 4, hi + 3, 1000.0]
+    rows = np.stack([rng.standard_normal(28) + s for s in shifts]).astype(dtype)
+    special = np.zeros((3, 28), dtype)
+    special[0, 3] = np.nan
+    special[1, 5] = np.inf
+    special[2, :] = -np.inf
+    with jax.enable_x64(x64):
+        fn = jax.jit(_logsumexp)
+        got = np.asarray(fn(jnp.asarray(rows)))
+        m = rows.astype(np.float64).max(-1, keepdims=True)
+        ref = m[:, 0] + np.log(np.exp(rows.astype(np.float64) - m).sum(-1))
+        eps = np.finfo(dtype).eps
+        np.testing.assert_allclose(got, ref, rtol=8 * eps, atol=0)
+        alone = np.stack([np.asarray(fn(jnp.asarray(r[None])))[0] for r in rows])
+        assert np.array_equal(got, alone)  # in range or not, a row is its own business
+        mixed = np.asarray(fn(jnp.asarray(np.concatenate([rows[2:4], special]))))
+        assert np.array_equal(mixed[:2], got[2:4])
+        assert np.isnan(mixed[2]) and mixed[3] == np.inf and mixed[4] == -np.inf
+        batched = np.asarray(jax.vmap(fn)(jnp.asarray(rows[:, None])))[:, 0]
+        assert np.array_equal(batched, got)

@@ -76,9 +76,28 @@ def _log_probs_gather(x, idx, blank):
     return _log_probs_gather_fwd(x, idx, blank)[0]
 
 
+def _logsumexp(x):
+    """``logsumexp`` over the last axis, in one pass over ``x`` when every row
+    allows it: the *unshifted* exponentials (clamped above) summed, as the
+    core's joiner kernels do (:func:`duoloss.core.losses.joiner._forward_block`):
+    exact to the dtype's rounding when each row's normaliser lies in
+    ``[-16, 80]`` (float32; ``[-500, 690]`` for float64).  Any other row (NaN,
+    ``inf``, very large or very negative logits) takes ``jax.nn.logsumexp``
+    (a max pass, then the shifted sum), computed only when there is one; a
+    row's value never depends on the other rows."""
+    if x.dtype == jnp.float64:
+        clamp, lo, hi = 700.0, -500.0, 690.0
+    else:
+        clamp, lo, hi = 88.0, -16.0, 80.0
+    fast = jnp.log(jnp.exp(jnp.minimum(x, clamp)).sum(axis=-1))
+    ok = (fast >= lo) & (fast <= hi)
+    return jax.lax.cond(jnp.all(ok), lambda: fast,
+                        lambda: jnp.where(ok, fast, jax.nn.logsumexp(x, axis=-1)))
+
+
 def _log_probs_gather_fwd(x, idx, blank):
     u_max = x.shape[2] - 1
-    lse = jax.nn.logsumexp(x, axis=-1)
+    lse = _logsumexp(x)
     px = jnp.take_along_axis(x[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
     px = px - lse[:, :, :u_max]
     py = x[..., blank] - lse
