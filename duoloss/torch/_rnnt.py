@@ -7,7 +7,9 @@ on zero-copy views, :mod:`duoloss.torch._joiner`; GPU: torch ops), and only the
 two ``(N, U(+1), T(+1))`` lattices cross to the host for the core recursion
 (:mod:`duoloss.core.losses.transducer`); one custom backward
 (:class:`_LogProbGather`) takes their gradients back through the gathers and
-the normaliser.
+the normaliser.  A reduced loss of CPU logits in plain eager mode (a training
+step) skips the crossing altogether: :class:`_FusedRNNT` runs the whole loss
+and its gradient one sequence at a time in the core, with the same numbers.
 """
 from __future__ import annotations
 
@@ -130,16 +132,15 @@ class _FusedRNNT(torch.autograd.Function):
     def forward(ctx, x, targets, il, tl, boundary, blank, mean):
         n = x.shape[0]
         scale = float(torch.ones((), dtype=x.dtype) / n) if mean else 1.0
+        xv = _joiner._view(x, x.shape)
         losses, lse, gx, gy, grad = rnnt_loss_from_logits(
-            _joiner._view(x, x.shape), targets.numpy(), il.numpy(), tl.numpy(), blank,
-            boundary.numpy(), scale)
-        dtype = _joiner._view(x, x.shape).dtype
+            xv, targets.numpy(), il.numpy(), tl.numpy(), blank, boundary.numpy(), scale)
         ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
                               torch.from_numpy(gy))
         # not a saved tensor: handed out once, it is the caller's to change in place
         ctx.grad = torch.from_numpy(grad)
         ctx.blank, ctx.mean = blank, mean
-        total = torch.from_numpy(losses.astype(dtype, copy=False)).sum()
+        total = torch.from_numpy(losses.astype(xv.dtype, copy=False)).sum()
         return total / n if mean else total
 
     @staticmethod
@@ -157,8 +158,10 @@ class _FusedRNNT(torch.autograd.Function):
 
 
 def _fusable(logits, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
-    """Whether :class:`_FusedRNNT` takes the call."""
-    return (fused_log_softmax and fastemit_lambda <= 0
+    """Whether :class:`_FusedRNNT` takes the call (a reduced loss of CPU
+    float32/float64 logits that need a gradient, in plain eager mode, at least
+    one sequence per numba thread, no FastEmit or delay penalty)."""
+    return (reduction != "none" and fused_log_softmax and fastemit_lambda <= 0
             and delay_penalty <= 0 and _joiner.supported(logits) and logits.shape[0] > 0
             and logits.requires_grad and torch.is_grad_enabled()
             and logits.shape[0] >= numba.get_num_threads()
@@ -383,8 +386,7 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     if clamp > 0:
         bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
         x = _ClampGrad.apply(x, bound)
-    if reduction != "none" and _fusable(x, reduction, fused_log_softmax, fastemit_lambda,
-                                        delay_penalty):
+    if _fusable(x, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
         tg, boundary = _boundary(x, targets, il, tl, blank)
         return _FusedRNNT.apply(x, tg, il, tl, boundary, blank, reduction == "mean")
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
