@@ -277,6 +277,30 @@ def _moves(i, ns, nt, modified):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _row_max(a, b, s, t0, lo, hi, m, nan):
+    """``(m, nan)`` updated with the moves ``a[b, s, t0 + lo:t0 + hi]``: the
+    running maximum and the count of NaNs (a vectorised loop)."""
+    for j in range(lo, hi):
+        w = np.float64(a[b, s, t0 + j])
+        nan += w != w
+        m = w if w > m else m
+    return m, nan
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exp_row(a, b, s, t0, lo, hi, m, out):
+    """``out[j] = exp(a[b, s, t0 + j] - m)`` for ``j`` in ``[lo, hi)``; returns
+    how many moves of nonzero probability fell below ``_FLUSH``."""
+    n_flush = 0
+    for j in range(lo, hi):
+        d = np.float64(a[b, s, t0 + j]) - m
+        e = exp_poly(d)
+        out[j] = e
+        n_flush += (e < _FLUSH) & (d > _NEG_INF)
+    return n_flush
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     """``(ex, ey, m, bad, flushed)``: every move on a complete path exponentiated
     relative to the largest of them, ``m``, in box coordinates (``ex[i, j]``:
@@ -293,34 +317,16 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     m = _NEG_INF
     nan = 0
     for i in range(ns):
-        s = s0 + i
         ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
-        for j in range(ylo, yhi):
-            w = np.float64(py[b, s, t0 + j])
-            nan += w != w
-            m = w if w > m else m
-        for j in range(xlo, xhi):
-            w = np.float64(px[b, s, t0 + j])
-            nan += w != w
-            m = w if w > m else m
+        m, nan = _row_max(py, b, s0 + i, t0, ylo, yhi, m, nan)
+        m, nan = _row_max(px, b, s0 + i, t0, xlo, xhi, m, nan)
     bad = nan > 0 or not m > _NEG_INF or m == np.inf
     n_flush = 0
     if not bad:
         for i in range(ns):
-            s = s0 + i
             ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
-            ey_i = ey[i]
-            for j in range(ylo, yhi):
-                d = np.float64(py[b, s, t0 + j]) - m
-                e = exp_poly(d)
-                ey_i[j] = e
-                n_flush += (e < _FLUSH) & (d > _NEG_INF)
-            ex_i = ex[i]
-            for j in range(xlo, xhi):
-                d = np.float64(px[b, s, t0 + j]) - m
-                e = exp_poly(d)
-                ex_i[j] = e
-                n_flush += (e < _FLUSH) & (d > _NEG_INF)
+            n_flush += _exp_row(py, b, s0 + i, t0, ylo, yhi, m, ey[i])
+            n_flush += _exp_row(px, b, s0 + i, t0, xlo, xhi, m, ex[i])
     return ex, ey, m, bad, n_flush > 0
 
 
