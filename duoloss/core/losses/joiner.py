@@ -96,6 +96,16 @@ def _exp32(d):
     return p * _bits_to_f32((k + _EXP_BIAS) << _MANT)
 
 
+@numba.njit(cache=True, nogil=True, inline="always", fastmath={"contract"})
+def _exp32_clamped(d):
+    """float32 ``exp(d)`` for any ``d``: 0 below the normal range (``d < -87``),
+    clamped at ``exp(88)`` above, NaN for NaN (selects, no branches)."""
+    dc = d if not d < _LOW32 else _LOW32
+    dc = dc if not dc > _HIGH32 else _HIGH32
+    e = _exp32(dc)
+    return e if not d < _LOW32 else _F(0.0)
+
+
 def _exp_nonpos(d):
     """``exp(d)`` for ``d <= 0.5`` in ``d``'s own precision: 0 below the normal
     range, NaN for NaN (vectorisable: selects, no branches)."""
@@ -105,11 +115,7 @@ def _exp_nonpos(d):
 @overload(_exp_nonpos, jit_options={"fastmath": {"contract"}})
 def _exp_nonpos_impl(d):
     if isinstance(d, types.Float) and d.bitwidth == 32:
-        def exp32(d):
-            dc = d if not d < _LOW32 else _LOW32
-            e = _exp32(dc)
-            return e if not d < _LOW32 else _F(0.0)
-        return exp32
+        return lambda d: _exp32_clamped(d)  # the upper clamp never acts for d <= 0.5
 
     def exp64(d):
         dc = d if not d < _LOW64 else _LOW64
@@ -187,12 +193,7 @@ def _exp_unshifted(d):
 @overload(_exp_unshifted, jit_options={"fastmath": {"contract"}})
 def _exp_unshifted_impl(d):
     if isinstance(d, types.Float) and d.bitwidth == 32:
-        def exp32(d):
-            dc = d if not d < _LOW32 else _LOW32
-            dc = dc if not dc > _HIGH32 else _HIGH32
-            e = _exp32(dc)
-            return e if not d < _LOW32 else _F(0.0)
-        return exp32
+        return lambda d: _exp32_clamped(d)
     return lambda d: exp_poly(d if not d > _HIGH64 else _HIGH64)
 
 
