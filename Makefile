@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
-	$(PY) -m pip install --quiet -c requirements/constraints.txt -e ".[torch,jax,test,examples,plot,docs]"
+	$(PY) -m pip install --quiet -c requirements/constraints.txt -e ".[torch,jax,cuda,test,examples,plot,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
