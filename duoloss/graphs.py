@@ -2,20 +2,20 @@ r"""Graph builders for the WFST losses (framework-free).
 
 Every builder returns ``duoloss.gtn.Graph`` objects usable by
 ``duoloss.torch.graph_loss`` / ``duoloss.jax.graph_loss``, the aligners and the
-graph operations of :mod:`duoloss.gtn` (``compose``, ``intersect``,
+graph operations of [`duoloss.gtn`][duoloss.gtn] (``compose``, ``intersect``,
 ``forward_score``...).  Labels are class ids in ``[0, C)``; ``-1``
-(:data:`duoloss.gtn.EPSILON`) is the empty label, and an arc with input label
+(`duoloss.gtn.EPSILON`) is the empty label, and an arc with input label
 ``-1`` consumes no frame.
 
-* :func:`ctc_graph` — the CTC acceptor of one target (standard or modified).
-* :func:`ctc_topo` — the CTC topology over ``C`` classes, a transducer from
+* [`ctc_graph`][duoloss.graphs.ctc_graph] — the CTC acceptor of one target (standard or modified).
+* [`ctc_topo`][duoloss.graphs.ctc_topo] — the CTC topology over ``C`` classes, a transducer from
   frame labels to tokens (standard: ``C**2`` arcs; modified: ``3C - 2`` arcs and
   epsilon arcs).
-* :func:`asg_graph` — the ASG force-alignment graph of one target with the
+* [`asg_graph`][duoloss.graphs.asg_graph] — the ASG force-alignment graph of one target with the
   indices of its tied transition weights.
-* :func:`token_ngram_graph` — a back-off token n-gram estimated from token
+* [`token_ngram_graph`][duoloss.graphs.token_ngram_graph] — a back-off token n-gram estimated from token
   sequences (interpolated absolute discounting; back-off arcs are epsilon).
-* :func:`wordpiece_graph` — every decomposition of a word (or a sentence) into
+* [`wordpiece_graph`][duoloss.graphs.wordpiece_graph] — every decomposition of a word (or a sentence) into
   pieces of a vocabulary (Hannun et al., 2020, Sec. 5).
 
 References:
@@ -153,7 +153,7 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
       arcs: a token node returns to the blank node without consuming a frame, so
       ``a a`` may spell one or two ``a`` (no blank needed between repeats).
 
-    ``compose(ctc_topo, token_graph)`` (:func:`duoloss.gtn.compose`) maps a token
+    ``compose(ctc_topo, token_graph)`` (`duoloss.gtn.compose`) maps a token
     graph (a lexicon, an n-gram, a word-piece decomposition) to a frame-level
     graph for ``graph_loss``.
 
@@ -195,10 +195,10 @@ def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
     labelled :math:`y_l` and ``l -> l`` labelled :math:`y_l` (repeated tokens
     need no separator).  The returned index array ties each arc to the
     flattened ``(C, C)`` transition matrix ``transitions[to, from]`` (index
-    ``to * C + from``, as :func:`duoloss.torch.asg_loss`), the first arc to
+    ``to * C + from``, as [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss]), the first arc to
     ``C * C + y_1`` with ``start_transitions`` (else ``-1``, no weight).
     ``graph_loss(.., weights=transitions.reshape(-1), arc_weight_index=[idx])``
-    minus the same loss over the full graph :func:`token_ngram_graph`-style
+    minus the same loss over the full graph [`token_ngram_graph`][duoloss.graphs.token_ngram_graph]-style
     (every token after every token) is ASG.
 
     Args:
@@ -354,7 +354,7 @@ def wordpiece_graph(words, vocabulary: Sequence):
     their concatenation (the accept node of a word is the start of the next):
     the graph accepts exactly the piece sequences that spell the sentence, each
     once, as in the word-piece experiments of Hannun et al. (2020).  Nodes
-    that lie on no decomposition are removed.  Compose with :func:`ctc_topo`
+    that lie on no decomposition are removed.  Compose with [`ctc_topo`][duoloss.graphs.ctc_topo]
     (``duoloss.gtn.compose(ctc_topo(C), wordpiece_graph(...))``) for a
     frame-level graph.
 

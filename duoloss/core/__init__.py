@@ -1,7 +1,7 @@
 """duoloss's framework-free engine: numpy buffers in, numpy buffers out.
 
 Nothing here imports torch or jax.  Each loss family lives in its own private
-module and is described to the frontends by a :class:`LossKernel`.
+module and is described to the frontends by a [`LossKernel`][duoloss.core.LossKernel].
 """
 # First: settles numba's kernel cache location before any @njit(cache=True) runs.
 from . import _numba_setup  # noqa: F401  isort: skip

@@ -1,9 +1,9 @@
 """GTN's Python API on duoloss's numpy/numba graph engine.
 
 ``import duoloss.gtn as gtn`` runs GTN code unchanged: weighted finite-state
-acceptors/transducers (:class:`Graph`), differentiable operations, scores in the
-log and tropical semirings, :func:`backward`, text/DOT I/O and
-:func:`parallel_for`.  The engine lives in ``duoloss.core.graph.graph*`` (numpy and
+acceptors/transducers ([`Graph`][duoloss.gtn.Graph]), differentiable operations, scores in the
+log and tropical semirings, [`backward`][duoloss.gtn.backward], text/DOT I/O and
+[`parallel_for`][duoloss.gtn.parallel_for].  The engine lives in ``duoloss.core.graph.graph*`` (numpy and
 numba; no torch or jax).  Differences from GTN are listed in
 the docs page "Coming from GTN" (``docs/coming-from/gtn.md``).
 """

@@ -119,7 +119,7 @@ compose = _binary(_ops.compose, "compose")
 
 
 def union(graphs):
-    """Union of a list of graphs (see :func:`duoloss.core.graph.ops.union`).
+    """Union of a list of graphs (see `duoloss.core.graph.ops.union`).
 
     A list of lists of graphs gives the list of their unions (in parallel).
     """
@@ -130,7 +130,7 @@ def union(graphs):
 
 def concat(*args):
     """``concat(g1, g2)``, ``concat([g1, g2, ...])``; lists of lists / two lists of
-    graphs map over their elements (see :func:`duoloss.core.graph.ops.concat`)."""
+    graphs map over their elements (see `duoloss.core.graph.ops.concat`)."""
     if len(args) == 2 and all(isinstance(a, (list, tuple)) for a in args):
         g1, g2 = args
         if len(g1) != len(g2):
@@ -143,7 +143,7 @@ def concat(*args):
 
 
 def remove(g, ilabel: Any = EPSILON, olabel: Optional[int] = None):
-    """Epsilon removal (see :func:`duoloss.core.graph.ops.remove`).
+    """Epsilon removal (see `duoloss.core.graph.ops.remove`).
 
     ``remove(graphs, labels)`` maps over a list of graphs with one label each.
     """
@@ -173,7 +173,7 @@ def backward(g, grad=None, retain_graph: Any = False) -> None:
     """Accumulate gradients into every input of ``g`` (GTN's ``gtn.backward``).
 
     ``backward(g)``, ``backward(g, retain_graph)``, ``backward(g, grad)`` or
-    ``backward(g, grad, retain_graph)``; see :func:`duoloss.core.graph.graph.backward`.
+    ``backward(g, grad, retain_graph)``; see `duoloss.core.graph.graph.backward`.
     With a list of graphs (run in parallel), ``grad`` and ``retain_graph`` may be
     lists with one entry per graph, or with a single entry that serves all of
     them (GTN's ``backward(graphs, grads, retain_graphs)``).
@@ -247,7 +247,7 @@ def save(file_name, graph) -> None:
 
 
 def load(file_name, calc_grad: bool = True) -> Graph:
-    """Read a graph in GTN's binary format (from :func:`save` or GTN)."""
+    """Read a graph in GTN's binary format (from [`save`][duoloss.gtn.save] or GTN)."""
     return _io.load(file_name, calc_grad)
 
 

@@ -35,7 +35,7 @@ def _callback(host, t_max, n, score_dtype, *arrays):
 
 
 def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
-    r"""Viterbi CTC forced alignment; same arguments and results as :func:`duoloss.torch.ctc_align`.
+    r"""Viterbi CTC forced alignment; same arguments and results as [`duoloss.torch.ctc_align`][duoloss.torch.ctc_align].
 
     .. math::
 
@@ -73,12 +73,12 @@ def _ctc_align_host(blank, lp, tg, il, tl):
 
 def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
               start_transitions=None):
-    r"""Viterbi ASG forced alignment; same arguments and results as :func:`duoloss.torch.asg_align`.
+    r"""Viterbi ASG forced alignment; same arguments and results as [`duoloss.torch.asg_align`][duoloss.torch.asg_align].
 
     Args:
       emissions: ``(T, N, C)``-array; transitions: ``(C, C)`` or ``None``;
       targets: ``(N, S)``; input_lengths, target_lengths: ``(N,)``;
-      start_transitions: ``(C,)`` or ``None`` (as in :func:`asg_loss`).
+      start_transitions: ``(C,)`` or ``None`` (as in [`asg_loss`][duoloss.jax.asg_loss]).
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` frame tokens (``-1`` past each sequence)
@@ -102,7 +102,7 @@ def _asg_align_host(has_tr, has_sv, em, tg, il, tl, *rest):
 
 
 def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None):
-    r"""ASG Viterbi decoding (best unconstrained labelling); see :func:`duoloss.torch.asg_viterbi`.
+    r"""ASG Viterbi decoding (best unconstrained labelling); see [`duoloss.torch.asg_viterbi`][duoloss.torch.asg_viterbi].
 
     Args:
       emissions: ``(T, N, C)``-array; transitions: ``(C, C)`` or ``None``;
@@ -134,11 +134,11 @@ def _asg_viterbi_host(has_tr, has_sv, em, il, *rest):
 
 
 def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_index=None):
-    r"""Viterbi alignment to target graphs; see :func:`duoloss.torch.graph_align`.
+    r"""Viterbi alignment to target graphs; see [`duoloss.torch.graph_align`][duoloss.torch.graph_align].
 
     Args:
       emissions: ``(T, N, C)``-array; graphs: ``N`` ``duoloss.gtn.Graph``;
-      input_lengths: ``(N,)``; weights, arc_weight_index: as in :func:`graph_loss`.
+      input_lengths: ``(N,)``; weights, arc_weight_index: as in [`graph_loss`][duoloss.jax.graph_loss].
 
     Returns:
       ``(labels, scores, arcs)``: ``(N, T)`` frame labels, ``(N,)`` scores and

@@ -36,7 +36,7 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
              zero_infinity: bool = False) -> jax.Array:
     r"""Auto Segmentation Criterion (ASG), or the all-alignments loss without transitions.
 
-    Same arguments, maths and numbers as :func:`duoloss.torch.asg_loss` (both run
+    Same arguments, maths and numbers as [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss] (both run
     the same core), as a differentiable JAX function that works under ``jit``,
     ``grad`` and ``vmap``.  ``T`` frames, ``N`` sequences, ``C`` tokens:
 
@@ -64,7 +64,7 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
 
     Gradients are posteriors / expected transition counts (all labellings minus
     the target's alignments), zero on padded frames; see
-    :func:`duoloss.torch.asg_loss`.
+    [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss].
 
     NB: shapes and dtypes are validated at trace time; label and length values
     whenever they are concrete.  Under ``jit`` an out-of-range value makes that

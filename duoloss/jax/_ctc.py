@@ -79,7 +79,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
              reduction: str = "mean", zero_infinity: bool = False) -> jax.Array:
     r"""Connectionist Temporal Classification loss with ``torch.nn.functional.ctc_loss``'s API.
 
-    Same arguments, layouts and numbers as :func:`duoloss.torch.ctc_loss` (both
+    Same arguments, layouts and numbers as [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss] (both
     run the same core on the same buffers), as a differentiable JAX function
     that works under ``jit``, ``grad``, ``value_and_grad`` and ``vmap``.
 
@@ -100,7 +100,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in ``log_probs``' dtype.
 
     NB: the gradient is ``d loss / d log_probs = -posterior`` (see
-    :func:`duoloss.torch.ctc_loss`).  Everything static (shapes, dtypes, blank,
+    [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss]).  Everything static (shapes, dtypes, blank,
     reduction) is validated at trace time; label and length *values* are
     validated whenever they are concrete (eager calls).  Under ``jit`` they are
     traced and cannot be checked: a sequence with an out-of-range label or length

@@ -22,7 +22,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
                arc_weight_index: Optional[Sequence] = None, target_lengths=None,
                zero_infinity: bool = False, denominator=None,
                denominator_arc_weight_index=None) -> jax.Array:
-    r"""Loss of one target graph per sequence; see :func:`duoloss.torch.graph_loss`.
+    r"""Loss of one target graph per sequence; see [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     .. math::
 
@@ -35,7 +35,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
       emissions: ``(T, N, C)``-array of scores.
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors (Python objects: under ``jit``
         close over them; they become constants of the trace), or a
-        :class:`PackedGraphs` from :func:`pack_graphs`, a pytree of arrays that can
+        [`PackedGraphs`][duoloss.jax.PackedGraphs] from [`pack_graphs`][duoloss.jax.pack_graphs], a pytree of arrays that can
         be a ``jit`` argument (pad with ``num_nodes``/``num_arcs`` for static shapes;
         then ``arc_weight_index`` is inside it and the argument must be ``None``).
       input_lengths: ``(N,)`` integers in ``[0, T]``.
@@ -49,7 +49,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
       target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
       zero_infinity: sequences without a path get loss 0 and zero gradients.
       denominator: LF-MMI denominator: one ``Graph`` (shared), ``N`` graphs, or a
-        :class:`PackedGraphs` of 1 or ``N`` graphs (a ``jit`` argument); loss
+        [`PackedGraphs`][duoloss.jax.PackedGraphs] of 1 or ``N`` graphs (a ``jit`` argument); loss
         :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`; ``normalize``
         must be ``False``.
       denominator_arc_weight_index: with ``weights``: one integer array (shared

@@ -173,7 +173,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
               delay_penalty: float = 0.0) -> jax.Array:
     r"""RNN Transducer loss (``torchaudio.functional.rnnt_loss``'s signature) for JAX.
 
-    Same arguments, maths and numbers as :func:`duoloss.torch.rnnt_loss` (both
+    Same arguments, maths and numbers as [`duoloss.torch.rnnt_loss`][duoloss.torch.rnnt_loss] (both
     run the same core on the same lattices), as a differentiable JAX function
     that works under ``jit``, ``grad`` and ``vmap``.  ``N`` sequences, ``T``
     frames, ``U`` target positions, ``V`` classes:
@@ -228,7 +228,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
 
 def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
                fused_log_softmax: bool = True):
-    """Viterbi RNN-T alignment; see :func:`duoloss.torch.rnnt_align`.
+    """Viterbi RNN-T alignment; see [`duoloss.torch.rnnt_align`][duoloss.torch.rnnt_align].
 
     Returns:
       ``(alignment (N, T + U), label_frames (N, U), scores (N,))``: integer

@@ -124,7 +124,7 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
 
 def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str = "regular",
                       boundary=None) -> Tuple[jax.Array, jax.Array]:
-    """k2's ``(px, py)`` of the additive joiner (see :func:`duoloss.torch.get_rnnt_logprobs`)."""
+    """k2's ``(px, py)`` of the additive joiner (see [`duoloss.torch.get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs])."""
     return _simple_logprobs("get_rnnt_logprobs", lm, am, symbols, termination_symbol,
                             rnnt_type, boundary)[:2]
 
@@ -171,7 +171,7 @@ def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, ret
 def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: Optional[str] = "mean", return_grad: bool = False):
-    """RNN-T loss with the additive joiner; see :func:`duoloss.torch.rnnt_loss_simple`
+    """RNN-T loss with the additive joiner; see [`duoloss.torch.rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple]
     (same arguments, shapes and numbers).
 
     ``return_grad=True`` gives ``(loss, (px_grad, py_grad))`` from the same single
@@ -187,7 +187,7 @@ def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: 
                        am_only_scale: float = 0.1, boundary=None, rnnt_type: str = "regular",
                        delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
                        return_grad: bool = False):
-    """k2's smoothed simple loss; see :func:`duoloss.torch.rnnt_loss_smoothed`."""
+    """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed]."""
     fn = "rnnt_loss_smoothed"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction,
@@ -224,7 +224,7 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
 
 def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
                              rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
-    """k2's ``(px, py)`` from pruned logits (see :func:`duoloss.torch.get_rnnt_logprobs_pruned`)."""
+    """k2's ``(px, py)`` from pruned logits (see [`duoloss.torch.get_rnnt_logprobs_pruned`][duoloss.torch.get_rnnt_logprobs_pruned])."""
     return _pruned_logprobs("get_rnnt_logprobs_pruned", logits, symbols, ranges,
                             termination_symbol, boundary, rnnt_type)[:2]
 
@@ -232,7 +232,7 @@ def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, b
 def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
                      reduction: Optional[str] = "mean"):
-    """RNN-T loss on the kept lattice; see :func:`duoloss.torch.rnnt_loss_pruned`."""
+    """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned]."""
     fn = "rnnt_loss_pruned"
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
@@ -244,7 +244,7 @@ def _lower_bound_reversed(x):
 
 
 def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array:
-    """k2's pruning ranges ``(B, T, s_range)``; see :func:`duoloss.torch.get_rnnt_prune_ranges`.
+    """k2's pruning ranges ``(B, T, s_range)``; see [`duoloss.torch.get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
 
     NB: ``s_range`` is static.  Under ``jit`` (traced ``boundary``) k2's
     regular minimum ``(s_end - 1) // t_end + 2`` cannot be read and is not
@@ -282,7 +282,7 @@ def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array
 
 def do_rnnt_pruning(am, lm, ranges) -> Tuple[jax.Array, jax.Array]:
     """``(am_pruned, lm_pruned)`` ``(B, T, s_range, D)``; see
-    :func:`duoloss.torch.do_rnnt_pruning`."""
+    [`duoloss.torch.do_rnnt_pruning`][duoloss.torch.do_rnnt_pruning]."""
     fn = "do_rnnt_pruning"
     am, lm, ranges = (_array(fn, a, x) for a, x in (("am", am), ("lm", lm),
                                                      ("ranges", ranges)))

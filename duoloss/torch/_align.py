@@ -68,7 +68,7 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     score would be the indicator of the path).  Ties go to the higher CTC state
     (stay > advance > skip, the trailing blank over the last label): labels come
     as early as possible.  An infeasible target gives score ``-inf`` and labels
-    ``-1``.  Details: :mod:`duoloss.core.losses.align`.
+    ``-1``.  Details: `duoloss.core.losses.align`.
     """
     fn = "ctc_align"
     check_tensor(fn, "log_probs", log_probs)
@@ -102,10 +102,10 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
             + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}
 
     over the frame labellings that spell the target with every token on >= 1
-    consecutive frames (the target paths of :func:`asg_loss`).
+    consecutive frames (the target paths of [`asg_loss`][duoloss.torch.asg_loss]).
 
     Args:
-      emissions, transitions, targets, input_lengths, target_lengths, start_transitions: as in :func:`duoloss.torch.asg_loss` (``(T, N, C)``,
+      emissions, transitions, targets, input_lengths, target_lengths, start_transitions: as in [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss] (``(T, N, C)``,
         ``(C, C)`` or ``None``, ``(N, S)``, ``(N,)``, ``(N,)``, ``(C,)`` or ``None``).
 
     Returns:
@@ -164,11 +164,11 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
 
     GTN's ``viterbi_path(intersect(G_b, E_b))``: the best path of exactly ``T_b``
     arcs, :math:`\max \sum_t (w_{a_t} + e_t(k_{a_t}))`, with arc weights as in
-    :func:`duoloss.torch.graph_loss`.
+    [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     Args:
       emissions, graphs, input_lengths, weights, arc_weight_index: as in
-        :func:`duoloss.torch.graph_loss`.
+        [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     Returns:
       ``(labels, scores, arcs)``: ``(N, T)`` int64 frame labels, ``(N,)`` path

@@ -99,7 +99,7 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
     or every alignment ``-inf``, e.g. through a ``-inf`` transition) gives
     ``+inf`` with the normaliser's gradient (GTN's convention), unless
     ``zero_infinity``.  Inputs are validated before any computation. The maths
-    and numerics: :mod:`duoloss.core.losses.asg`.
+    and numerics: `duoloss.core.losses.asg`.
 
     References:
       Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
@@ -127,12 +127,12 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
 
 
 class ASGLoss(torch.nn.Module):
-    """Module form of :func:`asg_loss` holding learnable transitions.
+    """Module form of [`asg_loss`][duoloss.torch.asg_loss] holding learnable transitions.
 
     Args:
       num_classes: ``C``, the number of tokens.
       learn_start: also learn ``(C,)`` start scores (``start_transitions``).
-      reduction, zero_infinity: as in :func:`asg_loss`.
+      reduction, zero_infinity: as in [`asg_loss`][duoloss.torch.asg_loss].
       dtype, device: of the parameters (zeros at initialisation, as in
         wav2letter/flashlight).
 

@@ -116,7 +116,7 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     ``grad`` after ``create_graph=True``, ``torch.func.hessian``, ``jvp``)
     raises ``NotImplementedError``, as torch's own CTC does.  TorchScript is not
     supported (``RuntimeError``); ``torch.compile`` and ``torch.export`` are.
-    The math: see :mod:`duoloss.core.losses.ctc`.
+    The math: see `duoloss.core.losses.ctc`.
 
     References:
       Graves et al., "Connectionist Temporal Classification", ICML 2006.
@@ -188,7 +188,7 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
 
 
 class CTCLoss(torch.nn.Module):
-    """Module form of :func:`ctc_loss`; a drop-in for ``torch.nn.CTCLoss``."""
+    """Module form of [`ctc_loss`][duoloss.torch.ctc_loss]; a drop-in for ``torch.nn.CTCLoss``."""
 
     def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
         super().__init__()

@@ -37,7 +37,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
         \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
 
     With the CTC graph of each target (and ``target_lengths``) it equals
-    :func:`duoloss.torch.ctc_loss`; ASG is the target-graph loss minus the
+    [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss]; ASG is the target-graph loss minus the
     full-transition-graph loss, both with the transitions as tied ``weights``.
 
     Args:
@@ -45,7 +45,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
       graphs: ``N`` ``duoloss.gtn.Graph`` acceptors over ``[0, C)`` (matched on their
         input labels; epsilon arcs, label ``-1``, consume no frame and must not form
         a cycle), or the same already packed by
-        :func:`pack_graphs` (then ``arc_weight_index`` is inside it).  Their own
+        [`pack_graphs`][duoloss.torch.pack_graphs] (then ``arc_weight_index`` is inside it).  Their own
         arc weights are constants.
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
       normalize: add the forward score of the unconstrained emissions (for
@@ -58,7 +58,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
       target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
       zero_infinity: sequences without a path get loss 0 and zero gradients.
       denominator: LF-MMI: one ``Graph`` shared by the batch (packed once), a list
-        of ``N`` graphs, or a :class:`PackedGraphs` of 1 or ``N`` graphs; the loss
+        of ``N`` graphs, or a [`PackedGraphs`][duoloss.torch.PackedGraphs] of 1 or ``N`` graphs; the loss
         becomes :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`
         (``normalize`` must then be ``False``: it cancels).  Its arcs may be tied
         to the same ``weights``.
@@ -74,7 +74,7 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
 
     NB: a graph without a path of exactly ``T_b`` arcs gives ``+inf``.  Graphs
     and indices are fully validated before any computation.  Maths and
-    numerics: :mod:`duoloss.core.losses.graph_loss`.
+    numerics: `duoloss.core.losses.graph_loss`.
 
     References:
       Hannun et al., "Differentiable Weighted Finite-State Transducers", 2020.
@@ -128,16 +128,16 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
 
 
 class GraphLoss(torch.nn.Module):
-    """Module form of :func:`graph_loss` holding ``K`` learnable tied arc weights.
+    """Module form of [`graph_loss`][duoloss.torch.graph_loss] holding ``K`` learnable tied arc weights.
 
     Args:
       num_weights: ``K`` (zeros at initialisation).
-      normalize, reduction, zero_infinity: as in :func:`graph_loss`.
+      normalize, reduction, zero_infinity: as in [`graph_loss`][duoloss.torch.graph_loss].
       dtype, device: of the weights.
 
     Attributes:
       weights: ``(K,)`` ``nn.Parameter``; arcs refer to it through the
-        ``arc_weight_index`` passed to :meth:`forward`.
+        ``arc_weight_index`` passed to `forward`.
     """
 
     def __init__(self, num_weights: int = 0, *, normalize: bool = False,

@@ -403,11 +403,11 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
 
 
 class RNNTLoss(torch.nn.Module):
-    """Module form of :func:`rnnt_loss` (as ``torchaudio.transforms.RNNTLoss``).
+    """Module form of [`rnnt_loss`][duoloss.torch.rnnt_loss] (as ``torchaudio.transforms.RNNTLoss``).
 
     Args:
       blank, clamp, reduction, fused_log_softmax, fastemit_lambda, delay_penalty:
-        as in :func:`rnnt_loss`.
+        as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0,
@@ -446,12 +446,12 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
 
         \text{score}_b = \max_{\text{alignments}} \sum_{\text{moves}} \ell_{t,u}(k)
 
-    over the same alignments as :func:`rnnt_loss` (labels emitted within a
+    over the same alignments as [`rnnt_loss`][duoloss.torch.rnnt_loss] (labels emitted within a
     frame, one blank to move to the next frame, the last move a blank).
 
     Args:
       logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax:
-        as in :func:`rnnt_loss`.
+        as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
 
     Returns:
       ``(alignment, label_frames, scores)``:

@@ -215,7 +215,7 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
         ``torch.mean``; *not* divided by target lengths) | 'sum'.
       return_grad: also return ``(px_grad, py_grad)``, the occupation
         probabilities ``d(-loss_b)/d(px, py)`` of each lattice arc (k2's
-        "fake gradient"), for :func:`get_rnnt_prune_ranges`.
+        "fake gradient"), for [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
 
     Returns:
       the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
@@ -246,7 +246,7 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                        am_only_scale: float = 0.1, boundary: Optional[torch.Tensor] = None,
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
                        reduction: Optional[str] = "mean", return_grad: bool = False):
-    r""":func:`rnnt_loss_simple` with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
+    r"""[`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
 
     Every arc log-probability of the simple loss is replaced by the interpolation
 
@@ -259,7 +259,7 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
     unigram ``u``: ``softmax(lm)`` averaged over every batch entry and position
     (padding included, as k2).  A scale of exactly 0 is taken as ``1e-20``
     (as k2, so that ``-inf * 0`` never appears).  Other arguments and the return
-    value as :func:`rnnt_loss_simple` (icefall's recipes call this one with
+    value as [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] (icefall's recipes call this one with
     ``return_grad=True``).
     """
     fn = "rnnt_loss_smoothed"
@@ -326,15 +326,15 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     arcs (their log-probabilities from ``log_softmax(logits[b, t, k])``); all
     other arcs are ``-inf``.  With ``s_range = S + 1`` nothing is pruned and the
     loss equals the full RNN-T loss of the corresponding ``(B, T, S+1, C)``
-    logits; the recursion is that of :func:`rnnt_loss_simple`.
+    logits; the recursion is that of [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
 
     Args:
       logits: ``(B, T, s_range, C)`` joiner output on the pruned positions.
       symbols: ``(B, S)`` integer symbols in ``[0, C)``.
-      ranges: ``(B, T, s_range)`` int positions from :func:`get_rnnt_prune_ranges`:
+      ranges: ``(B, T, s_range)`` int positions from [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges]:
         each row ``r0, r0+1, ..., r0+s_range-1`` with ``0 <= r0 <= S+1-s_range``.
       termination_symbol, boundary, rnnt_type, delay_penalty, reduction: as
-        :func:`rnnt_loss_simple`.
+        [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
 
     Returns:
       ``(B,)`` losses (reduction 'none') or a scalar.
@@ -424,7 +424,7 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
 
     Args:
       am: ``(B, T, encoder_dim)``; lm: ``(B, S+1, decoder_dim)``; ranges:
-        ``(B, T, s_range)`` from :func:`get_rnnt_prune_ranges`.
+        ``(B, T, s_range)`` from [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
     """
     fn = "do_rnnt_pruning"
     for arg, x in (("am", am), ("lm", lm), ("ranges", ranges)):

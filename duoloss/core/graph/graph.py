@@ -179,7 +179,7 @@ class Graph:
           calc_grad: whether the new graph requires a gradient.
 
         Returns:
-          A new :class:`Graph` whose arc ``a`` is ``src[a] -> dst[a]``.
+          A new [`Graph`][duoloss.gtn.Graph] whose arc ``a`` is ``src[a] -> dst[a]``.
 
         Raises:
           ValueError / TypeError: shapes, dtypes or ranges are wrong.
@@ -482,11 +482,11 @@ class Graph:
             self._ilabel_sorted = True
 
     def ilabel_sorted(self) -> bool:
-        """Whether :meth:`arc_sort` was called for input labels."""
+        """Whether [`arc_sort`][duoloss.gtn.Graph.arc_sort] was called for input labels."""
         return self._ilabel_sorted
 
     def olabel_sorted(self) -> bool:
-        """Whether :meth:`arc_sort` was called for output labels."""
+        """Whether [`arc_sort`][duoloss.gtn.Graph.arc_sort] was called for output labels."""
         return self._olabel_sorted
 
     # --------------------------------------------------------------- gradients
@@ -509,7 +509,7 @@ class Graph:
     def grad(self) -> "Graph":
         """The gradient as a graph with this graph's structure (``calc_grad=False``).
 
-        Its arc weights are ``d output / d weight`` accumulated by :func:`backward`.
+        Its arc weights are ``d output / d weight`` accumulated by [`backward`][duoloss.gtn.backward].
 
         Raises:
           RuntimeError: no gradient has been computed (as in GTN).
@@ -584,7 +584,7 @@ def graph_arrays(g: Graph):
     """The arrays of a graph, as read-only views (no copy).
 
     Args:
-      g: a :class:`Graph` (``duoloss.gtn.Graph`` is the same class).
+      g: a [`Graph`][duoloss.gtn.Graph] (``duoloss.gtn.Graph`` is the same class).
 
     Returns:
       ``(num_nodes, src, dst, ilabel, olabel, weight, start, accept)`` with
@@ -592,7 +592,7 @@ def graph_arrays(g: Graph):
       ``start, accept`` ``bool[num_nodes]``.  Arc ``a`` goes ``src[a] -> dst[a]``.
 
     Raises:
-      TypeError: ``g`` is not a :class:`Graph`.
+      TypeError: ``g`` is not a [`Graph`][duoloss.gtn.Graph].
 
     NB: the views alias the graph's storage; ``weight`` changes when the graph's
     weights are set.  Copy them if the graph may change.

@@ -318,7 +318,7 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
       start_transitions: ``(C,)`` or ``None``.
 
     Returns:
-      ``(labels, scores)`` as in :func:`asg_align`; the score is GTN's
+      ``(labels, scores)`` as in [`asg_align`][duoloss.core.asg_align]; the score is GTN's
       ``viterbi_score(compose(E, Trans))``.  Ties: the larger token index wins.
     """
     em = np.ascontiguousarray(emissions)
@@ -405,7 +405,7 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
 
     Args:
       emissions: ``(T, N, C)`` float array.
-      packed: :func:`duoloss.core.losses.graph_loss.pack_graphs` output (sequence ``b``
+      packed: [`duoloss.core.losses.graph_loss.pack_graphs`][duoloss.core.pack_graphs] output (sequence ``b``
         uses graph ``b % G``).
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       weights: ``(K,)`` tied arc weights (with the packed ``arc_weight_index``) or ``None``.

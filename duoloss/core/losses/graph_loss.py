@@ -627,7 +627,7 @@ class PackedGraphs(NamedTuple):
 
 
 def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None):
-    """Concatenate graphs into a :class:`PackedGraphs` of numpy arrays.
+    """Concatenate graphs into a [`PackedGraphs`][duoloss.torch.PackedGraphs] of numpy arrays.
 
     Args:
       graphs: sequence of ``duoloss.gtn.Graph`` (one per sequence).
@@ -847,7 +847,7 @@ def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, norma
 
     Args:
       emissions: ``(T, N, C)`` float array.
-      packed: the output of :func:`pack_graphs` (``G`` graphs; sequence ``b`` uses
+      packed: the output of [`pack_graphs`][duoloss.core.pack_graphs] (``G`` graphs; sequence ``b`` uses
         graph ``b % G``).
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       weights: ``(K,)`` shared learnable arc weights, or ``None``.

@@ -626,7 +626,7 @@ def _viterbi_serial(px, py, bd, modified, scores, frames):
 def transducer_viterbi(px, py, boundary=None, rnnt_type="regular"):
     """Best path through the transducer lattice (max instead of logaddexp).
 
-    Args: as :func:`transducer_loss_and_grad`.
+    Args: as [`transducer_loss_and_grad`][duoloss.core.transducer_loss_and_grad].
 
     Returns:
       ``(scores, frames)``: ``(N,)`` float64 best path scores (the max over
