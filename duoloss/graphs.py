@@ -89,12 +89,12 @@ def _is_batch(targets):
 def ctc_graph(targets, blank: int = 0, modified: bool = False):
     r"""CTC acceptor(s) of target token sequences.
 
-    For a target :math:`y_1 \dots y_L` the graph has ``2L + 1`` nodes (blank,
-    :math:`y_1`, blank, ..., :math:`y_L`, blank); node 0 is the start and the
+    For a target $y_1 \dots y_L$ the graph has ``2L + 1`` nodes (blank,
+    $y_1$, blank, ..., $y_L$, blank); node 0 is the start and the
     last two nodes accept.  Every arc is labelled by the class of the node it
     enters, so a path of ``T`` arcs is a CTC alignment of ``T`` frames: each node
     has a self-loop, node ``s`` enters ``s + 1``, and label node ``l`` enters
-    label node ``l + 1`` directly when :math:`y_{l+1} \ne y_l` (standard) or
+    label node ``l + 1`` directly when $y_{l+1} \ne y_l$ (standard) or
     always (``modified``, k2's topology without a mandatory blank between
     repeated tokens, where frames ``a a`` may also spell two ``a``).
     ``graph_loss`` with these graphs equals ``ctc_loss`` (standard).
@@ -191,8 +191,8 @@ def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
     r"""ASG force-alignment graph of one target and the indices of its tied weights.
 
     Nodes ``0 .. L``: node 0 is the start (nothing emitted yet), node ``l``
-    means "in token :math:`y_l`", node ``L`` accepts.  Arcs: ``l - 1 -> l``
-    labelled :math:`y_l` and ``l -> l`` labelled :math:`y_l` (repeated tokens
+    means "in token $y_l$", node ``L`` accepts.  Arcs: ``l - 1 -> l``
+    labelled $y_l$ and ``l -> l`` labelled $y_l$ (repeated tokens
     need no separator).  The returned index array ties each arc to the
     flattened ``(C, C)`` transition matrix ``transitions[to, from]`` (index
     ``to * C + from``, as [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss]), the first arc to
@@ -233,19 +233,19 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
                       bos: bool = True):
     r"""A back-off token n-gram acceptor estimated from token sequences.
 
-    Interpolated absolute discounting: with counts :math:`c(h, k)` of token
+    Interpolated absolute discounting: with counts $c(h, k)$ of token
     ``k`` after history ``h`` (the previous ``order - 1`` tokens at most),
-    :math:`c(h) = \sum_k c(h, k)`, :math:`n(h)` the number of distinct ``k`` with
-    :math:`c(h, k) > 0`, discount ``D`` and :math:`\bar h` the history without
+    $c(h) = \sum_k c(h, k)$, $n(h)$ the number of distinct ``k`` with
+    $c(h, k) > 0$, discount ``D`` and $\bar h$ the history without
     its oldest token,
 
-    .. math::
+    $$
+    P(k \mid h) = \frac{\max(c(h, k) - D, 0)}{c(h)}
+    + \gamma(h)\, P(k \mid \bar h), \qquad
+    \gamma(h) = \frac{D\, n(h)}{c(h)} \;(1 \text{ if } c(h) = 0),
+    $$
 
-        P(k \mid h) = \frac{\max(c(h, k) - D, 0)}{c(h)}
-            + \gamma(h)\, P(k \mid \bar h), \qquad
-        \gamma(h) = \frac{D\, n(h)}{c(h)} \;(1 \text{ if } c(h) = 0),
-
-    and :math:`P(k \mid ()) = \max(c(k) - D, 0)/N + (D\, n/N) / C` (uniform
+    and $P(k \mid ()) = \max(c(k) - D, 0)/N + (D\, n/N) / C$ (uniform
     floor; ``1/C`` without data).  Every probability is positive and sums to one
     over the ``C`` tokens.
 
@@ -254,12 +254,12 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
     (``bos=True``: counts include the sequence starts; else the empty history)
     and these nodes accept (no end-of-sequence model).  From history ``h`` an
     arc labelled ``k`` for each seen ``k`` carries
-    :math:`\log(\max(c(h,k) - D, 0)/c(h))` and enters the longest history that
-    ends with ``h + (k,)``; an *epsilon* arc with :math:`\log \gamma(h)` enters
-    a non-accepting copy of :math:`\bar h` (same token arcs), so a path never
+    $\log(\max(c(h,k) - D, 0)/c(h))$ and enters the longest history that
+    ends with ``h + (k,)``; an *epsilon* arc with $\log \gamma(h)$ enters
+    a non-accepting copy of $\bar h$ (same token arcs), so a path never
     ends on a back-off arc; the empty history has an arc for every token.  For
     ``order <= 2`` the sum over the paths of a token sequence is exactly its
-    interpolated probability :math:`\prod_t P(k_t \mid h_t)` (a path-sum graph
+    interpolated probability $\prod_t P(k_t \mid h_t)$ (a path-sum graph
     implements the interpolation).  For ``order > 2`` a token read after a
     back-off enters a history of the backed-off order (the usual back-off WFST
     approximation).  Weights are stored in float32.
@@ -348,7 +348,7 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
 def wordpiece_graph(words, vocabulary: Sequence):
     r"""Acceptor of every decomposition of a word (or words) into word pieces.
 
-    For a word :math:`w` the nodes are the character positions ``0 .. |w|``
+    For a word $w$ the nodes are the character positions ``0 .. |w|``
     (0 starts, ``|w|`` accepts) and an arc ``i -> j`` labelled ``v`` exists for
     every vocabulary entry ``vocabulary[v] == w[i:j]``.  A list of words gives
     their concatenation (the accept node of a word is the start of the next):

@@ -37,9 +37,9 @@ def _callback(host, t_max, n, score_dtype, *arrays):
 def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
     r"""Viterbi CTC forced alignment; same arguments and results as [`duoloss.torch.ctc_align`][duoloss.torch.ctc_align].
 
-    .. math::
-
-        \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b} \log p_t(\pi_t)
+    $$
+    \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b} \log p_t(\pi_t)
+    $$
 
     Args:
       log_probs: ``(T, N, C)``-array (or unbatched ``(T, C)``) of log-probabilities.

@@ -40,11 +40,11 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
     the same core), as a differentiable JAX function that works under ``jit``,
     ``grad`` and ``vmap``.  ``T`` frames, ``N`` sequences, ``C`` tokens:
 
-    .. math::
-
-        \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
-            \text{align}(y_b)} e^{w(\pi)}, \quad
-        w(\pi) = s_{\pi_1} + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}.
+    $$
+    \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
+    \text{align}(y_b)} e^{w(\pi)}, \quad
+    w(\pi) = s_{\pi_1} + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}.
+    $$
 
     Args:
       emissions: ``(T, N, C)``-array of unnormalised scores, float16, bfloat16,

@@ -24,12 +24,12 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
                denominator_arc_weight_index=None) -> jax.Array:
     r"""Loss of one target graph per sequence; see [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
-    .. math::
-
-        \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
-            \left(w_{a_t} + e_t(k_{a_t})\right)
-            + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
-        \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+    $$
+    \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
+    \left(w_{a_t} + e_t(k_{a_t})\right)
+    + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
+    \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+    $$
 
     Args:
       emissions: ``(T, N, C)``-array of scores.
@@ -42,7 +42,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
       normalize: add the forward score of the unconstrained emissions.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (divided by ``target_lengths``
         clamped to >= 1 if given, then the batch mean).
-      weights: ``(K,)``-array :math:`\theta` of learnable, tied arc weights
+      weights: ``(K,)``-array $\theta$ of learnable, tied arc weights
         (differentiable).
       arc_weight_index: with ``weights``: one integer array per graph, an index in
         ``[-1, K)`` per arc.
@@ -50,7 +50,7 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
       zero_infinity: sequences without a path get loss 0 and zero gradients.
       denominator: LF-MMI denominator: one ``Graph`` (shared), ``N`` graphs, or a
         [`PackedGraphs`][duoloss.jax.PackedGraphs] of 1 or ``N`` graphs (a ``jit`` argument); loss
-        :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`; ``normalize``
+        $-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)$; ``normalize``
         must be ``False``.
       denominator_arc_weight_index: with ``weights``: one integer array (shared
         denominator) or ``N``, an index in ``[-1, K)`` per arc.

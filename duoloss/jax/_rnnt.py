@@ -178,10 +178,10 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
     that works under ``jit``, ``grad`` and ``vmap``.  ``N`` sequences, ``T``
     frames, ``U`` target positions, ``V`` classes:
 
-    .. math::
-
-        \text{loss}_b = -\log \sum_{\text{alignments of } y_b}
-            \prod_{\text{moves}} \operatorname{softmax}(\text{logits}_{b,t,u})_k.
+    $$
+    \text{loss}_b = -\log \sum_{\text{alignments of } y_b}
+    \prod_{\text{moves}} \operatorname{softmax}(\text{logits}_{b,t,u})_k.
+    $$
 
     Args:
       logits: ``(N, T, U + 1, V)`` joiner output (halves are upcast to float32).

@@ -125,8 +125,9 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
 def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str = "regular",
                       boundary=None) -> Tuple[jax.Array, jax.Array]:
     """k2's ``(px, py)`` of the additive joiner (see [`duoloss.torch.get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs])."""
-    return _simple_logprobs("get_rnnt_logprobs", lm, am, symbols, termination_symbol,
-                            rnnt_type, boundary)[:2]
+    px, py, boundary = _simple_logprobs("get_rnnt_logprobs", lm, am, symbols,
+                                        termination_symbol, rnnt_type, boundary)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0), py
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -225,8 +226,9 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
 def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
                              rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
     """k2's ``(px, py)`` from pruned logits (see [`duoloss.torch.get_rnnt_logprobs_pruned`][duoloss.torch.get_rnnt_logprobs_pruned])."""
-    return _pruned_logprobs("get_rnnt_logprobs_pruned", logits, symbols, ranges,
-                            termination_symbol, boundary, rnnt_type)[:2]
+    px, py, boundary = _pruned_logprobs("get_rnnt_logprobs_pruned", logits, symbols, ranges,
+                                        termination_symbol, boundary, rnnt_type)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0), py
 
 
 def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,

@@ -42,12 +42,12 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
 
     Like ``torchaudio.functional.forced_align``, batched:
 
-    .. math::
+    $$
+    \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b}
+    \log p_t(\pi_t),
+    $$
 
-        \text{score}_b = \max_{\pi:\ \mathcal{B}(\pi) = y_b} \sum_{t < T_b}
-            \log p_t(\pi_t),
-
-    where :math:`\mathcal{B}` removes repeats and then blanks.
+    where $\mathcal{B}$ removes repeats and then blanks.
 
     Args:
       log_probs: ``(T, N, C)``-tensor (or unbatched ``(T, C)``) of log-probabilities,
@@ -96,10 +96,10 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
               ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Viterbi ASG forced alignment: the best segmentation of each target.
 
-    .. math::
-
-        \text{score}_b = \max_{\pi \in \text{align}(y_b)} s_{\pi_1}
-            + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}
+    $$
+    \text{score}_b = \max_{\pi \in \text{align}(y_b)} s_{\pi_1}
+    + \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}
+    $$
 
     over the frame labellings that spell the target with every token on >= 1
     consecutive frames (the target paths of [`asg_loss`][duoloss.torch.asg_loss]).
@@ -130,8 +130,8 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""ASG Viterbi decoding: the best unconstrained frame labelling of each sequence.
 
-    GTN's ``viterbi_path(compose(E, Trans))``: :math:`\max_\pi s_{\pi_1} +
-    \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}` over all labellings.
+    GTN's ``viterbi_path(compose(E, Trans))``: $\max_\pi s_{\pi_1} +
+    \sum_t e_t(\pi_t) + \sum_{t \ge 2} A_{\pi_t \pi_{t-1}}$ over all labellings.
 
     Args:
       emissions: ``(T, N, C)``-tensor of scores.
@@ -163,7 +163,7 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     r"""Viterbi alignment of each sequence to its target graph.
 
     GTN's ``viterbi_path(intersect(G_b, E_b))``: the best path of exactly ``T_b``
-    arcs, :math:`\max \sum_t (w_{a_t} + e_t(k_{a_t}))`, with arc weights as in
+    arcs, $\max \sum_t (w_{a_t} + e_t(k_{a_t}))$, with arc weights as in
     [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     Args:

@@ -57,14 +57,14 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
 
     ``T`` frames, ``N`` sequences, ``C`` tokens (no blank), ``S`` padded target length.
 
-    .. math::
+    $$
+    \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
+    \text{align}(y_b)} e^{w(\pi)}, \quad
+    w(\pi) = s_{\pi_1} + \sum_{t=1}^{T_b} e_t(\pi_t)
+    + \sum_{t=2}^{T_b} A_{\pi_t \pi_{t-1}},
+    $$
 
-        \text{loss}_b = \log \sum_{\pi} e^{w(\pi)} - \log \sum_{\pi \in
-            \text{align}(y_b)} e^{w(\pi)}, \quad
-        w(\pi) = s_{\pi_1} + \sum_{t=1}^{T_b} e_t(\pi_t)
-            + \sum_{t=2}^{T_b} A_{\pi_t \pi_{t-1}},
-
-    where :math:`\pi` runs over all frame labellings and :math:`\text{align}(y)`
+    where $\pi$ runs over all frame labellings and $\text{align}(y)$
     over those that spell the target with every token on >= 1 consecutive frames
     (repeats need no separator).  Same numbers as GTN's ASG
     (``forward_score(compose(E, Trans)) - forward_score(compose(compose(FAL,

@@ -25,16 +25,16 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
     r"""Loss of one target graph per sequence: ``-forward_score(intersect(G_b, E_b))``.
 
     ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` shared arc weights.  Each
-    path of :math:`G_b` that takes exactly ``T_b`` arcs (one per frame; self-loops
+    path of $G_b$ that takes exactly ``T_b`` arcs (one per frame; self-loops
     and cycles are fine) is scored by its arc weights plus the emissions of its
     labels:
 
-    .. math::
-
-        \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
-            \left(w_{a_t} + e_t(k_{a_t})\right)
-            + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
-        \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+    $$
+    \text{loss}_b = -\log \sum_{a_1 \dots a_{T_b} \in G_b} \exp \sum_{t}
+    \left(w_{a_t} + e_t(k_{a_t})\right)
+    + [\text{normalize}] \sum_t \operatorname{logsumexp}_k e_t(k),
+    \qquad w_a = \text{graph weight}_a + \theta_{i_a}.
+    $$
 
     With the CTC graph of each target (and ``target_lengths``) it equals
     [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss]; ASG is the target-graph loss minus the
@@ -52,14 +52,14 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
         unnormalised ``emissions``, like GTN's "normalized" losses).
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (each loss divided by its
         ``target_lengths`` entry clamped to >= 1 if given, then the batch mean).
-      weights: ``(K,)``-tensor :math:`\theta` of learnable, tied arc weights.
+      weights: ``(K,)``-tensor $\theta$ of learnable, tied arc weights.
       arc_weight_index: with ``weights``: ``N`` integer arrays, one index in
         ``[-1, K)`` per arc of each graph (``-1``: the arc has no learnable part).
       target_lengths: optional ``(N,)`` normalisers for ``'mean'``.
       zero_infinity: sequences without a path get loss 0 and zero gradients.
       denominator: LF-MMI: one ``Graph`` shared by the batch (packed once), a list
         of ``N`` graphs, or a [`PackedGraphs`][duoloss.torch.PackedGraphs] of 1 or ``N`` graphs; the loss
-        becomes :math:`-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`
+        becomes $-\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)$
         (``normalize`` must then be ``False``: it cancels).  Its arcs may be tied
         to the same ``weights``.
       denominator_arc_weight_index: with ``weights``: one integer array (a shared

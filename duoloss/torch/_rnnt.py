@@ -319,18 +319,18 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     r"""RNN Transducer loss, with the signature of ``torchaudio.functional.rnnt_loss``.
 
     ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
-    classes including the blank.  With :math:`\ell_{t,u} =
-    \log\operatorname{softmax}(\text{logits}_{b,t,u})` the loss of sequence ``b``
+    classes including the blank.  With $\ell_{t,u} =
+    \log\operatorname{softmax}(\text{logits}_{b,t,u})$ the loss of sequence ``b``
     is the negative log-likelihood of its target over every alignment
-    (:math:`T_b` blanks and the :math:`U_b` labels interleaved, any number of
+    ($T_b$ blanks and the $U_b$ labels interleaved, any number of
     labels per frame, the last move a blank):
 
-    .. math::
-
-        \alpha_{t,u} = \operatorname{logaddexp}\left(\alpha_{t-1,u} +
-            \ell_{t-1,u}(\varnothing),\; \alpha_{t,u-1} + \ell_{t,u-1}(y_u)\right),
-        \qquad \text{loss}_b = -\left(\alpha_{T_b-1,U_b} +
-            \ell_{T_b-1,U_b}(\varnothing)\right).
+    $$
+    \alpha_{t,u} = \operatorname{logaddexp}\left(\alpha_{t-1,u} +
+    \ell_{t-1,u}(\varnothing),\; \alpha_{t,u-1} + \ell_{t,u-1}(y_u)\right),
+    \qquad \text{loss}_b = -\left(\alpha_{T_b-1,U_b} +
+    \ell_{T_b-1,U_b}(\varnothing)\right).
+    $$
 
     Args:
       logits: ``(N, T, U + 1, V)`` joiner output (float16/bfloat16 are upcast
@@ -359,8 +359,8 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in the
       dtype of ``logits`` (float32 for half inputs).
 
-    NB: the gradient w.r.t. ``logits`` is :math:`\operatorname{softmax} \cdot
-    \gamma_{t,u} - \text{(posterior of each move)}` as in torchaudio. ``clamp``
+    NB: the gradient w.r.t. ``logits`` is $\operatorname{softmax} \cdot
+    \gamma_{t,u} - \text{(posterior of each move)}$ as in torchaudio. ``clamp``
     bounds the gradient that reaches ``logits``; with ``reduction='mean'`` it is
     applied as ``clamp / N`` so that, as in torchaudio and NeMo, it bounds each
     sequence's own gradient when the mean is the objective (torchaudio's CPU/CUDA
@@ -442,9 +442,9 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi RNN-T alignment: the single best alignment of each target.
 
-    .. math::
-
-        \text{score}_b = \max_{\text{alignments}} \sum_{\text{moves}} \ell_{t,u}(k)
+    $$
+    \text{score}_b = \max_{\text{alignments}} \sum_{\text{moves}} \ell_{t,u}(k)
+    $$
 
     over the same alignments as [`rnnt_loss`][duoloss.torch.rnnt_loss] (labels emitted within a
     frame, one blank to move to the next frame, the last move a blank).

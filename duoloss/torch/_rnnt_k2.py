@@ -81,18 +81,27 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                       ) -> Tuple[torch.Tensor, torch.Tensor]:
     """k2's ``(px, py)`` of the simple (additive) joiner, differentiable.
 
-    .. math::
-      \\log Z_{b,s,t} = \\log \\sum_c \\exp(am_{b,t,c} + lm_{b,s,c}), \\quad
-      px_{b,s,t} = am_{b,t,y_s} + lm_{b,s,y_s} - \\log Z_{b,s,t}, \\quad
-      py_{b,s,t} = am_{b,t,\\varnothing} + lm_{b,s,\\varnothing} - \\log Z_{b,s,t}
+    $$
+    \\log Z_{b,s,t} = \\log \\sum_c \\exp(am_{b,t,c} + lm_{b,s,c}), \\quad
+    px_{b,s,t} = am_{b,t,y_s} + lm_{b,s,y_s} - \\log Z_{b,s,t}, \\quad
+    py_{b,s,t} = am_{b,t,\\varnothing} + lm_{b,s,\\varnothing} - \\log Z_{b,s,t}
+    $$
 
-    Args and shapes as :func:`rnnt_loss_simple`; returns ``px`` ``(B, S, T+1)``
-    (regular: the extra frame is ``-inf``) or ``(B, S, T)``, and ``py``
-    ``(B, S+1, T)``.  ``log Z`` is a matrix product of ``exp(lm - max)`` and
-    ``exp(am - max)``: no ``(B, T, S+1, C)`` tensor is formed.
+    Args and shapes as [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple]; returns ``px`` ``(B, S, T+1)``
+    (regular) or ``(B, S, T)``, and ``py`` ``(B, S+1, T)``, exactly k2's lattice:
+    for 'regular' ``px[b, :, t_end[b]] = -inf`` (no symbol on a sequence's
+    one-past-the-last frame), for 'constrained' ``px`` already includes the
+    forced blank ``py[:, 1:, :]``.  So the transducer recursion of the
+    [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] docstring run on ``(px, py, boundary)`` gives
+    ``rnnt_loss_simple(..., reduction='none')`` (k2's ``rnnt_loss_test.py``
+    identity; ``delay_penalty`` is added by the losses, not here).  ``log Z`` is
+    a matrix product of ``exp(lm - max)`` and ``exp(am - max)``: no
+    ``(B, T, S+1, C)`` tensor is formed.
     """
     fn = "get_rnnt_logprobs"
-    return _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary)[:2]
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0, am.shape[1]), py
 
 
 def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
@@ -191,14 +200,15 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     (blank) symbol moves to the next one; ``'modified'`` moves to the next frame
     on every emission (at most one symbol per frame); ``'constrained'`` is
     'modified' where emitting ``y_s`` also pays the blank of context ``s+1`` on
-    the same frame.  With :math:`\\alpha_{b,0,0} = 0` the loss is
-    :math:`-\\alpha_{b,S,T}` of
+    the same frame.  With $\\alpha_{b,0,0} = 0$ the loss is
+    $-\\alpha_{b,S,T}$ of
 
-    .. math::
-      \\alpha_{s,t} = \\mathrm{logaddexp}(\\alpha_{s-1,t'} + px_{s-1,t'},
-                                         \\alpha_{s,t-1} + py_{s,t-1})
+    $$
+    \\alpha_{s,t} = \\mathrm{logaddexp}(\\alpha_{s-1,t'} + px_{s-1,t'},
+    \\alpha_{s,t-1} + py_{s,t-1})
+    $$
 
-    with :math:`t' = t` (regular) or :math:`t - 1` (otherwise), on the
+    with $t' = t$ (regular) or $t - 1$ (otherwise), on the
     sub-lattice ``boundary[b]``.
 
     Args:
@@ -250,12 +260,13 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
 
     Every arc log-probability of the simple loss is replaced by the interpolation
 
-    .. math::
-      (1 - \lambda_{lm} - \lambda_{am})\, \log p(\cdot) + \lambda_{lm} \log p_{lm}(\cdot)
-      + \lambda_{am} \log p_{am}(\cdot)
+    $$
+    (1 - \lambda_{lm} - \lambda_{am})\, \log p(\cdot) + \lambda_{lm} \log p_{lm}(\cdot)
+    + \lambda_{am} \log p_{am}(\cdot)
+    $$
 
-    where :math:`p_{lm} = \mathrm{softmax}(lm_{b,s})` ignores the acoustics and
-    :math:`p_{am} \propto \exp(am_{b,t}) \cdot u` uses instead of ``lm`` the
+    where $p_{lm} = \mathrm{softmax}(lm_{b,s})$ ignores the acoustics and
+    $p_{am} \propto \exp(am_{b,t}) \cdot u$ uses instead of ``lm`` the
     unigram ``u``: ``softmax(lm)`` averaged over every batch entry and position
     (padding included, as k2).  A scale of exactly 0 is taken as ``1e-20``
     (as k2, so that ``-inf * 0`` never appears).  Other arguments and the return
@@ -283,10 +294,14 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
     ``px[b, s, t] = log_softmax(logits[b, t, k])[symbols[b, s]]`` and ``py[b, s,
     t] = log_softmax(logits[b, t, k])[termination_symbol]`` where ``s =
     ranges[b, t, k]``; every position outside the frame's range is ``-inf``.
+    As k2 (and [`get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs]): 'regular' sets ``px[b, :, t_end[b]] =
+    -inf`` and 'constrained' adds ``py[:, 1:, :]`` to ``px``, so the recursion on
+    ``(px, py, boundary)`` gives [`rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned]'s per-sequence losses.
     """
     fn = "get_rnnt_logprobs_pruned"
-    return _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary,
-                            rnnt_type)[:2]
+    px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
+                                        boundary, rnnt_type)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0, logits.shape[1]), py
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
