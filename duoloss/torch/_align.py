@@ -105,8 +105,12 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     consecutive frames (the target paths of [`asg_loss`][duoloss.torch.asg_loss]).
 
     Args:
-      emissions, transitions, targets, input_lengths, target_lengths, start_transitions: as in [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss] (``(T, N, C)``,
-        ``(C, C)`` or ``None``, ``(N, S)``, ``(N,)``, ``(N,)``, ``(C,)`` or ``None``).
+      emissions: ``(T, N, C)`` frame scores, as in [`asg_loss`][duoloss.torch.asg_loss].
+      transitions: ``(C, C)`` transition scores or ``None``, as in [`asg_loss`][duoloss.torch.asg_loss].
+      targets: ``(N, S)`` integer targets, as in [`asg_loss`][duoloss.torch.asg_loss].
+      input_lengths: ``(N,)`` frame counts, as in [`asg_loss`][duoloss.torch.asg_loss].
+      target_lengths: ``(N,)`` target lengths, as in [`asg_loss`][duoloss.torch.asg_loss].
+      start_transitions: ``(C,)`` start scores or ``None``, as in [`asg_loss`][duoloss.torch.asg_loss].
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past each
@@ -167,8 +171,11 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     Args:
-      emissions, graphs, input_lengths, weights, arc_weight_index: as in
-        [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
+      emissions: ``(T, N, C)`` frame scores, as in [`graph_loss`][duoloss.torch.graph_loss].
+      graphs: ``N`` target graphs (or a ``PackedGraphs``), as in [`graph_loss`][duoloss.torch.graph_loss].
+      input_lengths: ``(N,)`` frame counts, as in [`graph_loss`][duoloss.torch.graph_loss].
+      weights: optional ``(K,)`` tied arc weights, as in [`graph_loss`][duoloss.torch.graph_loss].
+      arc_weight_index: with ``weights``: one index array per graph, as in [`graph_loss`][duoloss.torch.graph_loss].
 
     Returns:
       ``(labels, scores, arcs)``: ``(N, T)`` int64 frame labels, ``(N,)`` path

@@ -132,9 +132,11 @@ class ASGLoss(torch.nn.Module):
     Args:
       num_classes: ``C``, the number of tokens.
       learn_start: also learn ``(C,)`` start scores (``start_transitions``).
-      reduction, zero_infinity: as in [`asg_loss`][duoloss.torch.asg_loss].
-      dtype, device: of the parameters (zeros at initialisation, as in
-        wav2letter/flashlight).
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`asg_loss`][duoloss.torch.asg_loss].
+      zero_infinity: as in [`asg_loss`][duoloss.torch.asg_loss].
+      dtype: of the parameters (zeros at initialisation, as in
+        wav2letter/flashlight); ``None``: torch's default dtype.
+      device: of the parameters.
 
     Attributes:
       transitions: ``(C, C)`` ``nn.Parameter``; ``[i, j]`` = score of ``i`` after ``j``.

@@ -132,8 +132,11 @@ class GraphLoss(torch.nn.Module):
 
     Args:
       num_weights: ``K`` (zeros at initialisation).
-      normalize, reduction, zero_infinity: as in [`graph_loss`][duoloss.torch.graph_loss].
-      dtype, device: of the weights.
+      normalize: as in [`graph_loss`][duoloss.torch.graph_loss].
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`graph_loss`][duoloss.torch.graph_loss].
+      zero_infinity: as in [`graph_loss`][duoloss.torch.graph_loss].
+      dtype: of the weights; ``None``: torch's default dtype.
+      device: of the weights.
 
     Attributes:
       weights: ``(K,)`` ``nn.Parameter``; arcs refer to it through the

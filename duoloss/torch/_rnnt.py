@@ -406,8 +406,12 @@ class RNNTLoss(torch.nn.Module):
     """Module form of [`rnnt_loss`][duoloss.torch.rnnt_loss] (as ``torchaudio.transforms.RNNTLoss``).
 
     Args:
-      blank, clamp, reduction, fused_log_softmax, fastemit_lambda, delay_penalty:
-        as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      clamp: gradient clamp (``< 0``: none), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      delay_penalty: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0,
@@ -450,8 +454,12 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     frame, one blank to move to the next frame, the last move a blank).
 
     Args:
-      logits, targets, logit_lengths, target_lengths, blank, fused_log_softmax:
-        as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      logits: ``(N, T, U + 1, C)`` joiner output, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      targets: ``(N, U)`` integer targets, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      logit_lengths: ``(N,)`` frame counts, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      target_lengths: ``(N,)`` target lengths, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
 
     Returns:
       ``(alignment, label_frames, scores)``:

@@ -348,8 +348,11 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
       symbols: ``(B, S)`` integer symbols in ``[0, C)``.
       ranges: ``(B, T, s_range)`` int positions from [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges]:
         each row ``r0, r0+1, ..., r0+s_range-1`` with ``0 <= r0 <= S+1-s_range``.
-      termination_symbol, boundary, rnnt_type, delay_penalty, reduction: as
-        [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      termination_symbol: the blank symbol, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      boundary: optional ``(B, 4)`` sequence extents, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      rnnt_type: ``'regular'``, ``'modified'`` or ``'constrained'``, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      delay_penalty: as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
 
     Returns:
       ``(B,)`` losses (reduction 'none') or a scalar.

@@ -170,12 +170,15 @@ class Graph:
 
         Args:
           num_nodes: number of nodes ``N``.
-          src, dst: ``(A,)`` integer arrays of arc end points in ``[0, N)``.
+          src: ``(A,)`` integer source nodes of the arcs, in ``[0, N)``.
+          dst: ``(A,)`` integer destination nodes of the arcs, in ``[0, N)``.
           ilabel: ``(A,)`` integer input labels (``>= 0`` or ``-1`` = epsilon).
           olabel: ``(A,)`` output labels; ``None`` makes an acceptor (``olabel = ilabel``).
           weight: ``(A,)`` weights (cast to float32); ``None`` means zeros.
-          start, accept: ``(N,)`` boolean flags, or sequences of node ids; ``None``
-            means no start / accept node.
+          start: ``(N,)`` boolean flags, or a sequence of node ids; ``None``
+            means no start node.
+          accept: ``(N,)`` boolean flags, or a sequence of node ids; ``None``
+            means no accept node.
           calc_grad: whether the new graph requires a gradient.
 
         Returns:

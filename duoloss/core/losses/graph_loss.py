@@ -633,8 +633,9 @@ def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None)
       graphs: sequence of ``duoloss.gtn.Graph`` (one per sequence).
       arc_weight_index: ``None`` or one integer array per graph (one entry per
         arc) of indices into the shared weights, ``-1`` for none.
-      num_nodes, num_arcs: pad the node/arc arrays to these totals (static
-        shapes, so a jitted JAX step does not retrace for every batch).
+      num_nodes: pad the node arrays to this total (static shapes, so a jitted
+        JAX step does not retrace for every batch); ``None``: no padding.
+      num_arcs: pad the arc arrays to this total; ``None``: no padding.
 
     Returns:
       ``PackedGraphs`` with ``int64`` offsets ``(G+1,)``, ``int64`` ``src``,
