@@ -1,0 +1,116 @@
+"""The torch device path: Triton kernels for CTC and the transducer recursion.
+
+:func:`resolve_impl` picks the path of a call (``impl="auto" | "host" |
+"device"``); :func:`ctc_losses` and :func:`transducer_losses` run the device
+path on already-validated, framework-side inputs and return differentiable
+per-sequence losses.  Nothing crosses to the host: the kernels are launched on
+the caller's CUDA stream (Triton's launcher uses the current stream) and write
+their outputs into tensors allocated on the inputs' device.
+
+Importing this package does not import Triton; the kernels
+(:mod:`duoloss.torch._triton._kernels`) are imported on the first device call.
+On CPU tensors they run under the Triton interpreter, which must be selected
+with ``TRITON_INTERPRET=1`` in the environment *before* that first call.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from typing import List, Tuple
+
+import torch
+
+__all__ = ["IMPLS", "check_impl", "ctc_losses", "resolve_impl", "transducer_losses",
+           "triton_available"]
+
+IMPLS = ("auto", "host", "device")
+
+_WARNED: List[str] = []
+
+
+def triton_available() -> Tuple[bool, str]:
+    """``(True, "")`` when Triton is importable, else ``(False, reason)``."""
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install 'duoloss[cuda]')"
+    return True, ""
+
+
+def check_impl(fn: str, impl) -> str:
+    """``impl`` checked: one of ``'auto'``, ``'host'``, ``'device'``."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host' or 'device', "
+                         f"got {impl!r}")
+    return impl
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
+    """Whether the call takes the device path (True) or the host path (False).
+
+    ``'auto'``: the device path for CUDA tensors when Triton is importable (else
+    the host path, with one warning per process naming the reason); the host
+    path for everything else.  ``'device'``: the Triton kernels anywhere; on CPU
+    tensors only under the Triton interpreter (``TRITON_INTERPRET=1``), else a
+    ``RuntimeError`` saying so.  Raises ``ValueError`` for any other ``impl``.
+    """
+    check_impl(fn, impl)
+    if impl == "host":
+        return False
+    ok, reason = triton_available()
+    if impl == "auto":
+        if tensor.device.type != "cuda":
+            return False
+        if not ok:
+            if not _WARNED:
+                _WARNED.append(reason)
+                warnings.warn(f"duoloss: the device path is unavailable ({reason}); "
+                              f"{fn} and the other losses run on the host (a copy of the "
+                              f"lattice to the host and back per call)", RuntimeWarning,
+                              stacklevel=3)
+            return False
+        return True
+    if not ok:
+        raise RuntimeError(f"{fn}: impl='device' needs Triton, but {reason}")
+    if tensor.device.type == "cpu":
+        from . import _ops
+        if not (_interpreting() and _ops.kernels_interpreted() in (None, True)):
+            raise RuntimeError(
+                f"{fn}: impl='device' on CPU tensors runs the Triton kernels in Triton's "
+                f"interpreter, which needs TRITON_INTERPRET=1 in the environment before the "
+                f"first device call (for testing; use impl='host' or 'auto' on CPU)")
+    elif tensor.device.type != "cuda":
+        raise RuntimeError(f"{fn}: impl='device' supports CUDA tensors (and CPU tensors under "
+                           f"TRITON_INTERPRET=1), got a tensor on {tensor.device}")
+    return True
+
+
+def ctc_losses(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor,
+               zero_infinity: bool) -> torch.Tensor:
+    """``(N,)`` CTC losses on the gathered lattice, differentiable w.r.t. ``lp``.
+
+    ``lp`` ``(T, N, S + 1)`` (column 0 the blank, column ``1 + i`` label ``i``);
+    ``targets`` ``(N, S)`` int64 (the labels, only compared for the skip rule);
+    ``il``/``tl`` ``(N,)`` int64 on the same device.  Invalid rows (lengths out
+    of range) get NaN.
+    """
+    from . import _ops
+    return _ops.ctc(lp, targets, il, tl, bool(zero_infinity))
+
+
+def transducer_losses(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor,
+                      rnnt_type: str) -> torch.Tensor:
+    """``(N,)`` transducer losses (the core's ``TRANSDUCER_KERNEL`` maths),
+    differentiable w.r.t. ``px`` and ``py``; invalid boundary rows get NaN."""
+    from . import _ops
+    return _ops.transducer(px, py, boundary, rnnt_type != "regular")
+
+
+def transducer_losses_and_grads(px, py, boundary, rnnt_type):
+    """``(losses, gx, gy)``: differentiable losses and their per-sequence
+    gradients w.r.t. ``px``/``py`` (detached), for k2's ``return_grad``."""
+    from . import _ops
+    return _ops.transducer_with_grads(px, py, boundary, rnnt_type != "regular")

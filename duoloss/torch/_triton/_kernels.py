@@ -1,0 +1,224 @@
+"""Triton kernels of the torch device path: CTC and the transducer recursion.
+
+Both are forward-backward recursions in log space, one program per sequence,
+a loop over the levels of the lattice (frames for CTC, anti-diagonals or frames
+for the transducer), the states of a level vectorised in one block.  The
+forward and backward tables live in global scratch buffers of the caller
+(``O(N x levels x block)``); a level reads the previous one through shifted,
+masked loads after a ``tl.debug_barrier()``.  Everything is computed in the
+inputs' dtype (float32 or float64).
+
+This module is imported only by :mod:`duoloss.torch._triton` when a call takes
+the device path; with ``TRITON_INTERPRET=1`` set *before* its import the same
+kernels run on CPU tensors (how the tests exercise them).
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether the kernels were defined under the Triton interpreter (CPU tensors).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _lse3(a, b, c):
+    """``log(exp(a) + exp(b) + exp(c))`` elementwise; ``-inf`` (not NaN) when all
+    three are ``-inf``; NaN or ``+inf`` inputs give NaN (the NaN policy)."""
+    m = tl.maximum(tl.maximum(a, b), c)
+    ms = tl.where(m == float("-inf"), 0.0, m)
+    return ms + tl.log(tl.exp(a - ms) + tl.exp(b - ms) + tl.exp(c - ms))
+
+
+@triton.jit
+def _ctc_skip(tg_ptr, b, stride_tb, k, n_states):
+    """Whether state ``k`` (odd: label ``(k - 1) // 2``) may be entered from ``k - 2``:
+    a label state whose label differs from the previous label."""
+    odd = (k % 2) == 1
+    i = (k - 1) // 2
+    m = odd & (k >= 3) & (k < n_states)
+    cur = tl.load(tg_ptr + b * stride_tb + i, mask=m, other=0)
+    prev = tl.load(tg_ptr + b * stride_tb + i - 1, mask=m, other=0)
+    return m & (cur != prev)
+
+
+@triton.jit
+def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
+               tg_ptr, stride_tb, il_ptr, tl_ptr,
+               alpha_ptr, beta_ptr, loss_ptr,
+               grad_ptr, stride_gt, stride_gn, stride_gc,
+               T_MAX, ZERO_INF: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """CTC over the gathered ``(T, N, S + 1)`` lattice (column 0 the blank, column
+    ``1 + i`` label ``i``) for sequence ``b = program_id(0)``.
+
+    ``alpha``/``beta`` scratch ``(N, T, BLOCK)``; ``loss`` ``(N,)``; ``grad``
+    (zeros on entry) receives ``d loss_b / d lp[t, b, column]`` for ``t < T_b``.
+    Lengths must already be in range (the wrapper clamps invalid rows).
+    """
+    b = tl.program_id(0)
+    t_b = tl.load(il_ptr + b)
+    s_b = tl.load(tl_ptr + b)
+    n_states = 2 * s_b + 1
+    k = tl.arange(0, BLOCK)
+    live = k < n_states
+    col = tl.where((k % 2) == 1, (k + 1) // 2, 0)
+    skip = _ctc_skip(tg_ptr, b, stride_tb, k, n_states)
+    neg = tl.full((BLOCK,), float("-inf"), lp_ptr.dtype.element_ty)
+    lp_b = lp_ptr + b * stride_ln + col * stride_lc
+    a_row = alpha_ptr + b * T_MAX * BLOCK + k
+    b_row = beta_ptr + b * T_MAX * BLOCK + k
+    # forward: alpha[t, k] includes the emission of frame t
+    if t_b > 0:
+        e = tl.load(lp_b, mask=live, other=float("-inf"))
+        alpha = tl.where(k < 2, e, neg)
+        tl.store(a_row, alpha)
+    for t in range(1, t_b):
+        tl.debug_barrier()
+        prev = a_row + (t - 1) * BLOCK
+        a0 = tl.load(prev)
+        a1 = tl.load(prev - 1, mask=k >= 1, other=float("-inf"))
+        a2 = tl.load(prev - 2, mask=skip, other=float("-inf"))
+        e = tl.load(lp_b + t * stride_lt, mask=live, other=float("-inf"))
+        alpha = tl.where(live, e + _lse3(a0, a1, a2), neg)
+        tl.store(a_row + t * BLOCK, alpha)
+    tl.debug_barrier()
+    # log Z from the last frame's two final states
+    last = a_row + (t_b - 1) * BLOCK
+    fin = live & (k >= n_states - 2) & ((k * 0 + t_b) > 0)
+    a_fin = tl.load(last, mask=fin, other=float("-inf"))
+    m = tl.max(a_fin, axis=0)
+    ms = tl.where(m == float("-inf"), 0.0, m)
+    logz = ms + tl.log(tl.sum(tl.exp(a_fin - ms), axis=0))
+    logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
+    loss = -logz
+    if ZERO_INF:
+        loss = tl.where(loss == float("inf"), 0.0, loss)
+    tl.store(loss_ptr + b, loss)
+    if WANT_GRAD:
+        # backward: beta[t, k] excludes the emission of frame t
+        skip2 = _ctc_skip(tg_ptr, b, stride_tb, k + 2, n_states)
+        feasible = (tl.zeros((BLOCK,), lp_ptr.dtype.element_ty) + logz) != float("-inf")  # a vector; NaN stays NaN
+        g_b = grad_ptr + b * stride_gn
+        for i in range(0, t_b):
+            t = t_b - 1 - i
+            if i == 0:
+                beta = tl.where(live & (k >= n_states - 2), 0.0, neg)
+            else:
+                tl.debug_barrier()
+                nxt = b_row + (t + 1) * BLOCK
+                e0 = tl.load(nxt)
+                e1 = tl.load(nxt + 1, mask=(k + 1) < n_states, other=float("-inf"))
+                e2 = tl.load(nxt + 2, mask=skip2, other=float("-inf"))
+                beta = tl.where(live, _lse3(e0, e1, e2), neg)
+            e = tl.load(lp_b + t * stride_lt, mask=live, other=float("-inf"))
+            # the row the previous frame reads: emission + beta
+            tl.store(b_row + t * BLOCK, tl.where(live, e + beta, neg))
+            alpha = tl.load(a_row + t * BLOCK)
+            post = tl.where(live & feasible, tl.exp(alpha + beta - logz), 0.0)
+            odd = (k % 2) == 1
+            tl.store(g_b + t * stride_gt + col * stride_gc, -post, mask=live & odd)
+            tl.store(g_b + t * stride_gt, -tl.sum(tl.where(odd, 0.0, post), axis=0))
+
+
+@triton.jit
+def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
+                      py_ptr, stride_yb, stride_ys, stride_yt,
+                      bd_ptr, alpha_ptr, q_ptr, loss_ptr,
+                      gx_ptr, gy_ptr, T_X, N_LEV,
+                      MODIFIED: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """k2's mutual-information recursion for sequence ``b = program_id(0)``.
+
+    ``px`` ``(N, S, T_X)`` (``T_X = T + 1`` regular, ``T`` modified), ``py``
+    ``(N, S + 1, T)``, boundary rows ``[s0, t0, s1, t1]`` (valid: the wrapper
+    replaces invalid rows).  Levels: anti-diagonals ``i + j`` (regular) or frames
+    ``j`` (modified) of the box node ``(s0 + i, t0 + j)``; lanes: ``i``.  Scratch
+    ``alpha``/``q`` ``(N, N_LEV, BLOCK)``.  ``gx``/``gy`` (zeros on entry, same
+    strides as ``px``/``py``) receive ``d loss_b / d px`` and ``d loss_b / d py``.
+    """
+    b = tl.program_id(0)
+    s0 = tl.load(bd_ptr + b * 4)
+    t0 = tl.load(bd_ptr + b * 4 + 1)
+    s1 = tl.load(bd_ptr + b * 4 + 2)
+    t1 = tl.load(bd_ptr + b * 4 + 3)
+    ns = s1 - s0 + 1
+    nt = t1 - t0 + 1
+    if MODIFIED:
+        n_lev = nt
+    else:
+        n_lev = ns + nt - 1
+    i = tl.arange(0, BLOCK)
+    s = s0 + i
+    neg = tl.full((BLOCK,), float("-inf"), px_ptr.dtype.element_ty)
+    a_row = alpha_ptr + b * N_LEV * BLOCK + i
+    q_row = q_ptr + b * N_LEV * BLOCK + i
+    x_b = px_ptr + b * stride_xb
+    y_b = py_ptr + b * stride_yb
+    tl.store(a_row, tl.where(i == 0, 0.0, neg))
+    for lev in range(1, n_lev):
+        if MODIFIED:
+            j = i * 0 + lev
+        else:
+            j = lev - i
+        t = t0 + j
+        node = (i < ns) & (j >= 0) & (j < nt)
+        tl.debug_barrier()
+        prev = a_row + (lev - 1) * BLOCK
+        # blank move from (i, j - 1); symbol move from (i - 1, j) or (i - 1, j - 1)
+        my = node & (j >= 1)
+        wy = tl.load(prev, mask=my, other=float("-inf")) + tl.load(
+            y_b + s * stride_ys + (t - 1) * stride_yt, mask=my, other=float("-inf"))
+        if MODIFIED:
+            mx = node & (i >= 1) & (j >= 1)
+            tx = t - 1
+        else:
+            mx = node & (i >= 1)
+            tx = t
+        wx = tl.load(prev - 1, mask=mx, other=float("-inf")) + tl.load(
+            x_b + (s - 1) * stride_xs + tx * stride_xt, mask=mx, other=float("-inf"))
+        alpha = tl.where(node, _lse3(wy, wx, neg), neg)
+        tl.store(a_row + lev * BLOCK, alpha)
+    tl.debug_barrier()
+    fin = tl.load(a_row + (n_lev - 1) * BLOCK, mask=i == ns - 1, other=float("-inf"))
+    # the single final cell, through a sum (a max may drop a NaN)
+    total = tl.sum(tl.where(i == ns - 1, fin, 0.0), axis=0)
+    tl.store(loss_ptr + b, -total)
+    if WANT_GRAD:
+        feasible = (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total) != float("-inf")  # a vector; NaN stays NaN
+        nan_total = (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total) != (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total)
+        for r in range(0, n_lev):
+            lev = n_lev - 1 - r
+            if MODIFIED:
+                j = i * 0 + lev
+            else:
+                j = lev - i
+            t = t0 + j
+            node = (i < ns) & (j >= 0) & (j < nt)
+            alpha = tl.load(a_row + lev * BLOCK)
+            if r == 0:
+                q = tl.where(node & (i == ns - 1), 0.0, neg)
+            else:
+                tl.debug_barrier()
+                nxt = q_row + (lev + 1) * BLOCK
+                my = node & (j < nt - 1)
+                wy = tl.load(y_b + s * stride_ys + t * stride_yt, mask=my,
+                             other=float("-inf")) + tl.load(nxt, mask=my, other=float("-inf"))
+                if MODIFIED:
+                    mx = node & (i < ns - 1) & (j < nt - 1)
+                else:
+                    mx = node & (i < ns - 1)
+                wx = tl.load(x_b + s * stride_xs + t * stride_xt, mask=mx,
+                             other=float("-inf")) + tl.load(nxt + 1, mask=mx,
+                                                            other=float("-inf"))
+                q = tl.where(node, _lse3(wy, wx, neg), neg)
+                gy = tl.where(feasible, -tl.exp(alpha + wy - total), 0.0)
+                tl.store(gy_ptr + b * stride_yb + s * stride_ys + t * stride_yt, gy, mask=my)
+                gx = tl.where(feasible, -tl.exp(alpha + wx - total), 0.0)
+                tl.store(gx_ptr + b * stride_xb + s * stride_xs + t * stride_xt, gx, mask=mx)
+                if MODIFIED:
+                    # the host's NaN fill covers frame t1 of px too (when it exists)
+                    mlast = node & (i < ns - 1) & (j == nt - 1) & (t < T_X) & nan_total
+                    tl.store(gx_ptr + b * stride_xb + s * stride_xs + t * stride_xt,
+                             tl.where(mlast, float("nan"), 0.0), mask=mlast)
+            tl.store(q_row + lev * BLOCK, q)

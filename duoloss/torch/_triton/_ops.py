@@ -1,0 +1,241 @@
+"""The device path's two ``torch.library`` operators and their autograd.
+
+``duoloss::triton_ctc`` and ``duoloss::triton_transducer`` launch the Triton
+kernels (:mod:`duoloss.torch._triton._kernels`, imported on the first launch)
+and return the per-sequence losses with their per-sequence gradients; the
+backward only scales the saved gradients by the cotangent.  As for the host
+operator (:mod:`duoloss.torch._ops`): under ``torch.compile`` the operators
+are called directly (fake rules give the output shapes, ``register_autograd``
+the backward); eager code and ``torch.func`` go through a
+``torch.autograd.Function`` in ``setup_context`` form (``torch.func.grad``
+rejects custom operators with ``register_autograd``, pytorch#168393).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Tuple
+
+import numpy as np
+import torch
+
+from .._ops import second_order_message
+
+__all__ = ["ctc", "kernels_interpreted", "transducer", "transducer_with_grads"]
+
+
+def kernels_interpreted():
+    """None before the kernels are imported, else whether they were defined
+    under the Triton interpreter."""
+    mod = sys.modules.get(__package__ + "._kernels")
+    return None if mod is None else mod.INTERPRETED
+
+
+def _kernels():
+    from . import _kernels
+    return _kernels
+
+
+def _block(n: int) -> int:
+    b = 1
+    while b < n:
+        b *= 2
+    return max(b, 2)
+
+
+def _launch_device(t: torch.Tensor):
+    """The device context of a launch (CUDA: the inputs' device; the kernels run
+    on its current stream)."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    # the interpreter evaluates the kernels with numpy: log(0) = -inf is intended
+    return np.errstate(all="ignore")
+
+
+# --------------------------------------------------------------------------- CTC
+@torch.library.custom_op("duoloss::triton_ctc", mutates_args=())
+def ctc_op(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor,
+           zero_infinity: bool, want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(losses (N,), grad)``: ``grad`` ``(T, N, S + 1)`` = ``d loss_b / d lp`` (or
+    ``(0,)`` without ``want_grad``).  Rows with lengths out of range: NaN."""
+    t_max, n, s1 = lp.shape
+    s = s1 - 1
+    ok = (il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s)
+    il_k = torch.where(ok, il, 0).contiguous()
+    tl_k = torch.where(ok, tl, 0).contiguous()
+    tg = targets.contiguous()
+    block = _block(2 * s + 1)
+    losses = lp.new_empty((n,))
+    grad = torch.zeros_like(lp) if want_grad else lp.new_empty((0,))
+    if n:
+        rows = max(t_max, 1)
+        alpha = lp.new_empty((n, rows, block))
+        beta = lp.new_empty((n, rows, block)) if want_grad else alpha
+        g = grad if want_grad else lp
+        with _launch_device(lp):
+            _kernels().ctc_kernel[(n,)](
+                lp, lp.stride(0), lp.stride(1), lp.stride(2),
+                tg, tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
+                alpha, beta, losses,
+                g, g.stride(0), g.stride(1), g.stride(2),
+                rows, ZERO_INF=bool(zero_infinity), WANT_GRAD=bool(want_grad), BLOCK=block)
+    losses = torch.where(ok, losses, float("nan"))
+    if want_grad:
+        grad = torch.where(ok[None, :, None], grad, float("nan"))
+    return losses, grad
+
+
+@ctc_op.register_fake
+def _ctc_fake(lp, targets, il, tl, zero_infinity, want_grad):
+    return lp.new_empty((lp.shape[1],)), lp.new_empty(lp.shape if want_grad else (0,))
+
+
+def _ctc_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _ctc_backward(ctx, g, _unused):
+    (grad,) = ctx.saved_tensors
+    return grad * g.to(grad.dtype)[None, :, None], None, None, None, None, None
+
+
+torch.library.register_autograd("duoloss::triton_ctc", _ctc_backward, setup_context=_ctc_setup)
+
+
+class _GradScale(torch.autograd.Function):
+    """``saved * cotangent`` as a node of its own, so that a second derivative raises."""
+
+    @staticmethod
+    def forward(saved, g):
+        return saved * g
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError(second_order_message("the device path"))
+
+
+class _CTC(torch.autograd.Function):
+    @staticmethod
+    def forward(lp, targets, il, tl, zero_infinity, want_grad):
+        return ctc_op(lp, targets, il, tl, zero_infinity, want_grad)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    def backward(ctx, g, _unused):
+        (grad,) = ctx.saved_tensors
+        return (_GradScale.apply(grad, g.to(grad.dtype)[None, :, None]),
+                None, None, None, None, None)
+
+
+def _want(*xs) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
+def ctc(lp, targets, il, tl, zero_infinity: bool) -> torch.Tensor:
+    want = _want(lp)
+    if torch.compiler.is_compiling():
+        return ctc_op(lp, targets, il, tl, zero_infinity, want)[0]
+    return _CTC.apply(lp, targets, il, tl, zero_infinity, want)[0]
+
+
+# ----------------------------------------------------------------- transducer
+@torch.library.custom_op("duoloss::triton_transducer", mutates_args=())
+def transducer_op(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor, modified: bool,
+                  want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(losses (N,), gx, gy)``: the per-sequence gradients w.r.t. ``px``/``py``
+    (``(0,)`` without ``want_grad``).  Invalid boundary rows: NaN."""
+    n, s1, t_max = py.shape
+    s = s1 - 1
+    t_x = px.shape[2]
+    bd = boundary.to(torch.int64)
+    ok = ((bd[:, 0] >= 0) & (bd[:, 0] <= bd[:, 2]) & (bd[:, 2] <= s)
+          & (bd[:, 1] >= 0) & (bd[:, 1] <= bd[:, 3]) & (bd[:, 3] <= t_max))
+    bd_k = torch.where(ok[:, None], bd, 0).contiguous()
+    block = _block(s + 1)
+    n_lev = (t_max + 1) if modified else (s + t_max + 1)
+    losses = py.new_empty((n,))
+    gx = torch.zeros_like(px) if want_grad else px.new_empty((0,))
+    gy = torch.zeros_like(py) if want_grad else py.new_empty((0,))
+    if n:
+        alpha = py.new_empty((n, n_lev, block))
+        q = py.new_empty((n, n_lev, block)) if want_grad else alpha
+        gxk = gx if want_grad else px
+        gyk = gy if want_grad else py
+        with _launch_device(py):
+            _kernels().transducer_kernel[(n,)](
+                px, px.stride(0), px.stride(1), px.stride(2),
+                py, py.stride(0), py.stride(1), py.stride(2),
+                bd_k, alpha, q, losses, gxk, gyk, t_x, n_lev,
+                MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block)
+    losses = torch.where(ok, losses, float("nan"))
+    if want_grad:
+        gx = torch.where(ok[:, None, None], gx, float("nan"))
+        gy = torch.where(ok[:, None, None], gy, float("nan"))
+    return losses, gx, gy
+
+
+@transducer_op.register_fake
+def _transducer_fake(px, py, boundary, modified, want_grad):
+    return (py.new_empty((py.shape[0],)), px.new_empty(px.shape if want_grad else (0,)),
+            py.new_empty(py.shape if want_grad else (0,)))
+
+
+def _tr_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], output[2])
+
+
+def _tr_backward(ctx, g, _gx, _gy):
+    gx, gy = ctx.saved_tensors
+    gl = g.reshape(-1, 1, 1)
+    return gx * gl.to(gx.dtype), gy * gl.to(gy.dtype), None, None, None
+
+
+torch.library.register_autograd("duoloss::triton_transducer", _tr_backward,
+                                setup_context=_tr_setup)
+
+
+class _Transducer(torch.autograd.Function):
+    @staticmethod
+    def forward(px, py, boundary, modified, want_grad):
+        return transducer_op(px, py, boundary, modified, want_grad)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1], output[2])
+        ctx.save_for_backward(output[1], output[2])
+
+    @staticmethod
+    def backward(ctx, g, _gx, _gy):
+        gx, gy = ctx.saved_tensors
+        gl = g.reshape(-1, 1, 1)
+        return (_GradScale.apply(gx, gl.to(gx.dtype)), _GradScale.apply(gy, gl.to(gy.dtype)),
+                None, None, None)
+
+
+def _prep(px, py):
+    # the gradients share the inputs' strides: make both plain row-major
+    return px.contiguous(), py.contiguous()
+
+
+def transducer(px, py, boundary, modified: bool) -> torch.Tensor:
+    px, py = _prep(px, py)
+    want = _want(px, py)
+    if torch.compiler.is_compiling():
+        return transducer_op(px, py, boundary, modified, want)[0]
+    return _Transducer.apply(px, py, boundary, modified, want)[0]
+
+
+def transducer_with_grads(px, py, boundary, modified: bool):
+    px, py = _prep(px, py)
+    if torch.compiler.is_compiling():
+        out = transducer_op(px, py, boundary, modified, True)
+    else:
+        out = _Transducer.apply(px, py, boundary, modified, True)
+    return out[0], out[1].detach(), out[2].detach()
