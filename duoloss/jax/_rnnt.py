@@ -22,6 +22,8 @@ from ._adapter import apply_kernel
 from ._args import (as_array, as_int_array, check_bool, index_dtype, is_concrete, is_half,
                     reduce_losses)
 from ._callback import pure_callback
+from ._xla import check_impl, use_device
+from ._xla.transducer import transducer_losses as _device_transducer_losses
 
 __all__ = ["rnnt_loss", "rnnt_align"]
 
@@ -170,7 +172,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
 def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
               clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
               fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-              delay_penalty: float = 0.0) -> jax.Array:
+              delay_penalty: float = 0.0, impl: str = "auto") -> jax.Array:
     r"""RNN Transducer loss (``torchaudio.functional.rnnt_loss``'s signature) for JAX.
 
     Same arguments, maths and numbers as [`duoloss.torch.rnnt_loss`][duoloss.torch.rnnt_loss] (both
@@ -197,6 +199,10 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
         scaled by ``1 + fastemit_lambda``, reported loss ``(1 + lambda) * NLL``.
       delay_penalty: k2's delay penalty ``delay_penalty * ((T_b - 1) / 2 - t)``
         added to each label emission on frame ``t``.
+      impl: ``'auto'`` (default: the XLA device path when ``logits`` live on a
+        GPU/TPU, else the host core), ``'device'`` (the lattice recursion in XLA
+        anywhere, no callback) or ``'host'`` (the numba core through one
+        callback); see the Devices page.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
@@ -210,6 +216,7 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
       arXiv:1211.3711, 2012.
     """
     fn = "rnnt_loss"
+    check_impl(fn, impl)
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
     logits, targets, blank, il, tl = _validate(fn, logits, targets, logit_lengths,
                                                target_lengths, blank)
@@ -219,7 +226,10 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
         x = _clamp_grad(x, float(clamp) / max(n, 1) if reduction == "mean" else float(clamp))
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
-    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if use_device(fn, impl, logits):
+        losses = _device_transducer_losses(px, py, boundary, "regular")
+    else:
+        losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
     if fastemit_lambda > 0:
         # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
         losses = losses + float(fastemit_lambda) * jax.lax.stop_gradient(losses)
