@@ -3,6 +3,7 @@ from ._align import asg_align
 from ._align import asg_viterbi
 from ._align import ctc_align
 from ._align import graph_align
+from ._align import token_spans
 from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
@@ -35,6 +36,7 @@ __all__ = [
     "asg_viterbi",
     "ctc_align",
     "graph_align",
+    "token_spans",
     "ctc_loss",
     "optax_ctc_loss",
     "rnnt_align",

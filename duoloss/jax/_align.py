@@ -16,6 +16,8 @@ from duoloss.core.losses.align import asg_align as _asg_align
 from duoloss.core.losses.align import asg_viterbi as _asg_viterbi
 from duoloss.core.losses.align import ctc_align as _ctc_align
 from duoloss.core.losses.align import graph_align as _graph_align
+from duoloss.core.losses.align import check_token_spans_args, count_token_spans
+from duoloss.core.losses.align import token_spans as _token_spans
 from duoloss.core.losses.asg import check_asg_args
 
 from ._adapter import host_call
@@ -24,7 +26,7 @@ from ._asg import _prepare
 from ._ctc import _prepare_ctc
 from ._graph_loss import prepare_graphs
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"]
 
 
 def _callback(host, t_max, n, score_dtype, *arrays):
@@ -160,3 +162,56 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
 
 def _graph_align_host(em, w, il, *packed):
     return _graph_align(em, packed, il, weights=w)
+
+
+def token_spans(labels, log_probs, *, blank: int = 0, num_spans=None):
+    r"""Token spans of CTC frame alignments (``torchaudio.functional.merge_tokens`` for a
+    batch); same arguments and results as :func:`duoloss.torch.token_spans`.
+
+    Args:
+      labels: ``(N, T)`` integer frame labels in ``[-1, C)`` (``ctc_align``'s), or
+        ``(T,)`` for unbatched ``log_probs``.
+      log_probs: ``(T, N, C)`` (or ``(T, C)``) array: the log-probabilities aligned.
+      blank: the blank class.
+      num_spans: span slots per sequence (a static int).  ``None`` takes the
+        largest number of spans in the batch, which needs concrete ``labels``:
+        under ``jit`` pass it (e.g. the padded target length).
+
+    Returns:
+      ``(tokens, starts, ends, scores)``, each ``(N, K)`` (``(K,)`` unbatched):
+      integer tokens, start and end (exclusive) frames, and the mean frame
+      probability of each span, ``exp(log_probs[t, b, token])`` averaged over
+      ``start <= t < end``, in ``log_probs``' dtype; unused slots hold ``-1`` and
+      score ``0``.
+
+    NB: no gradient.  Under ``jit``, a sequence with more than ``num_spans`` spans
+    keeps its first ``num_spans`` and labels out of range are not checked.
+    """
+    fn = "token_spans"
+    labels = as_array(fn, "labels", labels)
+    log_probs = as_array(fn, "log_probs", log_probs)
+    check_token_spans_args(fn, labels.shape, labels.dtype, log_probs.shape, log_probs.dtype,
+                           blank, num_spans)
+    if is_concrete(labels):
+        count = count_token_spans(np.asarray(labels), log_probs.shape[-1], blank, fn)
+        num_spans = count if num_spans is None else num_spans
+    elif num_spans is None:
+        raise ValueError(f"{fn}: num_spans is required when labels are traced (under jit "
+                         "or vmap): pass a static int, e.g. the padded target length")
+    batched = log_probs.ndim == 3
+    lab = labels if batched else labels[None]
+    lp = log_probs if batched else log_probs[:, None]
+    n = lab.shape[0]
+    k = int(num_spans)
+    idx = index_dtype()
+    specs = (jax.ShapeDtypeStruct((n, k), idx), jax.ShapeDtypeStruct((n, k), idx),
+             jax.ShapeDtypeStruct((n, k), idx), jax.ShapeDtypeStruct((n, k), lp.dtype))
+    host = functools.partial(_token_spans_host, int(blank), k)
+    out = host_call(host, specs, lab, lp)
+    return out if batched else tuple(o[0] for o in out)
+
+
+def _token_spans_host(blank, k, lab, lp):
+    n_cls = lp.shape[-1]
+    lab = np.where((lab < -1) | (lab >= n_cls), -1, lab)  # traced values: never index out
+    return _token_spans(lab, lp, blank=blank, num_spans=k)

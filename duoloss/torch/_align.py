@@ -10,6 +10,8 @@ from duoloss.core.losses.align import asg_align as _asg_align
 from duoloss.core.losses.align import asg_viterbi as _asg_viterbi
 from duoloss.core.losses.align import ctc_align as _ctc_align
 from duoloss.core.losses.align import graph_align as _graph_align
+from duoloss.core.losses.align import check_token_spans_args
+from duoloss.core.losses.align import token_spans as _token_spans
 from duoloss.core.losses.asg import check_asg_args
 from duoloss.core.losses.ctc import check_ctc_static, check_ctc_values
 from duoloss.core.losses.graph_loss import check_graph_args
@@ -18,7 +20,7 @@ from ._adapter import to_numpy
 from ._args import check_tensor, host_graphs, int_array, int_lengths
 from ._asg import _prepare
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"]
 
 
 def _out(labels, scores, like):
@@ -198,3 +200,55 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
         _floats(emissions), packed, il.astype(np.int64).reshape(-1), weights=_floats(weights))
     labels, scores = _out(labels, scores, emissions)
     return labels, scores, torch.from_numpy(arcs).to(emissions.device)
+
+
+def token_spans(labels: torch.Tensor, log_probs: torch.Tensor, *, blank: int = 0,
+                num_spans: Optional[int] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Token spans of CTC frame alignments: ``torchaudio.functional.merge_tokens`` for a batch.
+
+    A span is a maximal run of equal consecutive frame labels other than the
+    blank (and the ``-1`` padding past a sequence), as torchaudio's ``TokenSpan``:
+    ``start`` its first frame, ``end`` one past its last, and
+
+    .. math::
+
+        \text{score} = \frac{1}{\text{end} - \text{start}}
+            \sum_{t=\text{start}}^{\text{end}-1} \exp(\text{log\_probs}_{t,b,\text{token}}),
+
+    the mean frame probability (torchaudio: ``merge_tokens(tokens, scores.exp())``
+    with ``forced_align``'s frame scores).
+
+    Args:
+      labels: ``(N, T)`` integer frame labels in ``[-1, C)`` (:func:`ctc_align`'s
+        output), or ``(T,)`` for unbatched ``log_probs``.
+      log_probs: ``(T, N, C)`` (or ``(T, C)``) tensor: the log-probabilities aligned.
+      blank: the blank class.
+      num_spans: span slots per sequence; ``None``: the largest number of spans
+        in the batch (for a feasible ``ctc_align`` output, the largest target
+        length).  A sequence with more spans keeps its first ``num_spans``.
+
+    Returns:
+      ``(tokens, starts, ends, scores)``, each ``(N, K)`` (``(K,)`` unbatched):
+      int64 tokens, start frames and end frames (exclusive), and scores in
+      ``log_probs``' dtype; unused slots hold ``-1`` and score ``0``.
+
+    NB: not differentiable.  Example::
+
+        labels, _ = ctc_align(log_probs, targets, input_lengths, target_lengths)
+        tokens, starts, ends, scores = token_spans(labels, log_probs)
+    """
+    fn = "token_spans"
+    check_tensor(fn, "labels", labels)
+    check_tensor(fn, "log_probs", log_probs)
+    check_token_spans_args(fn, tuple(labels.shape), to_numpy(labels[:0]).dtype,
+                           tuple(log_probs.shape), _floats(log_probs[:0]).dtype, blank,
+                           num_spans)
+    out = _token_spans(to_numpy(labels), _floats(log_probs), blank=blank, num_spans=num_spans,
+                       fn=fn)
+    dev = log_probs.device
+    tokens, starts, ends = (torch.from_numpy(x).to(dev) for x in out[:3])
+    scores = torch.from_numpy(out[3]).to(dev, log_probs.dtype)
+    if log_probs.dim() == 2:
+        return tokens[0], starts[0], ends[0], scores[0]
+    return tokens, starts, ends, scores

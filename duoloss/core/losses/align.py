@@ -65,7 +65,8 @@ from .graph_loss import _frames_forward, _load_graph
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import run_batch, sequence_ok
 
-__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align"]
+__all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans",
+           "check_token_spans_args", "count_token_spans"]
 
 _PARALLEL_MIN_CELLS = 200_000
 
@@ -81,13 +82,16 @@ def _run(kernel_serial, kernel_parallel, cells, args):
 # CTC                                                                          #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
-def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
+def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels, scores):
     """Viterbi alignment of sequence ``b``: the CTC trellis of
     :func:`duoloss.core.losses.ctc._ctc_trellis_forward` in the tropical semiring.
 
     No back-pointers are stored: backtracking asks
     :func:`~duoloss.core.losses.ctc._ctc_best_step` again, on the same table
-    values, so it takes the same steps (and ties) as the forward did.
+    values, so it takes the same steps (and ties) as the forward did.  A
+    sequence of more than ``checkpoint_cells`` trellis cells takes the
+    bounded-memory path (:func:`_ctc_align_checkpointed`), which reads the same
+    values.
     """
     t_max, _, n_cls = logp.shape
     input_len = in_len[b]
@@ -102,6 +106,9 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
         scores[b] = 0.0 if target_len == 0 else _NEG_INF
         return
     lab, skip = ctc_states(targets, b, target_len, blank)
+    if input_len * lab.shape[0] > checkpoint_cells:
+        _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores)
+        return
     delta = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
     score, s = _ctc_trellis_final(delta, True)
     if score == _NEG_INF:
@@ -116,16 +123,122 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, labels, scores):
             s -= step
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_align_parallel(order, logp, targets, in_len, tg_len, blank, labels, scores):
-    for i in numba.prange(order.shape[0]):
-        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, labels, scores)
+# ---- bounded memory: checkpointed rows, windowed recomputation ---------------
+# The forward keeps two rows and a copy of every k-th row (the checkpoints).  The
+# backtrace needs row t-1 only at the states s, s-1, s-2 below the path's state s
+# at frame t; walking back from state s_e at frame e to a checkpoint c, the path
+# stays at states >= s_e - 2 (e - c), and a state x of row r depends on row r-1
+# at x, x-1, x-2 only.  So the rows c..e-1 are recomputed from the checkpoint on
+# the window [s_e - 2 (e - c), s_e] alone: every cell the backtrace reads comes
+# out bit-identical to the full table's (same operations on the same values;
+# cells near the window's lower edge may differ, and are never read).  Memory:
+# (T / k) S + k (2k + 1) floats; with k ~ (T S / 4)^(1/3) this is
+# O((T S)^(2/3)), at most S sqrt(T) + 2T; time: one forward over the T x S
+# trellis plus about 2 k T cells of recomputation.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_tropical_row(b, t, input_len, lab, skip, logp, prev, cur, w_lo, w_hi):
+    """Row ``t`` (``t >= 1``) of the tropical CTC trellis on the states
+    ``[w_lo, w_hi]`` (``cur[x - w_lo]``) from row ``t - 1`` on the same window
+    (states below ``w_lo`` read as ``-inf``); cells outside the frame's band are
+    ``-inf``, as in :func:`~duoloss.core.losses.ctc._ctc_trellis_forward`."""
+    n_states = lab.shape[0]
+    lo = max(0, n_states - 2 * (input_len - t))
+    hi = min(n_states - 1, 2 * t + 1)
+    a = max(lo, w_lo)
+    z = min(hi, w_hi)
+    for x in range(w_lo, min(a, w_hi + 1)):
+        cur[x - w_lo] = _NEG_INF
+    for x in range(max(z + 1, w_lo), w_hi + 1):
+        cur[x - w_lo] = _NEG_INF
+    for x in range(a, z + 1):
+        i = x - w_lo
+        emit = np.float64(logp[t, b, lab[x]])
+        best, _ = _ctc_best_step(prev[i], prev[i - 1] if i >= 1 else _NEG_INF,
+                                 prev[i - 2] if (skip[x] and i >= 2) else _NEG_INF)
+        cur[i] = best + emit
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_align_serial(order, logp, targets, in_len, tg_len, blank, labels, scores):
+def _ctc_segment(input_len, n_states):
+    """The checkpoint spacing ``k``: about ``(T S / 4)^(1/3)`` (the memory
+    optimum of ``(T / k) S + 2 k^2``), in ``[1, T]``."""
+    k = int((input_len * n_states / 4.0) ** (1.0 / 3.0) + 0.5)
+    return min(max(k, 1), input_len)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
+    """:func:`_ctc_align_one`'s alignment and score in ``O((T S)^(2/3))`` memory
+    (see the comment above)."""
+    n_states = lab.shape[0]
+    k = _ctc_segment(input_len, n_states)
+    n_seg = (input_len + k - 1) // k
+    ckpt = np.empty((n_seg, n_states))
+    rows = np.empty((2, n_states))
+    row0 = rows[0]
+    hi0 = min(n_states - 1, 1)
+    lo0 = max(0, n_states - 2 * input_len)
+    for x in range(n_states):
+        row0[x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
+    ckpt[0, :] = row0
+    for t in range(1, input_len):
+        cur = rows[t & 1]
+        _ctc_tropical_row(b, t, input_len, lab, skip, logp, rows[(t - 1) & 1], cur, 0,
+                          n_states - 1)
+        if t % k == 0:
+            ckpt[t // k, :] = cur
+    last = rows[(input_len - 1) & 1]
+    s = n_states - 1
+    if n_states > 1 and last[n_states - 2] > last[n_states - 1]:
+        s = n_states - 2
+    score = last[s]
+    if score == _NEG_INF:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = score  # NaN included, as _ctc_align_one
+    buf = np.empty((k, 2 * k + 1))
+    seg = -1
+    c = 0
+    w_lo = 0
+    for t in range(input_len - 1, -1, -1):
+        labels[b, t] = lab[s]
+        if t == 0:
+            break
+        j = (t - 1) // k
+        if j != seg:
+            # rows c..t-1 on the window [s - 2 (t - c), s]
+            seg = j
+            c = j * k
+            w_lo = max(0, s - 2 * (t - c))
+            w_hi = s
+            for x in range(w_lo, w_hi + 1):
+                buf[0, x - w_lo] = ckpt[j, x]
+            for r in range(c + 1, t):
+                _ctc_tropical_row(b, r, input_len, lab, skip, logp, buf[r - 1 - c],
+                                  buf[r - c], w_lo, w_hi)
+        row = buf[t - 1 - c]
+        i = s - w_lo
+        _, step = _ctc_best_step(row[i], row[i - 1] if s >= 1 else _NEG_INF,
+                                 row[i - 2] if skip[s] else _NEG_INF)
+        s -= step
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _ctc_align_parallel(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
+                        scores):
+    for i in numba.prange(order.shape[0]):
+        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
+                       scores)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_align_serial(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
+                      scores):
     for i in range(order.shape[0]):
-        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, labels, scores)
+        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
+                       scores)
 
 
 def _int_buffers(targets, input_lengths, target_lengths, n):
@@ -137,7 +250,14 @@ def _int_buffers(targets, input_lengths, target_lengths, n):
     return tg, il, tl
 
 
-def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
+#: Sequences of more trellis cells (``T_b (2 L_b + 1)``) than this are aligned in
+#: bounded memory (:func:`_ctc_align_checkpointed`); below it the full table
+#: (8 bytes a cell, 256 MiB at the threshold) is faster by a little.
+CTC_CHECKPOINT_CELLS = 1 << 25
+
+
+def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0,
+              _checkpoint_cells=None):
     """Viterbi CTC forced alignment of a batch.
 
     Args:
@@ -146,11 +266,15 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       target_lengths: ``(N,)`` integers in ``[0, S]``.
       blank: the blank class.
+      _checkpoint_cells: private: the size (trellis cells) above which a
+        sequence takes the bounded-memory path (default
+        `CTC_CHECKPOINT_CELLS`; 0 forces it, for tests).
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame labels (blank included, ``-1``
       past ``input_lengths[b]``) and ``(N,)`` best-path scores in the input's
-      dtype (see the module docstring for ties and infeasible sequences).
+      dtype (see the module docstring for ties and infeasible sequences).  Both
+      paths give the same labels and scores, bit for bit.
     """
     logp = np.ascontiguousarray(log_probs)
     dtype = logp.dtype
@@ -161,8 +285,9 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0):
     scores = np.empty(n, np.float64)
     if n:
         cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
+        limit = CTC_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         _run(_ctc_align_serial, _ctc_align_parallel, cells,
-             (logp, tg, il, tl, int(blank), labels, scores))
+             (logp, tg, il, tl, int(blank), limit, labels, scores))
     return labels, scores.astype(dtype, copy=False)
 
 
@@ -445,3 +570,104 @@ def graph_align(emissions, packed, input_lengths, *, weights=None):
               start.astype(np.int8, copy=False), accept.astype(np.int8, copy=False), widx,
               labels, arcs, scores))
     return labels, scores.astype(dtype, copy=False), arcs
+
+
+# --------------------------------------------------------------------------- #
+# Token spans (torchaudio.functional.merge_tokens)                             #
+# --------------------------------------------------------------------------- #
+def check_token_spans_args(fn, labels_shape, labels_dtype, lp_shape, lp_dtype, blank, num_spans):
+    """Shape/dtype/option checks of ``token_spans`` (before any computation);
+    returns ``(batched, n_cls)``."""
+    if not np.issubdtype(np.dtype(labels_dtype), np.integer):
+        raise TypeError(f"{fn}: labels must be an integer array, got dtype {labels_dtype}")
+    if not np.issubdtype(np.dtype(lp_dtype), np.floating):
+        raise TypeError(f"{fn}: log_probs must be a floating array, got dtype {lp_dtype}")
+    if len(lp_shape) not in (2, 3):
+        raise ValueError(f"{fn}: log_probs must be (T, N, C) or (T, C), got shape "
+                         f"{tuple(lp_shape)}")
+    batched = len(lp_shape) == 3
+    want = (lp_shape[1], lp_shape[0]) if batched else (lp_shape[0],)
+    if tuple(labels_shape) != want:
+        raise ValueError(f"{fn}: labels must have shape {want} (N, T) for log_probs of shape "
+                         f"{tuple(lp_shape)}, got {tuple(labels_shape)}")
+    n_cls = lp_shape[-1]
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) \
+            or not 0 <= blank < n_cls:
+        raise ValueError(f"{fn}: blank must be an int in [0, {n_cls}), got {blank!r}")
+    if num_spans is not None and (isinstance(num_spans, bool)
+                                  or not isinstance(num_spans, (int, np.integer))
+                                  or num_spans < 0):
+        raise ValueError(f"{fn}: num_spans must be None or an int >= 0, got {num_spans!r}")
+    return batched, n_cls
+
+
+def count_token_spans(labels, n_cls, blank, fn="token_spans"):
+    """The largest number of spans over the rows of ``labels`` (``(N, T)`` or
+    ``(T,)``), after checking that they lie in ``[-1, n_cls)``."""
+    lab = np.asarray(labels).astype(np.int64, copy=False)
+    if lab.size and (lab.min() < -1 or lab.max() >= n_cls):
+        raise ValueError(f"{fn}: labels must be in [-1, {n_cls}) (-1: padding), got values in "
+                         f"[{lab.min()}, {lab.max()}]")
+    lab = lab.reshape(-1, lab.shape[-1]) if lab.ndim else lab.reshape(1, 1)
+    if lab.shape[0] == 0 or lab.shape[1] == 0:
+        return 0
+    first = np.ones(lab.shape, bool)
+    first[:, 1:] = lab[:, 1:] != lab[:, :-1]
+    return int((first & (lab >= 0) & (lab != blank)).sum(axis=1).max())
+
+
+def token_spans(labels, log_probs, *, blank=0, num_spans=None, fn="token_spans"):
+    """The token spans of frame alignments: ``torchaudio.functional.merge_tokens``
+    for a batch.
+
+    A span is a maximal run of equal consecutive frame labels that is not the
+    blank (nor the ``-1`` padding past a sequence): ``start`` is its first frame,
+    ``end`` one past its last (as torchaudio's ``TokenSpan``), and its score the
+    mean over its frames of ``exp(log_probs[t, b, token])`` (the frame
+    probabilities torchaudio's tutorial passes to ``merge_tokens``).
+
+    Args:
+      labels: ``(N, T)`` integer frame labels in ``[-1, C)`` (``ctc_align``'s).
+      log_probs: ``(T, N, C)`` float array (the one aligned).
+      blank: the blank class.
+      num_spans: the number of span slots per sequence (``None``: the largest
+        number of spans in the batch); sequences with more spans keep their first
+        ``num_spans``.
+      fn: the public name for error messages.
+
+    Returns:
+      ``(tokens, starts, ends, scores)``, each ``(N, K)``: int64 tokens and
+      frames, float scores in ``log_probs``' dtype; unused slots hold ``-1``
+      (tokens, starts, ends) and ``0`` (scores).
+    """
+    lab = np.asarray(labels)
+    lp = np.asarray(log_probs)
+    check_token_spans_args(fn, lab.shape, lab.dtype, lp.shape, lp.dtype, blank, num_spans)
+    if lp.ndim == 2:
+        lab, lp = lab[None], lp[:, None]
+    t_max, n, n_cls = lp.shape
+    lab = lab.astype(np.int64, copy=False)
+    count_token_spans(lab, n_cls, blank, fn)
+    runs = []
+    for b in range(n):
+        row = lab[b]
+        edge = np.flatnonzero(np.diff(row, prepend=-2, append=-2) != 0)
+        first, stop = edge[:-1], edge[1:]
+        tok = row[first] if first.size else first
+        keep = (tok >= 0) & (tok != blank)
+        if t_max:
+            p = np.exp(lp[np.arange(t_max), b, np.clip(row, 0, n_cls - 1)].astype(np.float64))
+            sums = np.add.reduceat(p, first) if first.size else np.zeros(0)
+        else:
+            sums = np.zeros(0)
+        runs.append((tok[keep], first[keep], stop[keep],
+                     sums[keep] / (stop[keep] - first[keep])))
+    k = max((r[0].size for r in runs), default=0) if num_spans is None else int(num_spans)
+    tokens = np.full((n, k), -1, np.int64)
+    starts = np.full((n, k), -1, np.int64)
+    ends = np.full((n, k), -1, np.int64)
+    scores = np.zeros((n, k), np.float64)
+    for b, (tok, a, z, sc) in enumerate(runs):
+        m = min(k, tok.size)
+        tokens[b, :m], starts[b, :m], ends[b, :m], scores[b, :m] = tok[:m], a[:m], z[:m], sc[:m]
+    return tokens, starts, ends, scores.astype(lp.dtype, copy=False)
