@@ -13,6 +13,7 @@ from ._args import check_bool, check_tensor, int_lengths, padded_targets_traced
 from ._private import transforms_active
 
 __all__ = ["ctc_loss", "CTCLoss"]
+from ._triton import check_impl, ctc_device, resolve_impl
 
 
 def _gather_plan_traced(targets, target_lengths, n_cls, blank):
@@ -50,7 +51,7 @@ def _gathered(log_probs, targets, target_lengths, blank):
 
 
 def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
-                zero_infinity):
+                zero_infinity, device=False):
     """ctc_loss when target/length values cannot be read on the host (torch.compile
     tracing, or a torch.func.vmap over them): shapes and dtypes are checked here, an
     invalid sequence gets a NaN loss from the kernel instead of a ValueError."""
@@ -71,12 +72,16 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         tg = tg.reshape(1, -1)
     lp, tg, blank = _gathered(lp, tg, tl, int(blank))
     out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
+    if device:
+        out = ctc_device(lp, tg, il, tl, int(blank), reduction, bool(zero_infinity))
+        return out[0] if (not batched and reduction == "none") else out
                        blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
 
 
 def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False) -> torch.Tensor:
+             reduction: str = "mean", zero_infinity: bool = False, *,
+             impl: str = "auto") -> torch.Tensor:
     r"""Connectionist Temporal Classification loss, same API as ``F.ctc_loss``.
 
     Same output as ``torch.nn.functional.ctc_loss`` given the same input (up to
@@ -102,6 +107,10 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         gradients by zero.
 
     Returns:
+      impl: ``'auto'`` (CUDA tensors: the Triton device path; else the host
+        path), ``'host'`` (the numba core) or ``'device'`` (the Triton kernels
+        anywhere; CPU tensors only under ``TRITON_INTERPRET=1``).  See the
+        Devices page.
       The reduced loss (scalar), or ``(N,)`` losses for ``reduction='none'``
       (a scalar for unbatched input).
 
@@ -127,8 +136,9 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     check_tensor(fn, "targets", targets)
     if not is_concrete(targets, input_lengths, target_lengths):
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
-                           reduction, zero_infinity)
-    if (isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
+    device = resolve_impl(fn, impl, log_probs)
+                           reduction, zero_infinity, device)
+    if (not device and isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
             and targets.dim() == 2 and log_probs.dim() == 3 and input_lengths.dim() == 1
             and target_lengths.dim() == 1):
         out = _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank,
@@ -150,6 +160,9 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
     weights = reduction_weights(reduction, tl)
     lp, padded, blank = _gathered(lp, padded, tl, int(blank))
+    if device:
+        out = ctc_device(lp, padded, il, tl, int(blank), reduction, bool(zero_infinity))
+        return out[0] if (not batched and reduction == "none") else out
     out = apply_kernel(
         CTC_KERNEL,
         (lp, padded, il, tl),
@@ -190,15 +203,18 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
 class CTCLoss(torch.nn.Module):
     """Module form of [`ctc_loss`][duoloss.torch.ctc_loss]; a drop-in for ``torch.nn.CTCLoss``."""
 
-    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False):
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, *,
+                 impl: str = "auto"):
         super().__init__()
         self.blank = blank
         self.reduction = reduction
+        check_impl("CTCLoss", impl)
+        self.impl = impl
         self.zero_infinity = zero_infinity
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):
         return ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
-                        self.reduction, self.zero_infinity)
+                        self.reduction, self.zero_infinity, impl=self.impl)
 
     def __prepare_scriptable__(self):
         raise torchscript_error("CTCLoss")

@@ -29,6 +29,7 @@ from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
+from ._triton import check_impl, resolve_impl, rnnt_device_tail
 
 
 class _ClampGrad(torch.autograd.Function):
@@ -261,7 +262,7 @@ def _boundary(logits, targets, il, tl, blank):
 
 
 def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=0.0,
-             delay_penalty=0.0):
+             delay_penalty=0.0, device=False):
     """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
     n, t_max, u1, n_cls = logits.shape
     u_max = u1 - 1
@@ -269,7 +270,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
         logits = logits.float()
     tg, boundary = _boundary(logits, targets, il, tl, blank)
     idx = tg.clamp(0, n_cls - 1)
-    if fused_log_softmax and _joiner.supported(logits):
+    if fused_log_softmax and _joiner.supported(logits) and not device:
         px, py, _ = _LatticeLogProbs.apply(logits, tg, il, tl, blank)
         if fastemit_lambda > 0:
             px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
@@ -315,7 +316,7 @@ def _delay(il, t_max, delay_penalty, px):
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
               blank: int = -1, clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
               fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-              delay_penalty: float = 0.0) -> torch.Tensor:
+              delay_penalty: float = 0.0, impl: str = "auto") -> torch.Tensor:
     r"""RNN Transducer loss, with the signature of ``torchaudio.functional.rnnt_loss``.
 
     ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
@@ -380,17 +381,23 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     """
     fn = "rnnt_loss"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
+      impl: ``'auto'`` (CUDA tensors: the Triton device path; else the host
+        path), ``'host'`` (the numba core) or ``'device'`` (the Triton kernels
+        anywhere; CPU tensors only under ``TRITON_INTERPRET=1``).  See the
+        Devices page.
     blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
     n = logits.shape[0]
     x = logits
     if clamp > 0:
         bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
         x = _ClampGrad.apply(x, bound)
-    if _fusable(x, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
+    if not device and _fusable(x, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
         tg, boundary = _boundary(x, targets, il, tl, blank)
         return _FusedRNNT.apply(x, tg, il, tl, boundary, blank, reduction == "mean")
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
-                                float(fastemit_lambda), float(delay_penalty))
+                                float(fastemit_lambda), float(delay_penalty), device)
+    if device:
+        return rnnt_device_tail(px, py, boundary, reduction, float(fastemit_lambda))
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
     if fastemit_lambda > 0:
         # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
@@ -406,6 +413,7 @@ class RNNTLoss(torch.nn.Module):
     """Module form of [`rnnt_loss`][duoloss.torch.rnnt_loss] (as ``torchaudio.transforms.RNNTLoss``).
 
     Args:
+    device = resolve_impl(fn, impl, logits)
       blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       clamp: gradient clamp (``< 0``: none), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
@@ -417,7 +425,7 @@ class RNNTLoss(torch.nn.Module):
     def __init__(self, blank: int = -1, clamp: float = -1.0,
                  reduction: Literal["none", "sum", "mean"] = "mean",
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-                 delay_penalty: float = 0.0):
+                 delay_penalty: float = 0.0, impl: str = "auto"):
         super().__init__()
         check_rnnt_options("RNNTLoss", reduction, clamp, fused_log_softmax, fastemit_lambda,
                            delay_penalty)
@@ -433,9 +441,10 @@ class RNNTLoss(torch.nn.Module):
                          clamp=self.clamp, reduction=self.reduction,
                          fused_log_softmax=self.fused_log_softmax,
                          fastemit_lambda=self.fastemit_lambda,
-                         delay_penalty=self.delay_penalty)
+                         delay_penalty=self.delay_penalty, impl=self.impl)
 
     def extra_repr(self) -> str:
+      impl: ``'auto'``, ``'host'`` or ``'device'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
                 f"fused_log_softmax={self.fused_log_softmax}, "
                 f"fastemit_lambda={self.fastemit_lambda}, delay_penalty={self.delay_penalty}")
@@ -443,6 +452,8 @@ class RNNTLoss(torch.nn.Module):
 
 def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
                blank: int = -1, fused_log_softmax: bool = True
+        check_impl("RNNTLoss", impl)
+        self.impl = impl
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi RNN-T alignment: the single best alignment of each target.
 

@@ -30,6 +30,7 @@ from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_tensor
 from ._ops import kernel_id, kernel_loss_op, static_json
+from ._triton import resolve_impl, transducer_losses, transducer_losses_and_grads
 
 __all__ = [
     "do_rnnt_pruning",
@@ -170,9 +171,15 @@ def _reduce(losses, reduction):
     return losses.mean() if reduction == "mean" else losses.sum()
 
 
-def _recursion(px, py, boundary, rnnt_type, return_grad):
-    """Per-sequence losses (and, with ``return_grad``, k2's occupation grads)."""
+def _recursion(px, py, boundary, rnnt_type, return_grad, device=False):
+    """Per-sequence losses (and, with ``return_grad``, k2's occupation grads);
+    ``device``: on the Triton device path."""
     kind = "regular" if rnnt_type == "regular" else "modified"
+    if device and not return_grad:
+        return transducer_losses(px, py, boundary, kind), None
+    if device:
+        losses, gx, gy = transducer_losses_and_grads(px, py, boundary, kind)
+        return losses, (-gx, -gy)
     if not return_grad:
         return apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type=kind), None
     # One core call for the losses (differentiable through the operator's
@@ -188,8 +195,8 @@ def _recursion(px, py, boundary, rnnt_type, return_grad):
 def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
                      termination_symbol: int, boundary: Optional[torch.Tensor] = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean", return_grad: bool = False
-                     ) -> Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor,
+                     reduction: Optional[str] = "mean", return_grad: bool = False, *,
+                     impl: str = "auto") -> Union[torch.Tensor, Tuple[torch.Tensor, Tuple[torch.Tensor,
                                                                          torch.Tensor]]]:
     """RNN-T loss with the trivial additive joiner ``logits = am[:, :, None] + lm[:, None]``.
 
@@ -226,6 +233,9 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
       return_grad: also return ``(px_grad, py_grad)``, the occupation
         probabilities ``d(-loss_b)/d(px, py)`` of each lattice arc (k2's
         "fake gradient"), for [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
+      impl: ``'auto'`` (CUDA tensors: the recursion in the Triton device
+        kernel; else on the host), ``'host'`` or ``'device'`` (CPU tensors only
+        under ``TRITON_INTERPRET=1``), as [`rnnt_loss`][duoloss.torch.rnnt_loss].
 
     Returns:
       the loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
@@ -240,13 +250,14 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
       Interspeech 2022 (arXiv:2206.13236).
     """
     fn = "rnnt_loss_simple"
+    device = resolve_impl(fn, impl, am)
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
     if not isinstance(return_grad, bool):
         raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
                         f"got {type(return_grad).__name__}")
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), am.shape[1])
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad, device)
     loss = _reduce(losses, reduction)
     return (loss, grads) if return_grad else loss
 
@@ -255,7 +266,8 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                        termination_symbol: int, lm_only_scale: float = 0.1,
                        am_only_scale: float = 0.1, boundary: Optional[torch.Tensor] = None,
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                       reduction: Optional[str] = "mean", return_grad: bool = False):
+                       reduction: Optional[str] = "mean", return_grad: bool = False, *,
+                       impl: str = "auto"):
     r"""[`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
 
     Every arc log-probability of the simple loss is replaced by the interpolation
@@ -274,6 +286,7 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
     ``return_grad=True``).
     """
     fn = "rnnt_loss_smoothed"
+    device = resolve_impl(fn, impl, am)
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction,
                                         (lm_only_scale, am_only_scale))
@@ -281,7 +294,7 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
         raise TypeError(f"{fn}: argument 'return_grad' must be a bool, "
                         f"got {type(return_grad).__name__}")
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), am.shape[1])
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad, device)
     loss = _reduce(losses, reduction)
     return (loss, grads) if return_grad else loss
 
@@ -334,7 +347,7 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
 def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
                      termination_symbol: int, boundary: Optional[torch.Tensor] = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean") -> torch.Tensor:
+                     reduction: Optional[str] = "mean", *, impl: str = "auto") -> torch.Tensor:
     """RNN-T loss on the lattice kept by ``ranges`` (k2's ``rnnt_loss_pruned``).
 
     Only the ``s_range`` symbol positions ``ranges[b, t]`` of each frame carry
@@ -353,6 +366,7 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
       rnnt_type: ``'regular'``, ``'modified'`` or ``'constrained'``, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
       delay_penalty: as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
       reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
+      impl: ``'auto'``, ``'host'`` or ``'device'``, as in [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple].
 
     Returns:
       ``(B,)`` losses (reduction 'none') or a scalar.
@@ -365,10 +379,11 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
       Interspeech 2022 (arXiv:2206.13236).
     """
     fn = "rnnt_loss_pruned"
+    device = resolve_impl(fn, impl, logits)
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), logits.shape[1])
-    losses, _ = _recursion(px, py, boundary, rnnt_type, False)
+    losses, _ = _recursion(px, py, boundary, rnnt_type, False, device)
     return _reduce(losses, reduction)
 
 

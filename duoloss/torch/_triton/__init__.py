@@ -22,7 +22,8 @@ from typing import List, Tuple
 import torch
 
 __all__ = ["IMPLS", "check_impl", "ctc_losses", "resolve_impl", "transducer_losses",
-           "triton_available"]
+           "transducer_losses_and_grads", "triton_available", "ctc_device",
+           "rnnt_device_tail"]
 
 IMPLS = ("auto", "host", "device")
 
@@ -34,6 +35,10 @@ def triton_available() -> Tuple[bool, str]:
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed (pip install 'duoloss[cuda]')"
     return True, ""
+
+
+# looked up once: resolve_impl runs inside torch.compile traces
+_AVAILABLE = triton_available()
 
 
 def check_impl(fn: str, impl) -> str:
@@ -58,9 +63,9 @@ def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
     ``RuntimeError`` saying so.  Raises ``ValueError`` for any other ``impl``.
     """
     check_impl(fn, impl)
-    if impl == "host":
-        return False
-    ok, reason = triton_available()
+    if impl == "host" or not isinstance(tensor, torch.Tensor):
+        return False  # (not a tensor: the host path's validation raises)
+    ok, reason = _AVAILABLE
     if impl == "auto":
         if tensor.device.type != "cuda":
             return False
@@ -75,7 +80,7 @@ def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
         return True
     if not ok:
         raise RuntimeError(f"{fn}: impl='device' needs Triton, but {reason}")
-    if tensor.device.type == "cpu":
+    if tensor.device.type == "cpu" and not torch.compiler.is_compiling():
         from . import _ops
         if not (_interpreting() and _ops.kernels_interpreted() in (None, True)):
             raise RuntimeError(
@@ -99,6 +104,18 @@ def ctc_losses(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: to
     """
     from . import _ops
     return _ops.ctc(lp, targets, il, tl, bool(zero_infinity))
+
+
+def rnnt_device_tail(*args):
+    """:func:`duoloss.torch._triton._frontend.rnnt_device_tail`."""
+    from . import _frontend
+    return _frontend.rnnt_device_tail(*args)
+
+
+def ctc_device(*args):
+    """:func:`duoloss.torch._triton._frontend.ctc_device`."""
+    from . import _frontend
+    return _frontend.ctc_device(*args)
 
 
 def transducer_losses(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor,

@@ -1,0 +1,79 @@
+"""The frontends' device-path tails: from validated arguments to the reduced loss.
+
+The callers (:func:`duoloss.torch.ctc_loss`, :func:`duoloss.torch.rnnt_loss`,
+the k2 losses) validate exactly as on the host path and then hand over here
+instead of to the core; everything below runs in torch operations on the
+inputs' device and the Triton kernels (:mod:`duoloss.torch._triton._ops`).
+"""
+from __future__ import annotations
+
+import torch
+
+from .._weights import reduction_weights
+from . import _ops
+
+__all__ = ["ctc_device", "reduce_batch", "reduce_weighted", "rnnt_device_tail"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
+    """``sum_b w_b loss_b`` in float64, returned in the losses' dtype (the host
+    path's :func:`~duoloss.torch._weights.weigh_host` arithmetic); ``weights``
+    None: the losses unchanged."""
+    if weights is None:
+        return losses
+    return (losses.to(torch.float64) * weights).sum().to(losses.dtype)
+
+
+def ctc_device(lp: torch.Tensor, targets, input_lengths, target_lengths, blank: int,
+               reduction: str, zero_infinity: bool) -> torch.Tensor:
+    """CTC on the device: ``lp`` ``(T, N, C)``, ``targets`` ``(N, S)`` padded
+    (numpy array or tensor), lengths ``(N,)`` (numpy or tensors), all already
+    validated (or, while traced, shape-checked only: an invalid label or length
+    then gives that sequence a NaN loss, as on the host path).
+
+    The blank and each sequence's labels are gathered to ``(T, N, S + 1)`` on the
+    device; autograd scatters the kernel's gradient back (zero on every class
+    the target does not use and on frames past ``T_b``).
+    """
+    dev = lp.device
+    out_dtype = None
+    if lp.dtype in _HALF:  # as the host path: computed in float32, loss in the input's dtype
+        out_dtype = torch.float32 if torch.is_autocast_enabled(dev.type) else lp.dtype
+        lp = lp.float()
+    tg = torch.as_tensor(targets).to(device=dev, dtype=torch.int64)
+    il = torch.as_tensor(input_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
+    tl = torch.as_tensor(target_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
+    t_max, n, n_cls = lp.shape
+    s = tg.shape[1]
+    in_len = torch.arange(s, device=dev)[None, :] < tl[:, None]
+    labels = torch.where(in_len, tg, blank)
+    bad = (in_len & ((labels < 0) | (labels >= n_cls) | (labels == blank))).any(dim=1)
+    columns = torch.cat([torch.full((n, 1), blank, dtype=torch.int64, device=dev),
+                         labels.clamp(0, n_cls - 1)], dim=1)
+    gathered = lp.gather(2, columns.unsqueeze(0).expand(t_max, n, s + 1))
+    losses = _ops.ctc(gathered, labels, torch.where(bad, -1, il), tl, bool(zero_infinity))
+    out = reduce_weighted(losses, reduction_weights(reduction, tl))
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def reduce_batch(losses: torch.Tensor, reduction) -> torch.Tensor:
+    """``'none'``/``'sum'``/``'mean'`` (batch mean) of ``(N,)`` losses, summed in
+    float64 as the host path (k2's and torchaudio's conventions)."""
+    if reduction == "none":
+        return losses
+    total = losses.to(torch.float64).sum()
+    if reduction == "mean":
+        total = total / max(losses.shape[0], 1)
+    return total.to(losses.dtype)
+
+
+def rnnt_device_tail(px, py, boundary, reduction, fastemit_lambda: float) -> torch.Tensor:
+    """:func:`duoloss.torch.rnnt_loss` after its lattice: the recursion on the
+    device, NeMo's FastEmit report, the batch reduction."""
+    losses = _ops.transducer(px, py, boundary, False)
+    if fastemit_lambda > 0:
+        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one of px
+        losses = losses + fastemit_lambda * losses.detach()
+    return reduce_batch(losses, reduction)
