@@ -20,6 +20,8 @@ from duoloss.core.losses import rnnt_k2 as _k
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
 from ._adapter import _call, apply_kernel, scale_by_cotangent
+from ._xla import check_impl, use_device
+from ._xla.transducer import transducer_losses as _device_transducer_losses
 from ._args import as_array, check_bool, is_concrete, reduce_losses
 
 __all__ = [
@@ -150,8 +152,15 @@ def _occ_bwd(static, res, cts):
 _losses_and_occupation.defvjp(_occ_fwd, _occ_bwd)
 
 
-def _recursion(px, py, boundary, rnnt_type, return_grad):
+def _recursion(px, py, boundary, rnnt_type, return_grad, device=False):
     kind = "regular" if rnnt_type == "regular" else "modified"
+    if device:  # the recursion in XLA (duoloss.jax._xla), no callback
+        if not return_grad:
+            return _device_transducer_losses(px, py, boundary, kind), None
+        losses, vjp = jax.vjp(lambda a, b: _device_transducer_losses(a, b, boundary, kind),
+                              px, py)
+        gx, gy = vjp(jnp.ones_like(losses))
+        return losses, (jax.lax.stop_gradient(-gx), jax.lax.stop_gradient(-gy))
     if not return_grad:
         return apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type=kind), None
     # One callback for the losses and their gradients (= minus k2's occupations).
@@ -159,41 +168,52 @@ def _recursion(px, py, boundary, rnnt_type, return_grad):
     return losses, (jax.lax.stop_gradient(ox), jax.lax.stop_gradient(oy))
 
 
-def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad):
+def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
+                  device=False):
     """The reduced loss of the lattice ``(px, py)`` (``(loss, (px_grad, py_grad))``
     with ``return_grad``), shared by the simple, smoothed and pruned losses."""
     check_bool(fn, "return_grad", return_grad, numpy_bool=False)
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad)
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad, device)
     loss = reduce_losses(losses, reduction, k2_mean=True)
     return (loss, grads) if return_grad else loss
 
 
 def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean", return_grad: bool = False):
+                     reduction: Optional[str] = "mean", return_grad: bool = False, *,
+                     impl: str = "auto"):
     """RNN-T loss with the additive joiner; see [`duoloss.torch.rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple]
     (same arguments, shapes and numbers).
 
     ``return_grad=True`` gives ``(loss, (px_grad, py_grad))`` from the same single
     host callback; the occupations are constants for differentiation (as in k2).
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` (the recursion in XLA, no
+    callback), as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
     """
     fn = "rnnt_loss_simple"
+    check_impl(fn, impl)
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
-    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
+                         use_device(fn, impl, lm, am))
 
 
 def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
                        am_only_scale: float = 0.1, boundary=None, rnnt_type: str = "regular",
                        delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
-                       return_grad: bool = False):
-    """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed]."""
+                       return_grad: bool = False, *, impl: str = "auto"):
+    """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed].
+
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+    """
     fn = "rnnt_loss_smoothed"
+    check_impl(fn, impl)
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction,
                                         (lm_only_scale, am_only_scale))
-    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad)
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
+                         use_device(fn, impl, lm, am))
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
@@ -233,12 +253,17 @@ def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, b
 
 def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean"):
-    """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned]."""
+                     reduction: Optional[str] = "mean", *, impl: str = "auto"):
+    """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned].
+
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+    """
     fn = "rnnt_loss_pruned"
+    check_impl(fn, impl)
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
-    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, False)
+    return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, False,
+                         use_device(fn, impl, logits))
 
 
 def _lower_bound_reversed(x):
