@@ -11,9 +11,9 @@ from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, 
                        reduction_weights, to_numpy, torchscript_error)
 from ._args import check_bool, check_tensor, int_lengths, padded_targets_traced
 from ._private import transforms_active
+from ._triton import check_impl, ctc_device, resolve_impl
 
 __all__ = ["ctc_loss", "CTCLoss"]
-from ._triton import check_impl, ctc_device, resolve_impl
 
 
 def _gather_plan_traced(targets, target_lengths, n_cls, blank):
@@ -70,11 +70,11 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         tg = padded_targets_traced(tg, tl)
     elif not batched:
         tg = tg.reshape(1, -1)
-    lp, tg, blank = _gathered(lp, tg, tl, int(blank))
-    out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
     if device:
         out = ctc_device(lp, tg, il, tl, int(blank), reduction, bool(zero_infinity))
         return out[0] if (not batched and reduction == "none") else out
+    lp, tg, blank = _gathered(lp, tg, tl, int(blank))
+    out = apply_kernel(CTC_KERNEL, (lp, tg, il, tl), weights=reduction_weights(reduction, tl),
                        blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
 
@@ -105,12 +105,12 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
         divided by its target length clamped to >= 1, then averaged).
       zero_infinity: replace infinite losses (infeasible targets) and their
         gradients by zero.
-
-    Returns:
       impl: ``'auto'`` (CUDA tensors: the Triton device path; else the host
         path), ``'host'`` (the numba core) or ``'device'`` (the Triton kernels
         anywhere; CPU tensors only under ``TRITON_INTERPRET=1``).  See the
         Devices page.
+
+    Returns:
       The reduced loss (scalar), or ``(N,)`` losses for ``reduction='none'``
       (a scalar for unbatched input).
 
@@ -134,9 +134,9 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     check_not_torchscript(fn)
     check_tensor(fn, "log_probs", log_probs)
     check_tensor(fn, "targets", targets)
+    device = resolve_impl(fn, impl, log_probs)
     if not is_concrete(targets, input_lengths, target_lengths):
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
-    device = resolve_impl(fn, impl, log_probs)
                            reduction, zero_infinity, device)
     if (not device and isinstance(input_lengths, torch.Tensor) and isinstance(target_lengths, torch.Tensor)
             and targets.dim() == 2 and log_probs.dim() == 3 and input_lengths.dim() == 1
@@ -158,11 +158,11 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
     if not batched:
         tg = tg.reshape(1, -1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
-    weights = reduction_weights(reduction, tl)
-    lp, padded, blank = _gathered(lp, padded, tl, int(blank))
     if device:
         out = ctc_device(lp, padded, il, tl, int(blank), reduction, bool(zero_infinity))
         return out[0] if (not batched and reduction == "none") else out
+    weights = reduction_weights(reduction, tl)
+    lp, padded, blank = _gathered(lp, padded, tl, int(blank))
     out = apply_kernel(
         CTC_KERNEL,
         (lp, padded, il, tl),
@@ -206,10 +206,10 @@ class CTCLoss(torch.nn.Module):
     def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, *,
                  impl: str = "auto"):
         super().__init__()
-        self.blank = blank
-        self.reduction = reduction
         check_impl("CTCLoss", impl)
         self.impl = impl
+        self.blank = blank
+        self.reduction = reduction
         self.zero_infinity = zero_infinity
 
     def forward(self, log_probs, targets, input_lengths, target_lengths):

@@ -27,9 +27,9 @@ from . import _joiner, _private
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
+from ._triton import check_impl, resolve_impl, rnnt_device_tail
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
-from ._triton import check_impl, resolve_impl, rnnt_device_tail
 
 
 class _ClampGrad(torch.autograd.Function):
@@ -355,6 +355,10 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
       delay_penalty: k2's delay penalty: ``delay_penalty * ((T_b - 1) / 2 - t)``
         is added to the log-probability of emitting a label on frame ``t``
         (changes the loss value; 0 disables it).
+      impl: ``'auto'`` (CUDA tensors: the Triton device path; else the host
+        path), ``'host'`` (the numba core) or ``'device'`` (the Triton kernels
+        anywhere; CPU tensors only under ``TRITON_INTERPRET=1``).  See the
+        Devices page.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in the
@@ -381,10 +385,7 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
     """
     fn = "rnnt_loss"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
-      impl: ``'auto'`` (CUDA tensors: the Triton device path; else the host
-        path), ``'host'`` (the numba core) or ``'device'`` (the Triton kernels
-        anywhere; CPU tensors only under ``TRITON_INTERPRET=1``).  See the
-        Devices page.
+    device = resolve_impl(fn, impl, logits)
     blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
     n = logits.shape[0]
     x = logits
@@ -413,13 +414,13 @@ class RNNTLoss(torch.nn.Module):
     """Module form of [`rnnt_loss`][duoloss.torch.rnnt_loss] (as ``torchaudio.transforms.RNNTLoss``).
 
     Args:
-    device = resolve_impl(fn, impl, logits)
       blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       clamp: gradient clamp (``< 0``: none), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       delay_penalty: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      impl: ``'auto'``, ``'host'`` or ``'device'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0,
@@ -427,6 +428,8 @@ class RNNTLoss(torch.nn.Module):
                  fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
                  delay_penalty: float = 0.0, impl: str = "auto"):
         super().__init__()
+        check_impl("RNNTLoss", impl)
+        self.impl = impl
         check_rnnt_options("RNNTLoss", reduction, clamp, fused_log_softmax, fastemit_lambda,
                            delay_penalty)
         self.blank = blank
@@ -444,7 +447,6 @@ class RNNTLoss(torch.nn.Module):
                          delay_penalty=self.delay_penalty, impl=self.impl)
 
     def extra_repr(self) -> str:
-      impl: ``'auto'``, ``'host'`` or ``'device'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
         return (f"blank={self.blank}, clamp={self.clamp}, reduction={self.reduction!r}, "
                 f"fused_log_softmax={self.fused_log_softmax}, "
                 f"fastemit_lambda={self.fastemit_lambda}, delay_penalty={self.delay_penalty}")
@@ -452,8 +454,6 @@ class RNNTLoss(torch.nn.Module):
 
 def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
                blank: int = -1, fused_log_softmax: bool = True
-        check_impl("RNNTLoss", impl)
-        self.impl = impl
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi RNN-T alignment: the single best alignment of each target.
 
