@@ -42,8 +42,46 @@ from duoloss.core.graph.graph import EPSILON, Graph
 __all__ = ["ctc_graph", "ctc_topo", "asg_graph", "token_ngram_graph", "wordpiece_graph"]
 
 
+#: The most arcs a builder makes (``2**28``: about 9.7 GB of arc arrays at 36
+#: bytes per arc); a request for more raises ``ValueError`` before anything is
+#: allocated.
+_MAX_ARCS = 2 ** 28
+
+
+def _check_arcs(fn, what, arcs):
+    """``ValueError`` naming ``fn`` and the argument when ``arcs > _MAX_ARCS``."""
+    if arcs > _MAX_ARCS:
+        raise ValueError(f"{fn}: {what} would need {arcs} arcs, more than the limit of "
+                         f"{_MAX_ARCS} (2**28) arcs a graph builder makes")
+
+
+def _build(n, src, dst, ilabel, olabel=None, weight=None, start=None, accept=None):
+    """A graph from owned arrays (the builders' output is valid by construction)."""
+    src = np.ascontiguousarray(src, np.int64)
+    il = np.ascontiguousarray(ilabel, np.int64)
+    ol = il.copy() if olabel is None else np.ascontiguousarray(olabel, np.int64)
+    w = (np.zeros(src.shape[0], np.float32) if weight is None
+         else np.ascontiguousarray(weight, np.float32))
+    flags = []
+    for f in (start, accept):
+        fl = np.zeros(n, np.bool_)
+        if f is not None:
+            fl[np.asarray(f, np.int64)] = True
+        flags.append(fl)
+    return Graph._from_trusted(n, src, np.ascontiguousarray(dst, np.int64), il, ol, w,
+                               flags[0], flags[1], False)
+
+
+def _len(value):
+    """``len(value)``, or None where it has none (the sequence checks report it)."""
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
 def _int(fn, arg, value, lo=None, hi=None):
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{fn}: argument '{arg}' must be an int, got bool")
     try:
         v = operator.index(value)
@@ -67,6 +105,11 @@ def _seq(fn, arg, value, lo=0, hi=None, what="token ids"):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
         raise TypeError(f"{fn}: argument '{arg}' must be a sequence of {what}, got "
                         f"{type(value).__name__}")
+    if isinstance(value, (list, tuple)):
+        for i, x in enumerate(value):
+            if isinstance(x, (bool, np.bool_)):
+                raise TypeError(f"{fn}: argument '{arg}' must be a sequence of {what} (ints), "
+                                f"got a bool ({x!r}) at position {i}")
     arr = np.asarray(value)
     if arr.size == 0:
         return []
@@ -118,22 +161,26 @@ def ctc_graph(targets, blank: int = 0, modified: bool = False):
     modified = _bool(fn, "modified", modified)
     if _is_batch(targets):
         return [ctc_graph(t, blank, modified) for t in targets]
+    n_in = _len(targets)
+    if n_in is not None:  # 3 arcs at most enter each of the 2L + 1 nodes
+        _check_arcs(fn, f"argument 'targets' of length {n_in}", 3 * (2 * n_in + 1))
     target = _seq(fn, "targets", targets)
     if blank in target:
         raise ValueError(f"{fn}: argument 'targets' must not contain the blank ({blank}), got "
                          f"it at position {target.index(blank)}")
-    g = Graph(calc_grad=False)
     n = 2 * len(target) + 1
-    lab = [blank if s % 2 == 0 else target[s // 2] for s in range(n)]
-    for s in range(n):
-        g.add_node(start=s == 0, accept=s >= n - 2)
-    for s in range(n):
-        g.add_arc(s, s, lab[s])
-        if s >= 1:
-            g.add_arc(s - 1, s, lab[s])
-        if s >= 3 and s % 2 == 1 and (modified or lab[s] != lab[s - 2]):
-            g.add_arc(s - 2, s, lab[s])
-    return g
+    lab = np.full(n, blank, np.int64)
+    lab[1::2] = target
+    s = np.arange(n)
+    # up to three arcs enter node s, in this order: the self-loop, from s - 1, and
+    # (odd s >= 3) the skip from s - 2 when the label changes (always if modified)
+    skip = (s >= 3) & (s % 2 == 1)
+    if not modified:
+        skip[3::2] &= lab[3::2] != lab[1:-2:2]
+    keep = np.stack([np.ones(n, np.bool_), s >= 1, skip], axis=1)
+    src = np.stack([s, s - 1, s - 2], axis=1)[keep]
+    dst = np.broadcast_to(s[:, None], (n, 3))[keep]
+    return _build(n, src, dst, lab[dst], start=[0], accept=np.arange(max(n - 2, 0), n))
 
 
 def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
@@ -169,22 +216,25 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
     c = _int(fn, "num_classes", num_classes, 1)
     blank = _int(fn, "blank", blank, 0, c)
     modified = _bool(fn, "modified", modified)
-    g = Graph(calc_grad=False)
-    for k in range(c):  # modified: a token node accepts through its epsilon arc only
-        g.add_node(start=k == blank, accept=k == blank or not modified)
+    arcs = 3 * c - 2 if modified else c * c
+    _check_arcs(fn, f"argument 'num_classes' = {c} ({'3C - 2' if modified else 'C**2'})",
+                arcs)
+    # modified: a token node accepts through its epsilon arc only
+    accept = [blank] if modified else np.arange(c)
     if not modified:
-        for i in range(c):
-            for j in range(c):
-                g.add_arc(i, j, j, EPSILON if (j == blank or j == i) else j)
-        return g
-    g.add_arc(blank, blank, blank, EPSILON)
-    for j in range(c):
-        if j == blank:
-            continue
-        g.add_arc(blank, j, j, j)
-        g.add_arc(j, j, j, EPSILON)
-        g.add_arc(j, blank, EPSILON, EPSILON)
-    return g
+        src = np.repeat(np.arange(c, dtype=np.int64), c)  # arc i -> j for every (i, j)
+        dst = np.tile(np.arange(c, dtype=np.int64), c)
+        olabel = np.where((dst == blank) | (dst == src), EPSILON, dst)
+        return _build(c, src, dst, dst, olabel, start=[blank], accept=accept)
+    # blank -> blank, then per token j: blank -> j, j -> j, j -> blank (epsilon)
+    j = np.delete(np.arange(c, dtype=np.int64), blank)
+    b = np.full_like(j, blank)
+    eps = np.full_like(j, EPSILON)
+    src = np.concatenate([[blank], np.stack([b, j, j], 1).reshape(-1)])
+    dst = np.concatenate([[blank], np.stack([j, j, b], 1).reshape(-1)])
+    il = np.concatenate([[blank], np.stack([j, j, eps], 1).reshape(-1)])
+    ol = np.concatenate([[EPSILON], np.stack([j, eps, eps], 1).reshape(-1)])
+    return _build(c, src, dst, il, ol, start=[blank], accept=accept)
 
 
 def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
@@ -212,21 +262,25 @@ def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
     """
     fn = "asg_graph"
     c = _int(fn, "num_classes", num_classes, 1)
+    n_in = _len(target)
+    if n_in is not None:
+        _check_arcs(fn, f"argument 'target' of length {n_in}", 2 * n_in)
     y = _seq(fn, "target", target, 0, c)
     start_transitions = _bool(fn, "start_transitions", start_transitions)
-    g = Graph(calc_grad=False)
-    idx = []
-    for l in range(len(y) + 1):
-        g.add_node(start=l == 0, accept=l == len(y))
-    for l in range(1, len(y) + 1):
-        g.add_arc(l - 1, l, y[l - 1])
-        if l == 1:
-            idx.append(c * c + y[0] if start_transitions else -1)
-        else:
-            idx.append(y[l - 1] * c + y[l - 2])
-        g.add_arc(l, l, y[l - 1])
-        idx.append(y[l - 1] * c + y[l - 1])
-    return g, np.asarray(idx, np.int64)
+    if c * c + c > np.iinfo(np.int64).max:
+        raise ValueError(f"{fn}: argument 'num_classes' must keep C * C + C within int64 "
+                         f"(the transition indices), got {c}")
+    n = len(y)
+    ya = np.asarray(y, np.int64)
+    l = np.arange(1, n + 1, dtype=np.int64)
+    # per token l: the arc l - 1 -> l, then the self-loop l -> l, both labelled y_l
+    src = np.stack([l - 1, l], 1).reshape(-1)
+    dst = np.repeat(l, 2)
+    enter = ya * c + np.concatenate([[0], ya[:-1]]) if n else ya
+    if n:
+        enter[0] = c * c + ya[0] if start_transitions else -1
+    idx = np.stack([enter, ya * c + ya], 1).reshape(-1)
+    return _build(n + 1, src, dst, np.repeat(ya, 2), start=[0], accept=[n]), idx
 
 
 def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: float = 0.5,
@@ -294,13 +348,11 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
         ctx = ([BOS] if bos and order > 1 else []) + s
         first = 1 if bos and order > 1 else 0
         for i in range(len(ctx) + 1):
-            for m in range(1, order):  # every history of length 1 .. order-1 ending at i
-                if i - m >= 0:
-                    histories.add(tuple(ctx[i - m:i]))
+            for m in range(1, min(order, i + 1)):  # every history of 1 .. order-1 ending at i
+                histories.add(tuple(ctx[i - m:i]))
         for i in range(first, len(ctx)):
-            for m in range(0, order):
-                if i - m >= 0:
-                    counts[tuple(ctx[i - m:i])][ctx[i]] += 1
+            for m in range(0, min(order, i + 1)):
+                counts[tuple(ctx[i - m:i])][ctx[i]] += 1
     start_h = (BOS,) if bos and order > 1 else ()
     histories.add(start_h)
     histories.add(())
@@ -318,31 +370,51 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
     # history is not counted again through trailing back-off arcs.
     targets = sorted({h[1:] for h in nodes if h}, key=lambda h: (len(h), h))
     bid = {h: len(nodes) + i for i, h in enumerate(targets)}
-    g = Graph(calc_grad=False)
-    for h in nodes:
-        g.add_node(start=h == start_h, accept=True)
-    for h in targets:
-        g.add_node()
     uni = counts[()]
     n_tot = sum(uni.values())
+    # the empty history (and its back-off copy, when it has one) has an arc per class
+    uni_arcs = c * (1 + (() in bid))
+    _check_arcs(fn, f"argument 'num_classes' = {c} (C arcs from the empty history)",
+                uni_arcs + sum(len(v) + 1 for v in counts.values()))
+    if n_tot:
+        uni_k = np.zeros(c, np.int64)
+        uni_k[list(uni)] = list(uni.values())
+        # one log per distinct count (math.log, as a scalar loop would round)
+        logs = {u: math.log(max(u - d, 0.0) / n_tot + d * len(uni) / n_tot / c)
+                for u in set(uni_k.tolist())}
+        uni_w = np.vectorize(logs.__getitem__, otypes=[np.float64])(uni_k)
+    else:
+        uni_w = np.full(c, math.log(1.0 / c))
+    parts = []  # (src, dst, label, weight) arrays in arc order; label -1 = epsilon
     for copy, hs in ((nid, nodes), (bid, targets)):
         for h in hs:
             src = copy[h]
             cnt = counts.get(h, Counter())
             ch = sum(cnt.values())
-            if h == ():
-                for k in range(c):
-                    if n_tot == 0:
-                        p = 1.0 / c
-                    else:
-                        p = max(uni[k] - d, 0.0) / n_tot + d * len(uni) / n_tot / c
-                    g.add_arc(src, enter(h, k), k, k, math.log(p))
+            if h == ():  # an arc per class into the history (k,) (or () for order 1)
+                parts.append((np.full(c, src, np.int64), _unigram_targets(nid, c, order),
+                              np.arange(c, dtype=np.int64), uni_w))
                 continue
-            for k in sorted(cnt):
-                g.add_arc(src, enter(h, k), k, k, math.log((cnt[k] - d) / ch))
+            ks = sorted(cnt)
             gamma = 1.0 if ch == 0 else d * len(cnt) / ch
-            g.add_arc(src, bid[h[1:]], EPSILON, EPSILON, math.log(gamma))
-    return g
+            parts.append((np.array([src] * (len(ks) + 1), np.int64),
+                          np.array([enter(h, k) for k in ks] + [bid[h[1:]]], np.int64),
+                          np.array(ks + [EPSILON], np.int64),
+                          np.array([math.log((cnt[k] - d) / ch) for k in ks]
+                                   + [math.log(gamma)])))
+    src, dst, lab, w = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return _build(len(nodes) + len(targets), src, dst, lab, weight=w,
+                  start=[nid[start_h]], accept=np.arange(len(nodes)))
+
+
+def _unigram_targets(nid, c, order):
+    """Where token k leads from the empty history: ``nid[(k,)]`` where that history
+    exists (order > 1), else ``nid[()]``, for every class k."""
+    dst = np.full(c, nid[()], np.int64)
+    for h, i in nid.items():
+        if order > 1 and len(h) == 1 and 0 <= h[0] < c:
+            dst[h[0]] = i
+    return dst
 
 
 def wordpiece_graph(words, vocabulary: Sequence):
@@ -410,9 +482,5 @@ def wordpiece_graph(words, vocabulary: Sequence):
         pos = {i: offset + r for r, i in enumerate(keep)}
         arcs += [(pos[i], pos[j], v) for i, j, v in local if i in pos and j in pos]
         offset += len(keep) - 1
-    g = Graph(calc_grad=False)
-    for k in range(offset + 1):
-        g.add_node(start=k == 0, accept=k == offset)
-    for s, t, v in arcs:
-        g.add_arc(s, t, v)
-    return g
+    a = np.array(arcs, np.int64).reshape(-1, 3)
+    return _build(offset + 1, a[:, 0], a[:, 1], a[:, 2], start=[0], accept=[offset])

@@ -125,6 +125,7 @@ def _ctc_family(fn):
         Case(fn, "targets", "bool targets", _set(targets=lambda d: d["targets"] > 0), TypeError, expect="got bool"),
         Case(fn, "targets", "3-D targets", _set(targets=lambda d: d["targets"][None]), expect="(1, 2, 3)"),
         Case(fn, "targets", "targets with N+1 rows", _set(targets=np.ones((N + 1, S), np.int32)), expect="(3, 3)"),
+        Case(fn, "targets", "batch-first (N, T, C) log_probs (the rows of targets then differ)", _set(log_probs=lambda d: np.ascontiguousarray(d["log_probs"].transpose(1, 0, 2))), expect="must be time-first (T, N, C)"),
         Case(fn, "targets", "label >= C", _set(targets=lambda d: np.where(d["targets"] == 3, C, d["targets"]).astype(np.int32)), expect="got 5 at sequence 0, position 2"),
         Case(fn, "targets", "negative label", _set(targets=np.array([[1, -1, 3], [2, 2, 0]], np.int32)), expect="got -1 at sequence 0, position 1"),
         Case(fn, "targets", "blank inside a target", _set(targets=np.array([[1, 0, 3], [2, 2, 0]], np.int32)), expect="blank index (0)"),

@@ -27,6 +27,8 @@ __all__ = [
     "check_ndim",
     "check_reduction",
     "check_int_scalar",
+    "check_int_type",
+    "batch_first_hint",
     "check_lengths",
     "check_labels",
     "dtype_name",
@@ -113,6 +115,30 @@ def check_int_scalar(fn: str, arg: str, value, lo: int, hi: Optional[int] = None
         rng = f"[{lo}, {hi})" if hi is not None else f">= {lo}"
         raise ValueError(f"{fn}: argument '{arg}' must be in {rng}, got {value}")
     return value
+
+
+def check_int_type(fn: str, arg: str, value) -> int:
+    """A Python/numpy integer (not a bool), any value: for constructor arguments
+    whose range depends on inputs seen only at call time (e.g. ``blank = -1``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{fn}: argument '{arg}' must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def batch_first_hint(lp_shape, got: int, name: str = "log_probs") -> str:
+    """A hint to append to a batch-size mismatch when ``name`` looks batch-first.
+
+    ``lp_shape`` should be time-first ``(T, N, C)``; when another argument has
+    ``got`` rows (or entries) where ``N = lp_shape[1]`` was due and ``got``
+    equals ``lp_shape[0]`` instead, the likely cause is an ``(N, T, C)`` tensor
+    (the layout of ``batch_first`` models and of ``optax.ctc_loss``).  Returns
+    ``""`` otherwise.
+    """
+    if len(lp_shape) == 3 and int(got) == int(lp_shape[0]) != int(lp_shape[1]):
+        return (f"; {name} of shape {_fmt_shape(lp_shape)} looks batch-first (N, T, C), "
+                f"but it must be time-first (T, N, C): swap its first two axes "
+                f"(torch: {name}.transpose(0, 1); JAX: jnp.swapaxes({name}, 0, 1))")
+    return ""
 
 
 def check_lengths(fn: str, arg: str, values: np.ndarray, hi: int, hi_what: str) -> None:

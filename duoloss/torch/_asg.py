@@ -151,6 +151,8 @@ class ASGLoss(torch.nn.Module):
             raise ValueError(f"ASGLoss: argument 'num_classes' must be an int >= 1, "
                              f"got {num_classes!r}")
         check_reduction("ASGLoss", reduction)
+        check_bool("ASGLoss", "learn_start", learn_start)
+        check_bool("ASGLoss", "zero_infinity", zero_infinity)
         kw = {"dtype": dtype, "device": device}
         self.transitions = torch.nn.Parameter(torch.zeros(num_classes, num_classes, **kw))
         self.start_transitions = (torch.nn.Parameter(torch.zeros(num_classes, **kw))

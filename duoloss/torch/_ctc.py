@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from duoloss.core._validate import check_int_scalar as _check_int_scalar
+from duoloss.core._validate import check_reduction as _check_reduction
 from duoloss.core.losses.ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
                                ctc_gather_plan, ctc_gather_worthwhile)
 
@@ -208,6 +210,9 @@ class CTCLoss(torch.nn.Module):
         super().__init__()
         check_impl("CTCLoss", impl)
         self.impl = impl
+        _check_int_scalar("CTCLoss", "blank", blank, 0)  # < C is checked per call
+        _check_reduction("CTCLoss", reduction)
+        check_bool("CTCLoss", "zero_infinity", zero_infinity)
         self.blank = blank
         self.reduction = reduction
         self.zero_infinity = zero_infinity

@@ -151,6 +151,8 @@ class GraphLoss(torch.nn.Module):
             raise ValueError(f"GraphLoss: argument 'num_weights' must be an int >= 0, "
                              f"got {num_weights!r}")
         check_reduction("GraphLoss", reduction)
+        check_bool("GraphLoss", "normalize", normalize)
+        check_bool("GraphLoss", "zero_infinity", zero_infinity)
         self.weights = torch.nn.Parameter(torch.zeros(num_weights, dtype=dtype, device=device))
         self.normalize = normalize
         self.reduction = reduction

@@ -19,6 +19,7 @@ import numba
 import numpy as np
 import torch
 
+from duoloss.core._validate import check_int_type as _check_int_type
 from duoloss.core.losses.joiner import INACTIVE, NO_LABEL, rnnt_loss_from_logits
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
@@ -432,6 +433,7 @@ class RNNTLoss(torch.nn.Module):
         self.impl = impl
         check_rnnt_options("RNNTLoss", reduction, clamp, fused_log_softmax, fastemit_lambda,
                            delay_penalty)
+        _check_int_type("RNNTLoss", "blank", blank)  # its range needs the logits' V
         self.blank = blank
         self.clamp = clamp
         self.reduction = reduction

@@ -33,6 +33,11 @@ from .graph import EPSILON, MAX_LABEL, Graph
 
 __all__ = ["to_text", "from_text", "savetxt", "loadtxt", "save", "load", "to_dot", "draw"]
 
+#: The most nodes a graph read from a file may have (``2**28``).  The text format
+#: has no node count (it is one more than the largest id), so one mistyped id
+#: would otherwise allocate per-node storage for every id below it.
+_MAX_NODES = 2 ** 28
+
 
 def _fmt_weight(w: np.float32) -> str:
     return str(np.float32(w))
@@ -74,14 +79,23 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
         raise ValueError("loadtxt: expected a start-node line and an accept-node line "
                          f"(either may be empty), got {len(lines)} line(s)")
 
-    def ids(line: str, what: str):
+    def node_range(k: int, line: str, values):
+        bad = [v for v in values if not 0 <= v < _MAX_NODES]
+        if bad:
+            raise ValueError(f"loadtxt: line {k}: node ids must lie in [0, 2**28) "
+                             f"(duoloss's limit on a graph read from a file), got {bad[0]} "
+                             f"in {line!r}")
+
+    def ids(line: str, what: str, k: int):
         try:
-            return [int(t) for t in line.split()]
+            out = [int(t) for t in line.split()]
         except ValueError:
             raise ValueError(f"loadtxt: line for {what} must hold node ids, got {line!r}") from None
+        node_range(k, line, out)
+        return out
 
-    starts = ids(lines[0], "start nodes (line 1)")
-    accepts = ids(lines[1], "accept nodes (line 2)")
+    starts = ids(lines[0], "start nodes (line 1)", 1)
+    accepts = ids(lines[1], "accept nodes (line 2)", 2)
     for what, lst in (("start", starts), ("accept", accepts)):
         if len(set(lst)) != len(lst):
             raise ValueError(f"loadtxt: repeated {what} node id in {lst}")
@@ -103,14 +117,24 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
         if not (EPSILON <= i <= MAX_LABEL and EPSILON <= o <= MAX_LABEL):
             raise ValueError(f"loadtxt: line {k}: labels must lie in [-1, 2**63 - 1] "
                              f"(-1 = epsilon), got {line!r}")
+        node_range(k, line, (s, d))
         src.append(s)
         dst.append(d)
         il.append(i)
         ol.append(o)
         w.append(wt)
     mentioned = starts + accepts + src + dst
+    need = (max(mentioned) + 1) if mentioned else 0
     if num_nodes is None:
-        num_nodes = (max(mentioned) + 1) if mentioned else 0
+        num_nodes = need
+    else:
+        if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes,
+                                                                      (int, np.integer)):
+            raise TypeError(f"loadtxt: num_nodes must be an int, got "
+                            f"{type(num_nodes).__name__}")
+        if not need <= num_nodes <= _MAX_NODES:
+            raise ValueError(f"loadtxt: num_nodes must lie in [{need}, 2**28] (at least one "
+                             f"more than the largest node id in the text), got {num_nodes}")
     return Graph.from_arrays(
         num_nodes, np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(il, np.int64),
         np.asarray(ol, np.int64), np.asarray(w, np.float64).astype(np.float32),
@@ -218,6 +242,9 @@ def load(file_name: Union[str, os.PathLike, io.BufferedIOBase], calc_grad: bool 
     if min(n, A, ns, nacc) < 0:
         raise ValueError(f"load: negative count in the header: nodes={n}, arcs={A}, "
                          f"start={ns}, accept={nacc}")
+    if n > _MAX_NODES:
+        raise ValueError(f"load: the header asks for {n} nodes, more than duoloss's limit of "
+                         f"2**28 nodes for a graph read from a file")
     need = 16 + 4 * (ns + nacc) + 16 * A + 4 * A
     if len(data) != need:
         raise ValueError(f"load: the header (nodes={n}, arcs={A}, start={ns}, accept={nacc}) "

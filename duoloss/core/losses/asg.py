@@ -1032,13 +1032,15 @@ def check_asg_args(fn, emissions, transitions, start_transitions, targets, input
     concatenated = len(targets.shape) == 1
     if not concatenated and int(targets.shape[0]) != n:
         raise ValueError(f"{fn}: argument 'targets' must have N = {n} rows (from emissions), "
-                         f"got shape {v.shape_str(targets.shape)}")
+                         f"got shape {v.shape_str(targets.shape)}"
+                         + v.batch_first_hint(emissions.shape, targets.shape[0], "emissions"))
     for arg, x in (("input_lengths", input_lengths), ("target_lengths", target_lengths)):
         v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
         v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
         if int(x.shape[0]) != n:
             raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
-                             f"got shape {v.shape_str(x.shape)}")
+                             f"got shape {v.shape_str(x.shape)}"
+                             + v.batch_first_hint(emissions.shape, x.shape[0], "emissions"))
     if not concrete:
         return None
     il = np.asarray(input_lengths).astype(np.int64)

@@ -661,11 +661,13 @@ def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_d
         concatenated = len(tg_shape) == 1
         if not concatenated and tg_shape[0] != n:
             raise ValueError(f"{fn}: argument 'targets' must have N = {n} rows (batch size of "
-                             f"log_probs), got shape {v.shape_str(tg_shape)}")
+                             f"log_probs), got shape {v.shape_str(tg_shape)}"
+                             + v.batch_first_hint(lp_shape, tg_shape[0]))
         for arg, shape in (("input_lengths", il_shape), ("target_lengths", tl_shape)):
             if tuple(shape) != (n,):
+                hint = v.batch_first_hint(lp_shape, shape[0]) if len(shape) == 1 else ""
                 raise ValueError(f"{fn}: argument '{arg}' must have shape ({n},) (one length per "
-                                 f"sequence), got shape {v.shape_str(shape)}")
+                                 f"sequence), got shape {v.shape_str(shape)}" + hint)
     else:
         concatenated = False
         v.check_ndim(fn, "targets", tg_shape, (1,), "1-D (S,) for unbatched (T, C) log_probs")
