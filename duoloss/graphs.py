@@ -155,6 +155,12 @@ def ctc_graph(targets, blank: int = 0, modified: bool = False):
     Raises:
       TypeError/ValueError: non-integer targets, negative ids, ``blank`` inside a
         target.
+
+    Examples:
+        >>> from duoloss.graphs import ctc_graph
+        >>> g = ctc_graph([1, 2])  # blank, 1, blank, 2, blank
+        >>> g.num_nodes(), g.num_arcs()  # 5 self-loops, 4 steps, 1 skip of the blank between 1 and 2
+        (5, 10)
     """
     fn = "ctc_graph"
     blank = _int(fn, "blank", blank, 0)
@@ -211,6 +217,11 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
 
     Returns:
       A ``Graph`` (weights 0).
+
+    Examples:
+        >>> from duoloss.graphs import ctc_topo
+        >>> ctc_topo(3).num_arcs(), ctc_topo(3, modified=True).num_arcs()  # C**2 and 3C - 2
+        (9, 7)
     """
     fn = "ctc_topo"
     c = _int(fn, "num_classes", num_classes, 1)
@@ -259,6 +270,14 @@ def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
     Returns:
       ``(graph, arc_weight_index)``: a ``Graph`` and an ``int64`` array with one
       entry per arc.
+
+    Examples:
+        >>> from duoloss.graphs import asg_graph
+        >>> g, index = asg_graph([0, 1], num_classes=2)  # token 0 on >= 1 frames, then token 1
+        >>> g.num_nodes(), g.num_arcs()  # a start node, then one node per token with its self-loop
+        (3, 4)
+        >>> index.tolist()  # arc i scores transitions[to, from] at to * C + from: none, 0->0, 0->1, 1->1
+        [-1, 0, 2, 3]
     """
     fn = "asg_graph"
     c = _int(fn, "num_classes", num_classes, 1)
@@ -327,6 +346,15 @@ def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: 
 
     Returns:
       An acceptor ``Graph`` with epsilon arcs (for ``order >= 2``).
+
+    Examples:
+        >>> import math
+        >>> from duoloss import gtn
+        >>> from duoloss.graphs import token_ngram_graph
+        >>> g = token_ngram_graph([[0, 1], [0, 1, 1]], num_classes=2, order=2)  # a bigram
+        >>> two_tokens = gtn.linear_graph(2, 2)  # every sequence of 2 tokens
+        >>> round(math.exp(gtn.forward_score(gtn.intersect(g, two_tokens)).item()), 4)  # they sum to 1
+        1.0
     """
     fn = "token_ngram_graph"
     c = _int(fn, "num_classes", num_classes, 1)
@@ -440,6 +468,14 @@ def wordpiece_graph(words, vocabulary: Sequence):
 
     Raises:
       ValueError: a word has no decomposition.
+
+    Examples:
+        >>> import math
+        >>> from duoloss import gtn
+        >>> from duoloss.graphs import wordpiece_graph
+        >>> g = wordpiece_graph(["ab"], ["a", "b", "ab"])  # 'a b' or 'ab'
+        >>> round(math.exp(gtn.forward_score(g).item()), 4)  # the number of decompositions
+        2.0
     """
     fn = "wordpiece_graph"
     if isinstance(words, str):

@@ -21,6 +21,10 @@ from .losses.transducer import RNNT_TYPES
 from .losses.transducer import TRANSDUCER_KERNEL
 from .losses.transducer import transducer_loss_and_grad
 from .losses.transducer import transducer_viterbi
+from .losses.tdt import MULTIBLANK_KERNEL
+from .losses.tdt import TDT_KERNEL
+from .losses.tdt import multiblank_loss_and_grad
+from .losses.tdt import tdt_loss_and_grad
 from .losses.graph_loss import GRAPH_LOSS_KERNEL
 from .losses.graph_loss import graph_loss_and_grad
 from .losses.graph_loss import pack_graphs
@@ -47,4 +51,8 @@ __all__ = [
     "TRANSDUCER_KERNEL",
     "transducer_loss_and_grad",
     "transducer_viterbi",
+    "MULTIBLANK_KERNEL",
+    "TDT_KERNEL",
+    "multiblank_loss_and_grad",
+    "tdt_loss_and_grad",
 ]

@@ -17,6 +17,9 @@ from ._rnnt_k2 import rnnt_loss_simple
 from ._rnnt_k2 import rnnt_loss_smoothed
 from ._rnnt import rnnt_align
 from ._rnnt import rnnt_loss
+from ._rnnt_joiner import rnnt_loss_from_joiner
+from ._tdt import multiblank_rnnt_loss
+from ._tdt import tdt_loss
 from duoloss.core.losses.graph_loss import PackedGraphs
 from duoloss.core.losses.graph_loss import pack_graphs
 
@@ -41,4 +44,7 @@ __all__ = [
     "optax_ctc_loss",
     "rnnt_align",
     "rnnt_loss",
+    "rnnt_loss_from_joiner",
+    "multiblank_rnnt_loss",
+    "tdt_loss",
 ]

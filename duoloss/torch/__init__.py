@@ -20,6 +20,11 @@ from ._rnnt_k2 import rnnt_loss_smoothed
 from ._rnnt import RNNTLoss
 from ._rnnt import rnnt_align
 from ._rnnt import rnnt_loss
+from ._rnnt_joiner import rnnt_loss_from_joiner
+from ._tdt import MultiblankRNNTLoss
+from ._tdt import TDTLoss
+from ._tdt import multiblank_rnnt_loss
+from ._tdt import tdt_loss
 from duoloss.core.losses.graph_loss import PackedGraphs
 from duoloss.core.losses.graph_loss import pack_graphs
 
@@ -47,4 +52,9 @@ __all__ = [
     "RNNTLoss",
     "rnnt_align",
     "rnnt_loss",
+    "rnnt_loss_from_joiner",
+    "MultiblankRNNTLoss",
+    "multiblank_rnnt_loss",
+    "TDTLoss",
+    "tdt_loss",
 ]

@@ -1,0 +1,149 @@
+"""Duration transducers for JAX: ``tdt_loss`` and ``multiblank_rnnt_loss``
+(NeMo's semantics; same arguments and numbers as :mod:`duoloss.torch`).
+
+Thin: argument checks (:mod:`duoloss.core.losses.tdt`), then the whole loss
+and its gradient w.r.t. the logits in one host callback
+(:func:`duoloss.jax._adapter.apply_kernel`).
+"""
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import jax
+
+from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
+                                     check_multiblank_args, check_tdt_args,
+                                     durations_key)
+
+from ._adapter import apply_kernel
+from ._args import as_array, as_int_array, is_concrete, reduce_losses
+
+__all__ = ["tdt_loss", "multiblank_rnnt_loss"]
+
+
+def _arrays(fn, logits, targets, logit_lengths, target_lengths):
+    logits = as_array(fn, "logits", logits)
+    targets = as_array(fn, "targets", targets)
+    il = as_int_array(fn, "logit_lengths", logit_lengths)
+    tl = as_int_array(fn, "target_lengths", target_lengths)
+    return logits, targets, il, tl, is_concrete(targets, il, tl)
+
+
+def tdt_loss(logits, targets, logit_lengths, target_lengths, blank: int,
+             durations: Sequence[int], *, reduction: Literal["none", "sum", "mean"] = "mean",
+             fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
+             omega: float = 0.0) -> jax.Array:
+    r"""Token-and-Duration Transducer loss for JAX; see :func:`duoloss.torch.tdt_loss`.
+
+    Same arguments, maths and numbers as the torch function (one core), as a
+    differentiable JAX function under ``jit``, ``grad`` and ``vmap``.
+    ``logits`` ``(N, T, U + 1, V + D)``: ``V`` token logits (the blank among
+    them), then ``D = len(durations)`` duration logits; with
+    :math:`\ell = \log\operatorname{softmax}(x_{:V}) - \sigma` and
+    :math:`\delta = \log\operatorname{softmax}(x_{V:})`, a label move with
+    duration :math:`d_i` goes ``(t, u) -> (t + d_i, u + 1)`` with weight
+    :math:`\ell(y_{u+1}) + \delta_i`, a blank move with :math:`d_i > 0` goes
+    ``(t, u) -> (t + d_i, u)`` with weight :math:`\ell(\varnothing) +
+    \delta_i`, and paths end with a blank landing exactly on ``T_b``:
+
+    .. math::
+
+        \text{loss}_b = (1 + \lambda)\Big((1 - \omega)\big(-\log
+            \textstyle\sum_{\text{paths}} e^{\sum w}\big) + \omega\,
+            \text{rnnt}_b\Big).
+
+    Args:
+      logits: ``(N, T, U + 1, V + D)`` (halves run in float32).
+      targets: ``(N, U)`` integer padded targets (never the blank).
+      logit_lengths, target_lengths: ``(N,)`` integers.
+      blank: the blank among the ``V`` token classes (``-1`` is ``V - 1``).
+      durations: distinct ints ``>= 0``, at least one positive.
+      reduction: ``'none'``, ``'sum'`` or ``'mean'`` (batch mean).
+      fastemit_lambda, clamp, sigma, omega: as :func:`duoloss.torch.tdt_loss`
+        (``omega``: the expectation of NeMo's random choice).
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses.
+
+    NB: shapes and dtypes are validated at trace time, label and length values
+    whenever concrete; under ``jit`` an invalid value makes that sequence's
+    loss and gradient NaN (never an out-of-bounds read).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from duoloss.jax import tdt_loss
+      >>> logits = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 3, 5 + 3))
+      >>> targets = jnp.array([[1, 2], [3, 0]])
+      >>> f = lambda x: tdt_loss(x, targets, (6, 4), (2, 1), blank=4, durations=[0, 1, 2])
+      >>> grads = jax.jit(jax.grad(f))(logits)
+
+    References:
+      Xu, Jia, Zhang, Hershey, Ginsburg, "Efficient Sequence Transduction by
+      Jointly Predicting Tokens and Durations", ICML 2023, arXiv:2304.06795.
+    """
+    fn = "tdt_loss"
+    check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
+    logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
+                                                target_lengths)
+    blank, durs = check_tdt_args(fn, logits, targets, il, tl, blank, durations,
+                                 concrete=concrete)
+    losses = apply_kernel(TDT_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
+                          blank=blank, durations=durations_key(durs),
+                          sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
+                          clamp=float(clamp), omega=float(omega))
+    return reduce_losses(losses, reduction)
+
+
+def multiblank_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int,
+                         big_blank_durations: Sequence[int], *,
+                         reduction: Literal["none", "sum", "mean"] = "mean",
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0,
+                         sigma: float = 0.0) -> jax.Array:
+    r"""Multi-blank RNN-T loss for JAX; see :func:`duoloss.torch.multiblank_rnnt_loss`.
+
+    ``logits`` ``(N, T, U + 1, V)``, :math:`\ell = \log\operatorname{softmax}(x)
+    - \sigma`; the standard blank at ``blank`` (duration 1), big blank ``i`` at
+    ``blank - 1 - i`` with duration ``big_blank_durations[i]``; labels move
+    ``(t, u) -> (t, u + 1)``, a blank of duration ``d`` moves ``(t, u) -> (t + d,
+    u)`` and the last blank lands exactly on ``T_b``:
+
+    .. math::
+
+        \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
+            e^{\sum_{\text{moves}} \ell_{t,u}(k)}.
+
+    Args:
+      logits: ``(N, T, U + 1, V)`` (halves run in float32).
+      targets: ``(N, U)`` integer padded targets (never a blank or big blank).
+      logit_lengths, target_lengths: ``(N,)`` integers.
+      blank: the standard blank (``-1`` is ``V - 1``).
+      big_blank_durations: ints ``>= 1``.
+      reduction, fastemit_lambda, clamp, sigma: as
+        :func:`duoloss.torch.multiblank_rnnt_loss`.
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from duoloss.jax import multiblank_rnnt_loss
+      >>> logits = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 3, 7))
+      >>> targets = jnp.array([[1, 2], [3, 0]])
+      >>> loss = multiblank_rnnt_loss(logits, targets, (8, 5), (2, 1), blank=6,
+      ...                             big_blank_durations=[2, 4])
+
+    References:
+      Xu, Jia, Zhang, Hershey, Ginsburg, "Multi-blank Transducers for Speech
+      Recognition", ICASSP 2023, arXiv:2211.03541.
+    """
+    fn = "multiblank_rnnt_loss"
+    check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
+    logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
+                                                target_lengths)
+    blank, big = check_multiblank_args(fn, logits, targets, il, tl, blank, big_blank_durations,
+                                       concrete=concrete)
+    losses = apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
+                          blank=blank, big_blank_durations=durations_key(big),
+                          sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
+                          clamp=float(clamp))
+    return reduce_losses(losses, reduction)

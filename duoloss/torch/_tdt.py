@@ -1,0 +1,280 @@
+"""Duration transducers for PyTorch: ``tdt_loss`` / ``TDTLoss`` and
+``multiblank_rnnt_loss`` / ``MultiblankRNNTLoss`` (NeMo's semantics).
+
+Thin: argument checks (:mod:`duoloss.core.losses.tdt`), then the whole loss
+and its gradient w.r.t. the logits in one core call
+(:func:`duoloss.torch._adapter.apply_kernel`).  Host only: CUDA tensors make
+one round trip through the host (no device kernel yet).
+"""
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+
+from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
+                                     check_multiblank_args, check_tdt_args,
+                                     durations_key)
+
+from ._adapter import apply_kernel, is_concrete, to_numpy
+from ._args import check_tensor, int_array, int_tensor
+
+__all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
+
+def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
+    """``(il, tl, concrete)``: lengths as int64 tensors; ``check(concrete)`` validates."""
+    check_tensor(fn, "logits", logits)
+    check_tensor(fn, "targets", targets)
+    dev = logits.device
+    tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
+               if isinstance(x, torch.Tensor)]
+    if is_concrete(*tensors):
+        il = int_array(fn, "logit_lengths", logit_lengths)
+        tl = int_array(fn, "target_lengths", target_lengths)
+        out = check(to_numpy(targets), il, tl, True)
+        il = torch.as_tensor(np.asarray(il).astype(np.int64), device=dev).reshape(-1)
+        tl = torch.as_tensor(np.asarray(tl).astype(np.int64), device=dev).reshape(-1)
+        return out, il, tl
+    il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
+    tl = int_tensor(fn, "target_lengths", target_lengths, dev)
+    out = check(targets, il, tl, False)
+    return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
+
+
+def _reduce(losses, reduction):
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / max(losses.shape[0], 1)
+
+
+def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
+             blank: int, durations: Sequence[int], *,
+             reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
+             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> torch.Tensor:
+    r"""Token-and-Duration Transducer loss (Xu et al. 2023), NeMo's ``TDTLossNumba``.
+
+    ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
+    token classes (the blank among them), ``D = len(durations)``.  Per cell,
+    token log-probs :math:`\ell_{t,u} = \log\operatorname{softmax}(x_{t,u,:V}) -
+    \sigma` and duration log-probs :math:`\delta_{t,u} =
+    \log\operatorname{softmax}(x_{t,u,V:})`.  From lattice node ``(t, u)``
+    (``t < T_b``) a path emits :math:`y_{u+1}` with duration :math:`d_i` to
+    ``(t + d_i, u + 1)`` (``t + d_i < T_b``; ``d_i = 0`` when listed) with
+    weight :math:`\ell_{t,u}(y_{u+1}) + \delta_{t,u,i}`, or the blank with a
+    duration :math:`d_i > 0` to ``(t + d_i, u)`` with weight
+    :math:`\ell_{t,u}(\varnothing) + \delta_{t,u,i}`; paths start at ``(0, 0)``
+    and end with a blank of duration :math:`d_i > 0` from
+    ``(T_b - d_i, U_b)``, landing exactly on ``T_b``:
+
+    .. math::
+
+        \text{tdt}_b = -\log \sum_{\text{paths}} \exp \sum_{\text{moves}} w,
+        \qquad \text{loss}_b = (1 + \lambda)\left((1 - \omega)\, \text{tdt}_b
+            + \omega\, \text{rnnt}_b\right),
+
+    with :math:`\text{rnnt}_b` the standard RNN-T loss of the token logits
+    ``x[..., :V]`` (no :math:`\sigma`, as NeMo; :func:`rnnt_loss` on them).
+
+    Args:
+      logits: ``(N, T, U + 1, V + D)`` joiner output: ``V`` token logits, then
+        the ``D`` duration logits in the order of ``durations`` (float16/bfloat16
+        run in float32).
+      targets: ``(N, U)`` integer padded targets (labels in ``[0, V)``, never the blank).
+      logit_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, U]``.
+      blank: the blank's index among the ``V`` token classes (negative values
+        count from ``V``: ``-1`` is ``V - 1``, NeMo's usual layout).
+      durations: distinct ints ``>= 0`` with at least one positive, e.g.
+        ``[0, 1, 2, 3, 4]`` (NeMo's recommended set) or ``[1, 2, 3, 4, 5]``.
+      reduction: ``'none'`` (``(N,)``), ``'sum'`` or ``'mean'`` (batch mean, as
+        :func:`rnnt_loss`; NeMo's numba loss means the same).
+      fastemit_lambda: FastEmit (NeMo's kernel): the gradient through every
+        label emission's *token* log-prob is scaled by ``1 + lambda``
+        (duration logits unchanged); the loss reported is ``(1 + lambda)`` times
+        the NLL.
+      clamp: if ``> 0``, each sequence's gradient w.r.t. the *token* logits is
+        clamped to ``[-clamp, clamp]`` (before the reduction scales it, as NeMo).
+      sigma: logit under-normalisation: subtracted from every token (label and
+        blank) log-prob, never from the durations'.
+      omega: weight of the standard RNN-T loss.  NeMo draws, on each call, the
+        RNN-T loss with probability ``omega`` instead of TDT for the whole
+        batch; duoloss returns the expectation ``(1 - omega) * tdt + omega *
+        rnnt`` (the same expected loss and gradient, the same number on every call).
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
+
+    NB: ``T_b = 0`` gives 0 when ``U_b = 0`` and ``+inf`` otherwise; a sequence
+    without a path (e.g. ``durations=[2]`` and an odd ``T_b``) gets ``+inf``
+    and zero gradient.  The gradient is first order only.  TDT is not
+    :func:`rnnt_loss` in general, whatever the duration logits (one duration
+    softmax per cell serves both the label, which would need ``d = 0``, and the blank, which
+    needs ``d > 0``); what holds exactly: ``omega=1`` is :func:`rnnt_loss` on
+    ``logits[..., :V]``, and with ``durations=[0, 1]``, duration logits
+    ``(0, -inf)`` on cells ``u < U_b`` and ``(-inf, 0)`` on ``u = U_b`` and the
+    blank's logit ``-inf`` on ``u < U_b``, both losses keep the one path
+    "every label on frame 0, then ``T_b`` blanks" and agree up to
+    ``(T_b + U_b) * sigma``.
+
+    Examples:
+      >>> import torch
+      >>> from duoloss.torch import tdt_loss
+      >>> logits = torch.randn(2, 6, 3, 5 + 3, requires_grad=True)   # V = 5, D = 3
+      >>> targets = torch.tensor([[1, 2], [3, 0]])
+      >>> loss = tdt_loss(logits, targets, (6, 4), (2, 1), blank=4, durations=[0, 1, 2],
+      ...                 sigma=0.05)
+      >>> loss.backward()
+
+    References:
+      Xu, Jia, Zhang, Hershey, Ginsburg, "Efficient Sequence Transduction by
+      Jointly Predicting Tokens and Durations", ICML 2023, arXiv:2304.06795.
+    """
+    fn = "tdt_loss"
+    check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
+
+    def check(tg, il, tl, concrete):
+        return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
+
+    (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    losses = apply_kernel(TDT_KERNEL, (logits, targets, il, tl), blank=blank_,
+                          durations=durations_key(durs), sigma=float(sigma),
+                          fastemit_lambda=float(fastemit_lambda), clamp=float(clamp),
+                          omega=float(omega))
+    return _reduce(losses, reduction)
+
+
+def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths,
+                         target_lengths, blank: int, big_blank_durations: Sequence[int], *,
+                         reduction: Literal["none", "sum", "mean"] = "mean",
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0,
+                         sigma: float = 0.0) -> torch.Tensor:
+    r"""Multi-blank RNN-T loss (Xu et al. 2022), NeMo's ``MultiblankRNNTLossNumba``.
+
+    ``logits`` ``(N, T, U + 1, V)`` with :math:`\ell_{t,u} =
+    \log\operatorname{softmax}(x_{t,u}) - \sigma`.  The standard blank sits at
+    ``blank`` (duration 1), big blank ``i`` at index ``blank - 1 - i`` with
+    duration ``big_blank_durations[i]``.  From ``(t, u)`` a path emits
+    :math:`y_{u+1}` to ``(t, u + 1)`` or a blank of duration ``d`` to
+    ``(t + d, u)``; the last move is a blank (of any duration) from
+    ``(T_b - d, U_b)`` landing exactly on ``T_b``:
+
+    .. math::
+
+        \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
+            \exp \sum_{\text{moves}} \ell_{t,u}(k).
+
+    Args:
+      logits: ``(N, T, U + 1, V)`` joiner output (float16/bfloat16 run in float32).
+      targets: ``(N, U)`` integer padded targets: labels in ``[0, V)``, never a
+        blank or big blank.
+      logit_lengths, target_lengths: ``(N,)`` tensors or tuples of ints.
+      blank: the standard blank (negative values count from ``V``); NeMo puts
+        it last (``V - 1``) and the big blanks just before it.
+      big_blank_durations: ints ``>= 1``, e.g. ``[2, 4, 8]``; ``blank - len(...)
+        >= 0``.
+      reduction, fastemit_lambda, clamp, sigma: as :func:`tdt_loss` (clamp
+        and FastEmit act on the gradient w.r.t. every logit here).
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
+
+    NB: with ``big_blank_durations=[]`` and ``sigma=0`` this is exactly
+    :func:`rnnt_loss`.
+
+    Examples:
+      >>> import torch
+      >>> from duoloss.torch import multiblank_rnnt_loss
+      >>> logits = torch.randn(2, 8, 3, 7, requires_grad=True)   # big blanks 4, 5; blank 6
+      >>> targets = torch.tensor([[1, 2], [3, 0]])
+      >>> loss = multiblank_rnnt_loss(logits, targets, (8, 5), (2, 1), blank=6,
+      ...                             big_blank_durations=[2, 4], sigma=0.05)
+      >>> loss.backward()
+
+    References:
+      Xu, Jia, Zhang, Hershey, Ginsburg, "Multi-blank Transducers for Speech
+      Recognition", ICASSP 2023, arXiv:2211.03541.
+    """
+    fn = "multiblank_rnnt_loss"
+    check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
+
+    def check(tg, il, tl, concrete):
+        return check_multiblank_args(fn, logits, tg, il, tl, blank, big_blank_durations,
+                                     concrete=concrete)
+
+    (blank_, big), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    losses = apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il, tl), blank=blank_,
+                          big_blank_durations=durations_key(big), sigma=float(sigma),
+                          fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
+    return _reduce(losses, reduction)
+
+
+class TDTLoss(torch.nn.Module):
+    """Module form of :func:`tdt_loss` (NeMo's ``TDTLossNumba`` arguments).
+
+    Args:
+      blank, durations, reduction, fastemit_lambda, clamp, sigma, omega:
+        as in :func:`tdt_loss`.
+    """
+
+    def __init__(self, blank: int, durations: Sequence[int], *,
+                 reduction: Literal["none", "sum", "mean"] = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
+                 omega: float = 0.0):
+        super().__init__()
+        from duoloss.core.losses.tdt import check_tdt_durations
+        check_duration_options("TDTLoss", reduction, clamp, fastemit_lambda, sigma, omega)
+        self.blank = blank
+        self.durations = list(check_tdt_durations("TDTLoss", durations))
+        self.reduction = reduction
+        self.fastemit_lambda = fastemit_lambda
+        self.clamp = clamp
+        self.sigma = sigma
+        self.omega = omega
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        return tdt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
+                        self.durations, reduction=self.reduction,
+                        fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, sigma=self.sigma,
+                        omega=self.omega)
+
+    def extra_repr(self) -> str:
+        return (f"blank={self.blank}, durations={self.durations}, reduction={self.reduction!r}, "
+                f"fastemit_lambda={self.fastemit_lambda}, clamp={self.clamp}, "
+                f"sigma={self.sigma}, omega={self.omega}")
+
+
+class MultiblankRNNTLoss(torch.nn.Module):
+    """Module form of :func:`multiblank_rnnt_loss` (NeMo's ``MultiblankRNNTLossNumba``).
+
+    Args:
+      blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma:
+        as in :func:`multiblank_rnnt_loss`.
+    """
+
+    def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
+                 reduction: Literal["none", "sum", "mean"] = "mean",
+                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0):
+        super().__init__()
+        from duoloss.core.losses.tdt import check_big_blank_durations
+        check_duration_options("MultiblankRNNTLoss", reduction, clamp, fastemit_lambda, sigma)
+        self.blank = blank
+        self.big_blank_durations = list(check_big_blank_durations("MultiblankRNNTLoss",
+                                                                  big_blank_durations))
+        self.reduction = reduction
+        self.fastemit_lambda = fastemit_lambda
+        self.clamp = clamp
+        self.sigma = sigma
+
+    def forward(self, logits, targets, logit_lengths, target_lengths):
+        return multiblank_rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
+                                    self.big_blank_durations, reduction=self.reduction,
+                                    fastemit_lambda=self.fastemit_lambda, clamp=self.clamp,
+                                    sigma=self.sigma)
+
+    def extra_repr(self) -> str:
+        return (f"blank={self.blank}, big_blank_durations={self.big_blank_durations}, "
+                f"reduction={self.reduction!r}, fastemit_lambda={self.fastemit_lambda}, "
+                f"clamp={self.clamp}, sigma={self.sigma}")
