@@ -58,6 +58,14 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int =
     NB: no gradient.  Ties go to the higher CTC state (labels as early as
     possible); infeasible targets give ``-inf`` and labels ``-1``.  Under
     ``jit``, invalid label/length values give a NaN score instead of an error.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> probs = [[[0.1, 0.8, 0.1]], [[0.1, 0.1, 0.8]], [[0.8, 0.1, 0.1]]]  # (T, N, C): '1', '2', blank
+        >>> labels, scores = d.ctc_align(np.log(np.array(probs)), np.array([[1, 2]]), np.array([3]), np.array([2]))
+        >>> labels.tolist(), round(float(scores[0]), 4)  # the best path and its log-probability, 3 log 0.8
+        ([[1, 2, 0]], -0.6694)
     """
     fn = "ctc_align"
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
@@ -87,6 +95,14 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
       and ``(N,)`` best-path scores.
 
     NB: no gradient; ties go to the higher target position.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> emissions = np.array([[[2.0, 0.0]], [[2.0, 0.0]], [[0.0, 2.0]]])  # (T, N, C); transitions None: 0
+        >>> labels, scores = d.asg_align(emissions, None, np.array([[0, 1]]), np.array([3]), np.array([2]))
+        >>> labels.tolist(), float(scores[0])  # the best segmentation of '0 1' and its score
+        ([[0, 0, 1]], 6.0)
     """
     em, tr, sv, tg, il, tl = _prepare("asg_align", emissions, transitions, start_transitions,
                                       targets, input_lengths, target_lengths)
@@ -113,6 +129,15 @@ def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None
     Returns:
       ``(labels, scores)``: ``(N, T)`` frame tokens (``-1`` past each sequence)
       and ``(N,)`` scores.  Ties: the larger token index wins.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> emissions = np.array([[[2.0, 0.0]], [[0.0, 1.0]], [[0.0, 2.0]]])  # (T, N, C)
+        >>> transitions = np.array([[0.0, -5.0], [0.0, 0.0]])  # [to, from]: 1 -> 0 costs 5
+        >>> labels, scores = d.asg_viterbi(emissions, transitions, np.array([3]))
+        >>> labels.tolist(), float(scores[0])  # the free best labelling: frame argmaxes, 2 + 1 + 2
+        ([[0, 1, 1]], 5.0)
     """
     fn = "asg_viterbi"
     em = as_array(fn, "emissions", emissions)
@@ -147,6 +172,15 @@ def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_in
       ``(N, T)`` arc indices (``-1`` past each sequence).
 
     NB: no gradient.  Ties: the first arc in arc order wins.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> from duoloss.graphs import ctc_graph
+        >>> probs = [[[0.1, 0.8, 0.1]], [[0.8, 0.1, 0.1]], [[0.1, 0.1, 0.8]]]  # (T, N, C)
+        >>> labels, scores, arcs = d.graph_align(np.log(np.array(probs)), [ctc_graph([1, 2])], np.array([3]))
+        >>> labels.tolist(), round(float(scores[0]), 4)  # as ctc_align: '1', blank, '2'
+        ([[1, 0, 2]], -0.6694)
     """
     fn = "graph_align"
     em, w, il, packed = prepare_graphs(fn, emissions, graphs, input_lengths, weights,

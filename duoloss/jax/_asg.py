@@ -72,6 +72,15 @@ def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
 
     References:
       Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as dj
+        >>> emissions = np.zeros((3, 1, 2), np.float32)  # (T, N, C): 3 frames, 2 tokens, all scores 0
+        >>> loss = dj.asg_loss(emissions, np.zeros((2, 2), np.float32), np.array([[0, 1]]), np.array([3]),
+        ...                    np.array([2]), reduction="sum")
+        >>> round(float(loss), 4)  # log(2**3 labellings / 2 segmentations of '0 1') = log 4
+        1.3863
     """
     fn = "asg_loss"
     check_reduction(fn, reduction)

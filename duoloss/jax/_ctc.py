@@ -109,6 +109,14 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     first order only: ``jax.jvp``/``jacfwd`` raise ``TypeError``, and ``jax.grad``
     of ``jax.grad``, ``jax.hessian`` and Hessian-vector products raise
     ``NotImplementedError`` (never zeros).
+
+    Examples:
+        >>> import math, numpy as np
+        >>> import duoloss.jax as dj
+        >>> log_probs = np.full((2, 1, 3), -math.log(3), np.float32)  # (T, N, C): T=2 uniform frames, C=3
+        >>> loss = dj.ctc_loss(log_probs, np.array([[1]]), np.array([2]), np.array([1]))
+        >>> round(float(loss), 4)  # 3 of the 9 frame paths spell '1': -log(3/9) = log 3
+        1.0986
     """
     losses, target_lengths, batched = _ctc_losses(
         "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,
@@ -161,6 +169,14 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     difference: an infeasible sequence (too few frames for its labels) gets
     ``+inf`` — optax returns a finite value near ``-log_epsilon`` there, which
     silently trains on impossible targets.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as dj
+        >>> logits = np.zeros((1, 2, 3), np.float32)  # (B, T, K): 2 uniform frames over 3 classes
+        >>> loss = dj.optax_ctc_loss(logits, np.zeros((1, 2), np.float32), np.array([[1]]), np.zeros((1, 1), np.float32))
+        >>> loss.shape, round(float(loss[0]), 4)  # per sequence, as optax: -log(3/9) = log 3
+        ((1,), 1.0986)
     """
     fn = "optax_ctc_loss"
     logits = as_array(fn, "logits", logits)

@@ -60,6 +60,15 @@ def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = 
 
     NB: works under ``jit``, ``grad`` and ``vmap`` over the emissions (each
     vmapped copy uses the same graphs).
+
+    Examples:
+        >>> import math, numpy as np
+        >>> import duoloss.jax as dj
+        >>> from duoloss.graphs import ctc_graph
+        >>> log_probs = np.full((2, 1, 3), -math.log(3), np.float32)  # (T, N, C): uniform frames
+        >>> loss = dj.graph_loss(log_probs, [ctc_graph([1])], np.array([2]))
+        >>> round(float(loss), 4)  # the CTC graph of '1': the CTC loss, log 3
+        1.0986
     """
     fn = "graph_loss"
     check_reduction(fn, reduction)

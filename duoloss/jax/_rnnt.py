@@ -214,6 +214,14 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
     References:
       Graves, "Sequence Transduction with Recurrent Neural Networks",
       arXiv:1211.3711, 2012.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as dj
+        >>> logits = np.zeros((1, 2, 2, 3), np.float32)  # (N, T, U + 1, V): uniform, blank = V - 1
+        >>> loss = dj.rnnt_loss(logits, np.array([[0]]), np.array([2]), np.array([1]))
+        >>> round(float(loss), 4)  # 2 alignments of 3 moves, each (1/3)**3: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss"
     check_impl(fn, impl)
@@ -244,6 +252,14 @@ def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
       ``(alignment (N, T + U), label_frames (N, U), scores (N,))``: integer
       arrays (int32 unless ``jax_enable_x64``) and the best path scores.  Works
       under ``jit`` and ``vmap`` (sequential callbacks); not differentiable.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> logits = np.zeros((1, 2, 2, 3))  # uniform: every alignment ties; labels go as late as possible
+        >>> alignment, label_frames, scores = d.rnnt_align(logits, np.array([[0]]), np.array([2]), np.array([1]))
+        >>> alignment.tolist(), label_frames.tolist(), round(float(scores[0]), 4)  # blank, '0' on frame 1, blank; 3 log(1/3)
+        ([[2, 0, 2]], [[1]], -3.2958)
     """
     fn = "rnnt_align"
     check_bool(fn, "fused_log_softmax", fused_log_softmax)

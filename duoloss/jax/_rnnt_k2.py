@@ -190,6 +190,15 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
     host callback; the occupations are constants for differentiation (as in k2).
     ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` (the recursion in XLA, no
     callback), as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C): a uniform joiner
+        >>> symbols, boundary = np.array([[1]]), np.array([[0, 0, 1, 2]])  # S=1 symbol, T=2 frames
+        >>> loss = d.rnnt_loss_simple(lm, am, symbols, termination_symbol=2, boundary=boundary)
+        >>> round(float(loss), 4)  # the RNN-T loss of uniform logits: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_simple"
     check_impl(fn, impl)
@@ -206,6 +215,16 @@ def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: 
     """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed].
 
     ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C): a uniform joiner
+        >>> symbols, boundary = np.array([[1]]), np.array([[0, 0, 1, 2]])  # S=1 symbol, T=2 frames
+        >>> loss = d.rnnt_loss_smoothed(lm, am, symbols, 2, lm_only_scale=0.0, am_only_scale=0.0,
+        ...                           boundary=boundary)
+        >>> round(float(loss), 4)  # no smoothing: the RNN-T loss of uniform logits: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_smoothed"
     check_impl(fn, impl)
@@ -257,6 +276,17 @@ def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=
     """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned].
 
     ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C), S=1
+        >>> symbols, boundary = np.array([[1]]), np.array([[0, 0, 1, 2]])
+        >>> ranges = np.array([[[0, 1], [0, 1]]])  # s_range = S + 1: nothing pruned
+        >>> am_p, lm_p = d.do_rnnt_pruning(am, lm, ranges)
+        >>> loss = d.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 2, boundary)
+        >>> round(float(loss), 4)  # = the full RNN-T loss of uniform logits, log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_pruned"
     check_impl(fn, impl)
@@ -277,6 +307,16 @@ def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array
     regular minimum ``(s_end - 1) // t_end + 2`` cannot be read and is not
     applied; pass a large enough ``s_range``.  The result is int32 unless
     ``jax_enable_x64`` is on.
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 4, 3)), np.zeros((1, 3, 3))  # (B, T, C), (B, S + 1, C)
+        >>> symbols, boundary = np.array([[1, 2]]), np.array([[0, 0, 2, 4]])
+        >>> _, (px_grad, py_grad) = d.rnnt_loss_simple(lm, am, symbols, 0, boundary, return_grad=True)
+        >>> ranges = d.get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=2)
+        >>> tuple(ranges.shape), bool((ranges[..., 1] == ranges[..., 0] + 1).all())  # (B, T, s_range), consecutive
+        ((1, 4, 2), True)
     """
     fn = "get_rnnt_prune_ranges"
     px_grad, py_grad, boundary = (_array(fn, a, x) for a, x in (

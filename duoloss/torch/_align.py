@@ -71,6 +71,14 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     (stay > advance > skip, the trailing blank over the last label): labels come
     as early as possible.  An infeasible target gives score ``-inf`` and labels
     ``-1``.  Details: `duoloss.core.losses.align`.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> probs = [[[0.1, 0.8, 0.1]], [[0.1, 0.1, 0.8]], [[0.8, 0.1, 0.1]]]  # (T, N, C): '1', '2', blank
+        >>> labels, scores = d.ctc_align(torch.log(torch.tensor(probs)), torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([2]))
+        >>> labels.tolist(), round(float(scores[0]), 4)  # the best path and its log-probability, 3 log 0.8
+        ([[1, 2, 0]], -0.6694)
     """
     fn = "ctc_align"
     check_tensor(fn, "log_probs", log_probs)
@@ -121,6 +129,14 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     NB: not differentiable.  Ties go to the higher target position (stay rather
     than advance on the backtrace): tokens start as early as possible.
     Infeasible targets (``T_b < L_b``, empty) give ``-inf`` and labels ``-1``.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> emissions = torch.tensor([[[2.0, 0.0]], [[2.0, 0.0]], [[0.0, 2.0]]])  # (T, N, C); transitions None: 0
+        >>> labels, scores = d.asg_align(emissions, None, torch.tensor([[0, 1]]), torch.tensor([3]), torch.tensor([2]))
+        >>> labels.tolist(), float(scores[0])  # the best segmentation of '0 1' and its score
+        ([[0, 0, 1]], 6.0)
     """
     fn = "asg_align"
     tg, il, tl = _prepare(fn, emissions, transitions, start_transitions, targets,
@@ -148,6 +164,15 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past each
       sequence) and ``(N,)`` scores.  Ties: the larger token index wins.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> emissions = torch.tensor([[[2.0, 0.0]], [[0.0, 1.0]], [[0.0, 2.0]]])  # (T, N, C)
+        >>> transitions = torch.tensor([[0.0, -5.0], [0.0, 0.0]])  # [to, from]: 1 -> 0 costs 5
+        >>> labels, scores = d.asg_viterbi(emissions, transitions, torch.tensor([3]))
+        >>> labels.tolist(), float(scores[0])  # the free best labelling: frame argmaxes, 2 + 1 + 2
+        ([[0, 1, 1]], 5.0)
     """
     fn = "asg_viterbi"
     check_tensor(fn, "emissions", emissions)
@@ -189,6 +214,15 @@ def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
     lowest accept node win.  No path: score ``-inf``, labels ``-1``.  Epsilon
     arcs (label ``-1``) consume no frame: they count in the score and are not
     listed in ``arcs``.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> from duoloss.graphs import ctc_graph
+        >>> probs = [[[0.1, 0.8, 0.1]], [[0.8, 0.1, 0.1]], [[0.1, 0.1, 0.8]]]  # (T, N, C)
+        >>> labels, scores, arcs = d.graph_align(torch.log(torch.tensor(probs)), [ctc_graph([1, 2])], torch.tensor([3]))
+        >>> labels.tolist(), round(float(scores[0]), 4)  # as ctc_align: '1', blank, '2'
+        ([[1, 0, 2]], -0.6694)
     """
     fn = "graph_align"
     check_tensor(fn, "emissions", emissions)

@@ -105,6 +105,16 @@ def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targe
       Collobert, Puhrsch, Synnaeve, "Wav2Letter", arXiv:1609.03193, 2016.
       Hannun et al., "Differentiable Weighted Finite-State Transducers",
       arXiv:2010.01003, 2020.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as dt
+        >>> emissions = torch.zeros(3, 1, 2)  # (T, N, C): 3 frames, 2 tokens, all scores 0
+        >>> targets, input_lengths, target_lengths = torch.tensor([[0, 1]]), torch.tensor([3]), torch.tensor([2])
+        >>> loss = dt.asg_loss(emissions, torch.zeros(2, 2), targets, input_lengths, target_lengths,
+        ...                   reduction="sum")
+        >>> round(loss.item(), 4)  # log(2**3 labellings / 2 segmentations of '0 1') = log 4
+        1.3863
     """
     fn = "asg_loss"
     check_reduction(fn, reduction)
@@ -141,6 +151,15 @@ class ASGLoss(torch.nn.Module):
     Attributes:
       transitions: ``(C, C)`` ``nn.Parameter``; ``[i, j]`` = score of ``i`` after ``j``.
       start_transitions: ``(C,)`` ``nn.Parameter`` or ``None``.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as dt
+        >>> emissions = torch.zeros(3, 1, 2)  # (T, N, C): 3 frames, 2 tokens, all scores 0
+        >>> targets, input_lengths, target_lengths = torch.tensor([[0, 1]]), torch.tensor([3]), torch.tensor([2])
+        >>> loss = dt.ASGLoss(num_classes=2, reduction="sum")(emissions, targets, input_lengths, target_lengths)
+        >>> round(loss.item(), 4)  # transitions start at 0: log(2**3 labellings / 2 segmentations of '0 1') = log 4
+        1.3863
     """
 
     def __init__(self, num_classes: int, *, learn_start: bool = False,

@@ -131,6 +131,15 @@ def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, bl
 
     References:
       Graves et al., "Connectionist Temporal Classification", ICML 2006.
+
+    Examples:
+        >>> import math, torch
+        >>> import duoloss.torch as dt
+        >>> log_probs = torch.full((2, 1, 3), -math.log(3))  # (T, N, C): T=2 uniform frames over C=3
+        >>> targets, input_lengths, target_lengths = torch.tensor([[1]]), torch.tensor([2]), torch.tensor([1])
+        >>> loss = dt.ctc_loss(log_probs, targets, input_lengths, target_lengths)
+        >>> round(loss.item(), 4)  # 3 of the 9 frame paths spell '1': -log(3/9) = log 3
+        1.0986
     """
     fn = "ctc_loss"
     check_not_torchscript(fn)

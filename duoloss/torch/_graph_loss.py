@@ -78,6 +78,15 @@ def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
 
     References:
       Hannun et al., "Differentiable Weighted Finite-State Transducers", 2020.
+
+    Examples:
+        >>> import math, torch
+        >>> import duoloss.torch as dt
+        >>> from duoloss.graphs import ctc_graph
+        >>> log_probs = torch.full((2, 1, 3), -math.log(3))  # (T, N, C): uniform frames
+        >>> loss = dt.graph_loss(log_probs, [ctc_graph([1])], torch.tensor([2]))
+        >>> round(loss.item(), 4)  # the CTC graph of '1': the CTC loss, log 3
+        1.0986
     """
     fn = "graph_loss"
     check_reduction(fn, reduction)
@@ -141,6 +150,15 @@ class GraphLoss(torch.nn.Module):
     Attributes:
       weights: ``(K,)`` ``nn.Parameter``; arcs refer to it through the
         ``arc_weight_index`` passed to `forward`.
+
+    Examples:
+        >>> import math, torch
+        >>> import duoloss.torch as dt
+        >>> from duoloss.graphs import ctc_graph
+        >>> log_probs = torch.full((2, 1, 3), -math.log(3))  # (T, N, C): uniform frames
+        >>> loss = dt.GraphLoss()(log_probs, [ctc_graph([1])], torch.tensor([2]))
+        >>> round(loss.item(), 4)  # the CTC graph of '1': the CTC loss, log 3
+        1.0986
     """
 
     def __init__(self, num_weights: int = 0, *, normalize: bool = False,

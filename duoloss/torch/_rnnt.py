@@ -383,6 +383,15 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target
       Emission Regularization", arXiv:2010.11148, 2021.
       Kang et al., "Delay-penalized transducer for low-latency streaming ASR",
       arXiv:2211.00490, 2022.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as dt
+        >>> logits = torch.zeros(1, 2, 2, 3)  # (N, T, U + 1, V): uniform over V=3, blank = V - 1
+        >>> targets, logit_lengths, target_lengths = torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1])
+        >>> loss = dt.rnnt_loss(logits, targets, logit_lengths, target_lengths)
+        >>> round(loss.item(), 4)  # 2 alignments of 3 moves, each (1/3)**3: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
@@ -422,6 +431,15 @@ class RNNTLoss(torch.nn.Module):
       fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       delay_penalty: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       impl: ``'auto'``, ``'host'`` or ``'device'``, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as dt
+        >>> logits = torch.zeros(1, 2, 2, 3)  # (N, T, U + 1, V): uniform over V=3, blank = V - 1
+        >>> targets, logit_lengths, target_lengths = torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1])
+        >>> loss = dt.RNNTLoss()(logits, targets, logit_lengths, target_lengths)
+        >>> round(loss.item(), 4)  # 2 alignments of 3 moves, each (1/3)**3: log(27 / 2)
+        2.6027
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0,
@@ -489,6 +507,14 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, targe
     the path (labels as late as possible among equal-score paths).  A sequence
     with no finite path (``T_b = 0 < U_b``) gets score ``-inf`` and ``-1``
     everywhere.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> logits = torch.zeros((1, 2, 2, 3))  # uniform: every alignment ties; labels go as late as possible
+        >>> alignment, label_frames, scores = d.rnnt_align(logits, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1]))
+        >>> alignment.tolist(), label_frames.tolist(), round(float(scores[0]), 4)  # blank, '0' on frame 1, blank; 3 log(1/3)
+        ([[2, 0, 2]], [[1]], -3.2958)
     """
     fn = "rnnt_align"
     check_bool(fn, "fused_log_softmax", fused_log_softmax)

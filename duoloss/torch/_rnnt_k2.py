@@ -98,6 +98,16 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     identity; ``delay_penalty`` is added by the losses, not here).  ``log Z`` is
     a matrix product of ``exp(lm - max)`` and ``exp(am - max)``: no
     ``(B, T, S+1, C)`` tensor is formed.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C)
+        >>> px, py = d.get_rnnt_logprobs(lm, am, torch.tensor([[1]]), termination_symbol=0)
+        >>> tuple(px.shape), tuple(py.shape)  # (B, S, T + 1) and (B, S + 1, T) for 'regular'
+        ((1, 1, 3), (1, 2, 2))
+        >>> round(float(py[0, 0, 0]), 4)  # log(1/3): every class equally likely
+        -1.0986
     """
     fn = "get_rnnt_logprobs"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
@@ -248,6 +258,15 @@ def rnnt_loss_simple(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
       Graves, *Sequence transduction with recurrent neural networks*, 2012;
       Kuang et al., *Pruned RNN-T for fast, memory-efficient ASR training*,
       Interspeech 2022 (arXiv:2206.13236).
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C): a uniform joiner
+        >>> symbols, boundary = torch.tensor([[1]]), torch.tensor([[0, 0, 1, 2]])  # S=1 symbol, T=2 frames
+        >>> loss = d.rnnt_loss_simple(lm, am, symbols, termination_symbol=2, boundary=boundary)
+        >>> round(float(loss), 4)  # the RNN-T loss of uniform logits: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_simple"
     device = resolve_impl(fn, impl, am)
@@ -284,6 +303,16 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
     (as k2, so that ``-inf * 0`` never appears).  Other arguments and the return
     value as [`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] (icefall's recipes call this one with
     ``return_grad=True``).
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C): a uniform joiner
+        >>> symbols, boundary = torch.tensor([[1]]), torch.tensor([[0, 0, 1, 2]])  # S=1 symbol, T=2 frames
+        >>> loss = d.rnnt_loss_smoothed(lm, am, symbols, 2, lm_only_scale=0.0, am_only_scale=0.0,
+        ...                           boundary=boundary)
+        >>> round(float(loss), 4)  # no smoothing: the RNN-T loss of uniform logits: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_smoothed"
     device = resolve_impl(fn, impl, am)
@@ -310,6 +339,17 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
     As k2 (and [`get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs]): 'regular' sets ``px[b, :, t_end[b]] =
     -inf`` and 'constrained' adds ``py[:, 1:, :]`` to ``px``, so the recursion on
     ``(px, py, boundary)`` gives [`rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned]'s per-sequence losses.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C), S=1
+        >>> symbols, boundary = torch.tensor([[1]]), torch.tensor([[0, 0, 1, 2]])
+        >>> ranges = torch.tensor([[[0, 1], [0, 1]]])  # s_range = S + 1: nothing pruned
+        >>> am_p, lm_p = d.do_rnnt_pruning(am, lm, ranges)
+        >>> px, py = d.get_rnnt_logprobs_pruned(am_p + lm_p, symbols, ranges, 2, boundary)
+        >>> tuple(px.shape), tuple(py.shape)  # k2's lattice: (B, S, T + 1), (B, S + 1, T)
+        ((1, 1, 3), (1, 2, 2))
     """
     fn = "get_rnnt_logprobs_pruned"
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
@@ -377,6 +417,17 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     References:
       Kuang et al., *Pruned RNN-T for fast, memory-efficient ASR training*,
       Interspeech 2022 (arXiv:2206.13236).
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C), S=1
+        >>> symbols, boundary = torch.tensor([[1]]), torch.tensor([[0, 0, 1, 2]])
+        >>> ranges = torch.tensor([[[0, 1], [0, 1]]])  # s_range = S + 1: nothing pruned
+        >>> am_p, lm_p = d.do_rnnt_pruning(am, lm, ranges)
+        >>> loss = d.rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 2, boundary)
+        >>> round(float(loss), 4)  # = the full RNN-T loss of uniform logits, log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_pruned"
     device = resolve_impl(fn, impl, logits)
@@ -417,6 +468,16 @@ def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary
 
     References:
       Kuang et al., 2022 (arXiv:2206.13236), section 3.2.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 4, 3)), torch.zeros((1, 3, 3))  # (B, T, C), (B, S + 1, C)
+        >>> symbols, boundary = torch.tensor([[1, 2]]), torch.tensor([[0, 0, 2, 4]])
+        >>> _, (px_grad, py_grad) = d.rnnt_loss_simple(lm, am, symbols, 0, boundary, return_grad=True)
+        >>> ranges = d.get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range=2)
+        >>> tuple(ranges.shape), bool((ranges[..., 1] == ranges[..., 0] + 1).all())  # (B, T, s_range), consecutive
+        ((1, 4, 2), True)
     """
     fn = "get_rnnt_prune_ranges"
     for arg, x in (("px_grad", px_grad), ("py_grad", py_grad), ("boundary", boundary)):
@@ -458,6 +519,15 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
     Args:
       am: ``(B, T, encoder_dim)``; lm: ``(B, S+1, decoder_dim)``; ranges:
         ``(B, T, s_range)`` from [`get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 4, 3)), torch.zeros((1, 3, 3))  # (B, T, C), (B, S + 1, C)
+        >>> ranges = torch.tensor([[[0, 1], [0, 1], [1, 2], [1, 2]]])  # (B, T, s_range)
+        >>> am_pruned, lm_pruned = d.do_rnnt_pruning(am, lm, ranges)
+        >>> tuple(am_pruned.shape), tuple(lm_pruned.shape)  # both (B, T, s_range, C): add, then joiner
+        ((1, 4, 2, 3), (1, 4, 2, 3))
     """
     fn = "do_rnnt_pruning"
     for arg, x in (("am", am), ("lm", lm), ("ranges", ranges)):

@@ -613,6 +613,13 @@ class PackedGraphs(NamedTuple):
     graphs' own (constant) arc weights, ``start``/``accept`` 0/1 flags per node,
     ``arc_weight_index`` the index of each arc's tied learnable weight (``-1``:
     none).
+
+    Examples:
+        >>> from duoloss.core import PackedGraphs, pack_graphs  # also in duoloss.torch and duoloss.jax
+        >>> from duoloss.graphs import ctc_graph
+        >>> packed = pack_graphs([ctc_graph([1]), ctc_graph([2, 2])])  # 2L + 1 nodes each
+        >>> isinstance(packed, PackedGraphs), packed.node_off.tolist()
+        (True, [0, 3, 8])
     """
 
     node_off: Any
@@ -645,6 +652,13 @@ def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None)
     Raises:
       TypeError/ValueError: not a list of graphs, bad ``arc_weight_index`` shapes,
         or totals larger than ``num_nodes``/``num_arcs``.
+
+    Examples:
+        >>> from duoloss.core import PackedGraphs, pack_graphs  # also in duoloss.torch and duoloss.jax
+        >>> from duoloss.graphs import ctc_graph
+        >>> packed = pack_graphs([ctc_graph([1]), ctc_graph([2, 2])])  # 2L + 1 nodes each
+        >>> isinstance(packed, PackedGraphs), packed.node_off.tolist()
+        (True, [0, 3, 8])
     """
     from ..graph.graph import Graph, graph_arrays
 
