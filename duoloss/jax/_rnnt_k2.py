@@ -126,7 +126,18 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
 
 def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str = "regular",
                       boundary=None) -> Tuple[jax.Array, jax.Array]:
-    """k2's ``(px, py)`` of the additive joiner (see [`duoloss.torch.get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs])."""
+    """k2's ``(px, py)`` of the additive joiner (see [`duoloss.torch.get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs]).
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C)
+        >>> px, py = d.get_rnnt_logprobs(lm, am, np.array([[1]]), termination_symbol=0)
+        >>> tuple(px.shape), tuple(py.shape)  # (B, S, T + 1) and (B, S + 1, T) for 'regular'
+        ((1, 1, 3), (1, 2, 2))
+        >>> round(float(py[0, 0, 0]), 4)  # log(1/3): every class equally likely
+        -1.0986
+    """
     px, py, boundary = _simple_logprobs("get_rnnt_logprobs", lm, am, symbols,
                                         termination_symbol, rnnt_type, boundary)
     return _finish_px(px, py, boundary, rnnt_type, 0.0), py
@@ -264,7 +275,19 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
 
 def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
                              rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
-    """k2's ``(px, py)`` from pruned logits (see [`duoloss.torch.get_rnnt_logprobs_pruned`][duoloss.torch.get_rnnt_logprobs_pruned])."""
+    """k2's ``(px, py)`` from pruned logits (see [`duoloss.torch.get_rnnt_logprobs_pruned`][duoloss.torch.get_rnnt_logprobs_pruned]).
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C), S=1
+        >>> symbols, boundary = np.array([[1]]), np.array([[0, 0, 1, 2]])
+        >>> ranges = np.array([[[0, 1], [0, 1]]])  # s_range = S + 1: nothing pruned
+        >>> am_p, lm_p = d.do_rnnt_pruning(am, lm, ranges)
+        >>> px, py = d.get_rnnt_logprobs_pruned(am_p + lm_p, symbols, ranges, 2, boundary)
+        >>> tuple(px.shape), tuple(py.shape)  # k2's lattice: (B, S, T + 1), (B, S + 1, T)
+        ((1, 1, 3), (1, 2, 2))
+    """
     px, py, boundary = _pruned_logprobs("get_rnnt_logprobs_pruned", logits, symbols, ranges,
                                         termination_symbol, boundary, rnnt_type)
     return _finish_px(px, py, boundary, rnnt_type, 0.0), py
@@ -349,7 +372,17 @@ def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array
 
 def do_rnnt_pruning(am, lm, ranges) -> Tuple[jax.Array, jax.Array]:
     """``(am_pruned, lm_pruned)`` ``(B, T, s_range, D)``; see
-    [`duoloss.torch.do_rnnt_pruning`][duoloss.torch.do_rnnt_pruning]."""
+    [`duoloss.torch.do_rnnt_pruning`][duoloss.torch.do_rnnt_pruning].
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 4, 3)), np.zeros((1, 3, 3))  # (B, T, C), (B, S + 1, C)
+        >>> ranges = np.array([[[0, 1], [0, 1], [1, 2], [1, 2]]])  # (B, T, s_range)
+        >>> am_pruned, lm_pruned = d.do_rnnt_pruning(am, lm, ranges)
+        >>> tuple(am_pruned.shape), tuple(lm_pruned.shape)  # both (B, T, s_range, C): add, then joiner
+        ((1, 4, 2, 3), (1, 4, 2, 3))
+    """
     fn = "do_rnnt_pruning"
     am, lm, ranges = (_array(fn, a, x) for a, x in (("am", am), ("lm", lm),
                                                      ("ranges", ranges)))

@@ -212,7 +212,17 @@ def _ctc_padded(fn, log_probs, targets, input_lengths, target_lengths, blank, re
 
 
 class CTCLoss(torch.nn.Module):
-    """Module form of [`ctc_loss`][duoloss.torch.ctc_loss]; a drop-in for ``torch.nn.CTCLoss``."""
+    """Module form of [`ctc_loss`][duoloss.torch.ctc_loss]; a drop-in for ``torch.nn.CTCLoss``.
+
+    Examples:
+        >>> import math, torch
+        >>> import duoloss.torch as dt
+        >>> log_probs = torch.full((2, 1, 3), -math.log(3))  # (T, N, C): T=2 uniform frames over C=3
+        >>> targets, input_lengths, target_lengths = torch.tensor([[1]]), torch.tensor([2]), torch.tensor([1])
+        >>> loss = dt.CTCLoss(blank=0)(log_probs, targets, input_lengths, target_lengths)
+        >>> round(loss.item(), 4)  # 3 of the 9 frame paths spell '1': -log(3/9) = log 3
+        1.0986
+    """
 
     def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, *,
                  impl: str = "auto"):
