@@ -1,7 +1,9 @@
-"""Demo: train the same tiny CTC model in PyTorch and in JAX, side by side.
+"""``python -m duoloss``: the demo (default) and the kernel warm-up.
 
-    python -m duoloss [--steps 30] [--batch 16] [--plot duoloss-demo.png | --no-plot]
+    python -m duoloss [demo] [--steps 30] [--batch 16] [--plot duoloss-demo.png | --no-plot]
+    python -m duoloss warmup [--families ctc,rnnt,...] [--quiet]
 
+**demo** -- train the same tiny CTC model in PyTorch and in JAX, side by side.
 Built-in synthetic data: frame features are noisy embeddings of a hidden
 frame-level labelling (blank, tokens repeated over several frames).  A linear
 model (features -> classes) is trained with plain SGD from the *same* initial
@@ -15,6 +17,10 @@ the loss curves of both frameworks, and for one utterance the model's frame
 posteriors next to the CTC posterior (the occupancy of each class at each frame
 under all alignments of the target: minus duoloss's gradient w.r.t. the
 log-probabilities) with the best alignment (``ctc_align``) drawn over it.
+
+**warmup** -- compile and cache the numba kernels now (``duoloss.warmup``), e.g.
+``RUN python -m duoloss warmup`` in a Dockerfile, so that later processes' first
+calls load them from the cache instead of compiling.
 """
 from __future__ import annotations
 
@@ -179,16 +185,52 @@ def plot(path, curves, post, truth, target):
     return True
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="duoloss-demo.png", help="where to write the figure")
-    p.add_argument("--no-plot", action="store_true", help="do not write the figure")
-    args = p.parse_args(argv)
+_PROG = "python -m duoloss"
+_COMMANDS = ("demo", "warmup")
 
+
+def _parser():
+    p = argparse.ArgumentParser(prog=_PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{demo,warmup}",
+                           help="demo (the default when no command is given) or warmup")
+    d = sub.add_parser("demo", help="train a tiny CTC model in every installed framework",
+                       description="Train the same tiny CTC model in PyTorch and JAX.")
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--batch", type=int, default=16)
+    d.add_argument("--lr", type=float, default=0.5)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--plot", default="duoloss-demo.png", help="where to write the figure")
+    d.add_argument("--no-plot", action="store_true", help="do not write the figure")
+    from ._warmup import FAMILIES
+
+    w = sub.add_parser("warmup", help="compile and cache the kernels ahead of time",
+                       description="Compile and cache duoloss's numba kernels (duoloss.warmup), "
+                       "one line per family on stderr.")
+    w.add_argument("--families", default=None,
+                   help=f"comma-separated, from {','.join(FAMILIES)} (default: all)")
+    w.add_argument("--quiet", action="store_true", help="print nothing")
+    return p
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in _COMMANDS + ("-h", "--help"):
+        argv.insert(0, "demo")  # ``python -m duoloss [--steps N ...]``: the demo, as before
+    args = _parser().parse_args(argv)
+    if args.command == "warmup":
+        from ._warmup import warmup
+
+        try:
+            warmup(args.families, verbose=not args.quiet)
+        except ValueError as exc:
+            print(f"{_PROG}: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    return _demo(args)
+
+
+def _demo(args):
     runners = [r for r, mod in ((_TorchRun, "torch"), (_JaxRun, "jax")) if _available(mod)]
     if not runners:
         print("python -m duoloss needs PyTorch or JAX: pip install 'duoloss[torch]' or "

@@ -21,12 +21,15 @@ kernel on first use in every process), with exactly one warning.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import tempfile
+import time
 import warnings
 
 import numba
+import numba.core.event
 
 __all__ = []
 
@@ -136,3 +139,95 @@ def _setup_cache():
 
 
 _setup_cache()
+
+
+# --------------------------------------------------------------------------------------
+# The compile notice: one line the first time a kernel family compiles in a process.
+
+#: Kernel module (below ``duoloss.core.``) -> family (as ``duoloss.warmup`` names them).
+_FAMILY_OF_MODULE = {
+    "losses.ctc": "ctc", "losses.asg": "asg", "losses.graph_loss": "graph",
+    "graph.scores": "graph", "graph.compose": "graph", "graph.ops": "graph",
+    "graph.graph": "graph", "graph.io": "graph", "graph.compare": "graph",
+    "losses.transducer": "rnnt", "losses.joiner": "rnnt", "losses.tdt": "rnnt",
+    "losses.rnnt_k2": "k2", "losses.align": "align",
+}
+
+#: family -> (what it is, rough seconds to compile it with an empty cache on a busy
+#: 2-core machine; benchmarks/cold_start.py measures them).
+FAMILIES = {
+    "ctc": ("CTC", 10), "asg": ("ASG", 25), "graph": ("WFST graph", 45),
+    "rnnt": ("RNN-T", 25), "k2": ("k2 RNN-T", 15), "align": ("alignment", 20),
+    "core": ("shared", 5),
+}
+
+_logger = logging.getLogger("duoloss")
+_noticed = set()      # families already announced in this process
+_quiet_depth = 0      # > 0 while duoloss.warmup prints its own progress
+
+
+def cache_location():
+    """Where numba keeps duoloss's compiled kernels (a folder, or a sentence)."""
+    if cache_choice == "none":
+        return "nowhere (no writable folder: kernels compile in every process)"
+    if numba.config.CACHE_DIR:
+        return os.path.abspath(numba.config.CACHE_DIR)
+    if cache_choice == "in-tree":
+        return os.path.join(_PACKAGE_DIR, "**", "__pycache__")
+    return _numba_user_cache_dir()
+
+
+def _family(dispatcher):
+    module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+    if not module.startswith("duoloss."):
+        return None
+    return _FAMILY_OF_MODULE.get(module[len("duoloss.core."):], "core")
+
+
+def _quiet():
+    return _quiet_depth > 0 or os.environ.get("DUOLOSS_QUIET_COMPILE", "") not in ("", "0")
+
+
+class _CompileNotice(numba.core.event.Listener):
+    """Announces the first compile (a numba cache miss) of each family, once per process.
+
+    Only an outermost compile counts: the helpers a kernel compiles on its way (in
+    other modules) belong to the kernel's family.  A kernel loaded from the cache
+    fires no event, so a warm cache prints nothing.
+    """
+
+    def __init__(self):
+        self._depth = 0
+        self._started = None
+
+    def on_start(self, event):
+        self._depth += 1
+        if self._depth != 1:
+            return
+        family = _family(event.data.get("dispatcher"))
+        if family is None:
+            return
+        self._started = (family, time.perf_counter())
+        if family in _noticed:
+            return
+        _noticed.add(family)
+        if _quiet():
+            return
+        what, seconds = FAMILIES[family]
+        _logger.warning(
+            "duoloss: compiling the %s kernels (first use with an empty numba cache, about "
+            "%d s on 2 busy cores, once: cached in %s). Precompile with `python -m duoloss "
+            "warmup`; silence with DUOLOSS_QUIET_COMPILE=1.", what, seconds,
+            cache_location())
+
+    def on_end(self, event):
+        self._depth = max(self._depth - 1, 0)
+        if self._depth == 0 and self._started is not None:
+            family, t0 = self._started
+            self._started = None
+            _logger.debug("duoloss: compiled %s (%s kernels) in %.1f s",
+                          getattr(event.data.get("dispatcher"), "__name__", "?"),
+                          family, time.perf_counter() - t0)
+
+
+numba.core.event.register("numba:compile", _CompileNotice())

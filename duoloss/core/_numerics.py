@@ -292,6 +292,11 @@ def sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, has_blan
     return ok
 
 
+#: Set by ``duoloss.warmup`` while it runs: every batch runs both variants, so that
+#: both compile (and are cached) with the signatures real calls use.
+_compile_both = False
+
+
 def run_batch(serial, parallel, n, cells, min_cells, args):
     """Run ``parallel(*args)`` when the batch is worth threads, else ``serial(*args)``.
 
@@ -301,6 +306,9 @@ def run_batch(serial, parallel, n, cells, min_cells, args):
     variant runs under :func:`~._threading.parallel_guard` (fork safety, the
     workqueue lock) with numba's chunk size 1.
     """
+    if _compile_both and n > 0:
+        serial(*args)
+        cells = min_cells
     if n > 1 and cells >= min_cells:
         with parallel_guard():
             old = numba.set_parallel_chunksize(1)

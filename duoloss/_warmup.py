@@ -1,0 +1,291 @@
+"""Compile (and cache) duoloss's kernels ahead of time: ``duoloss.warmup``.
+
+Each family runs a few tiny calls through every installed frontend (PyTorch, JAX; the
+numpy core when neither is installed), in float32 and float64, forward and backward,
+with both the serial and the parallel variant of each batch kernel: the same kernels
+and signatures as real calls, so that numba compiles them now and a later process
+loads them from its cache.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["FAMILIES", "warmup"]
+
+#: The kernel families, in the order ``warmup()`` compiles them.
+FAMILIES = ("ctc", "asg", "graph", "rnnt", "k2", "align")
+
+_DTYPES = ("float32", "float64")
+
+
+def _rng():
+    return np.random.default_rng(0)
+
+
+# ----------------------------------------------------------------------------- torch
+def _torch_calls(family: str) -> List[Callable[[str], None]]:
+    import torch
+
+    import duoloss.torch as dt
+
+    def tensor(a, dtype, grad=True):
+        return torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=grad)
+
+    tg = torch.tensor([[1, 2, 3], [4, 2, 1]])
+    il, tl = torch.tensor([12, 10]), torch.tensor([3, 2])
+
+    def ctc(dtype):
+        lp = tensor(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
+        dt.ctc_loss(lp, tg, il, tl).backward()
+        dt.ctc_loss(lp, tg, il, tl, reduction="none").sum().backward()
+
+    def asg(dtype):
+        x = tensor(_rng().standard_normal((12, 2, 6)), dtype)
+        loss = dt.ASGLoss(6).to(getattr(torch, dtype))
+        loss(x, tg, il, tl).backward()
+        dt.asg_loss(x, None, tg, il, tl).backward()
+
+    def graph(dtype):
+        from duoloss import gtn
+        from duoloss.graphs import ctc_graph, ctc_topo
+
+        lp = tensor(np.log(_softmax(_rng().standard_normal((12, 2, 5)))), dtype)
+        dt.graph_loss(lp, ctc_graph([[1, 2, 2], [3, 4]]), [12, 10]).backward()
+        acc = gtn.Graph(calc_grad=False)
+        for i in range(3):
+            acc.add_node(start=i == 0, accept=i == 2)
+        acc.add_arc(0, 1, 1)
+        acc.add_arc(1, 2, 2)
+        frames = gtn.compose(ctc_topo(5), acc)
+        dt.graph_loss(lp[:, :1], [frames], [12], denominator=[ctc_topo(5)]).backward()
+
+    def rnnt(dtype):
+        x = tensor(_rng().standard_normal((2, 6, 4, 5)), dtype)
+        t32 = tg.to(torch.int32)
+        il32, tl32 = torch.tensor([6, 5], dtype=torch.int32), tl.to(torch.int32)
+        dt.rnnt_loss(x, t32, il32, tl32, blank=0).backward()
+        dt.rnnt_loss(x, t32, il32, tl32, blank=0, reduction="none").sum().backward()
+
+    def k2(dtype):
+        rng = _rng()
+        am = tensor(rng.standard_normal((2, 6, 5)), dtype)
+        lm = tensor(rng.standard_normal((2, 4, 5)), dtype)
+        boundary = torch.tensor([[0, 0, 3, 6], [0, 0, 2, 5]])
+        simple, (px_grad, py_grad) = dt.rnnt_loss_simple(
+            lm, am, tg, termination_symbol=0, boundary=boundary, reduction="sum",
+            return_grad=True)
+        ranges = dt.get_rnnt_prune_ranges(px_grad, py_grad, boundary, 2)
+        am_p, lm_p = dt.do_rnnt_pruning(am, lm, ranges)
+        pruned = dt.rnnt_loss_pruned(am_p + lm_p, tg, ranges, 0, boundary, reduction="sum")
+        smoothed = dt.rnnt_loss_smoothed(lm, am, tg, termination_symbol=0, lm_only_scale=0.25,
+                                         am_only_scale=0.0, boundary=boundary)
+        (simple + pruned + smoothed).backward()
+
+    def align(dtype):
+        rng = _rng()
+        lp = tensor(np.log(_softmax(rng.standard_normal((12, 2, 6)))), dtype, grad=False)
+        tr = tensor(rng.standard_normal((6, 6)), dtype, grad=False)
+        dt.ctc_align(lp, tg, il, tl)
+        dt.asg_align(lp, tr, tg, il, tl)
+        dt.asg_viterbi(lp, tr, il)
+        from duoloss.graphs import ctc_graph
+
+        dt.graph_align(lp, ctc_graph([[1, 2, 3], [4, 2]]), [12, 10])
+        x = tensor(rng.standard_normal((2, 6, 4, 6)), dtype, grad=False)
+        dt.rnnt_align(x, tg.to(torch.int32), torch.tensor([6, 5], dtype=torch.int32),
+                      tl.to(torch.int32), blank=0)
+
+    return [locals()[family]]
+
+
+# ------------------------------------------------------------------------------- jax
+def _jax_calls(family: str) -> List[Callable[[str], None]]:
+    import jax
+    import jax.numpy as jnp
+
+    import duoloss.jax as dj
+
+    tg = np.array([[1, 2, 3], [4, 2, 1]])
+    il, tl = np.array([12, 10]), np.array([3, 2])
+
+    def run(f, *args):
+        jax.block_until_ready(jax.value_and_grad(f)(*args))
+
+    def ctc(dtype):
+        lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
+        run(lambda x: dj.ctc_loss(x, tg, il, tl), lp)
+
+    def asg(dtype):
+        x = jnp.asarray(_rng().standard_normal((12, 2, 6)), dtype)
+        tr = jnp.zeros((6, 6), dtype)
+        run(lambda x, tr: dj.asg_loss(x, tr, tg, il, tl), x, tr)
+
+    def graph(dtype):
+        from duoloss.graphs import ctc_graph
+
+        lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 5)))), dtype)
+        graphs = ctc_graph([[1, 2, 2], [3, 4]])
+        run(lambda x: dj.graph_loss(x, graphs, [12, 10]), lp)
+
+    def rnnt(dtype):
+        x = jnp.asarray(_rng().standard_normal((2, 6, 4, 5)), dtype)
+        t32 = tg.astype(np.int32)
+        il32, tl32 = np.array([6, 5], np.int32), tl.astype(np.int32)
+        run(lambda x: dj.rnnt_loss(x, t32, il32, tl32, blank=0), x)
+
+    def k2(dtype):
+        rng = _rng()
+        am = jnp.asarray(rng.standard_normal((2, 6, 5)), dtype)
+        lm = jnp.asarray(rng.standard_normal((2, 4, 5)), dtype)
+        boundary = jnp.asarray([[0, 0, 3, 6], [0, 0, 2, 5]])
+        run(lambda lm, am: dj.rnnt_loss_simple(lm, am, tg, termination_symbol=0,
+                                               boundary=boundary, reduction="sum"), lm, am)
+
+    def align(dtype):
+        lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
+        jax.block_until_ready(dj.ctc_align(lp, tg, il, tl))
+
+    return [locals()[family]]
+
+
+# ------------------------------------------------------------------------------ core
+def _core_calls(family: str) -> List[Callable[[str], None]]:
+    from duoloss import core
+
+    tg = np.array([[1, 2, 3], [4, 2, 1]])
+    il, tl = np.array([12, 10]), np.array([3, 2])
+
+    def lp(dtype, c=6):
+        return np.log(_softmax(_rng().standard_normal((12, 2, c)))).astype(dtype)
+
+    def ctc(dtype):
+        core.ctc_loss_and_grad(lp(dtype), tg, il, tl)
+
+    def asg(dtype):
+        core.asg_loss_and_grad(lp(dtype), np.zeros((6, 6), dtype), tg, il, tl)
+
+    def graph(dtype):
+        from duoloss.graphs import ctc_graph
+
+        core.graph_loss_and_grad(lp(dtype, 5), ctc_graph([[1, 2, 2], [3, 4]]), [12, 10])
+
+    def align(dtype):
+        core.ctc_align(lp(dtype), tg, il, tl)
+
+    calls = {"ctc": ctc, "asg": asg, "graph": graph, "align": align}
+    return [calls[family]] if family in calls else []
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def _jax_x64(enable: bool):
+    import jax
+
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", enable)
+    return old
+
+
+def _run_family(family: str, frontends: Sequence[str]) -> None:
+    for frontend in frontends:
+        calls = {"torch": _torch_calls, "jax": _jax_calls, "core": _core_calls}[frontend](family)
+        for dtype in _DTYPES:
+            old = _jax_x64(dtype == "float64") if frontend == "jax" else None
+            try:
+                for call in calls:
+                    call(dtype)
+            finally:
+                if old is not None:
+                    _jax_x64(old)
+
+
+def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True
+           ) -> Dict[str, float]:
+    """Compile and cache duoloss's kernels now, instead of at the first call of each loss.
+
+    numba compiles each kernel the first time a process uses it (seconds per loss
+    family, up to about a minute on a busy 2-core machine) and keeps the result in its
+    disk cache (see ``NUMBA_CACHE_DIR``), where every later process finds it.  Run this
+    once where the cache will live -- a Docker image build
+    (``RUN python -m duoloss warmup``), the first step of a cluster job -- and the first
+    calls of later processes start in well under a second.
+
+    Each family runs a few tiny calls through every installed frontend (``duoloss.torch``,
+    ``duoloss.jax``; the numpy core when neither is installed) in float32 and float64,
+    forward and backward, with the serial and the parallel variant of each kernel: the
+    kernels and signatures that real calls use.  Families already cached load in a
+    fraction of a second.
+
+    Args:
+      families: which to compile, from ``"ctc"``, ``"asg"``, ``"graph"`` (WFST losses,
+        scores, compose), ``"rnnt"`` (transducer and joiner), ``"k2"`` (simple and pruned
+        RNN-T), ``"align"`` (aligners); ``None`` (default) for all of them.
+      verbose: print one line per family (its name and seconds) to stderr.
+
+    Returns:
+      ``{family: seconds}`` in the order compiled.
+
+    Raises:
+      ValueError: an unknown family name.
+
+    Examples:
+      ```python
+      import duoloss
+
+      seconds = duoloss.warmup(["ctc"], verbose=False)   # later ctc_loss calls start warm
+      assert list(seconds) == ["ctc"]
+      ```
+    """
+    if families is None:
+        chosen = list(FAMILIES)
+    else:
+        if isinstance(families, str):
+            families = [f for f in families.split(",") if f]
+        chosen = [str(f).strip() for f in families]
+        unknown = [f for f in chosen if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"warmup: argument 'families' must name families from "
+                             f"{list(FAMILIES)}, got unknown {unknown}")
+        chosen = [f for f in FAMILIES if f in chosen]
+    frontends = [f for f in ("torch", "jax") if _installed(f)] or ["core"]
+
+    from duoloss.core import _numba_setup, _numerics
+
+    if verbose:
+        print(f"duoloss warmup: compiling {', '.join(chosen)} through "
+              f"{' and '.join(frontends)} into {_numba_setup.cache_location()}",
+              file=sys.stderr, flush=True)
+    seconds = {}
+    total = time.perf_counter()
+    _numba_setup._quiet_depth += 1
+    _numerics._compile_both = True
+    try:
+        for family in chosen:
+            t0 = time.perf_counter()
+            _run_family(family, frontends)
+            seconds[family] = time.perf_counter() - t0
+            if verbose:
+                print(f"  {family:<6} {seconds[family]:6.1f} s", file=sys.stderr, flush=True)
+    finally:
+        _numerics._compile_both = False
+        _numba_setup._quiet_depth -= 1
+    if verbose:
+        print(f"duoloss warmup: done in {time.perf_counter() - total:.1f} s",
+              file=sys.stderr, flush=True)
+    return seconds

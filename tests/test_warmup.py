@@ -1,0 +1,157 @@
+"""duoloss.warmup, ``python -m duoloss [demo|warmup]`` and the compile notice.
+
+Two subprocesses share one fresh, empty numba cache: the first compiles the CTC kernels
+(a first call, which prints the notice, then ``warmup(['ctc'])``); the second makes the
+first calls users make (torch and JAX, float32 and float64, small and large batches) and
+must compile nothing.  Everything else runs in-process without compiling.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import duoloss
+from duoloss.core import _numba_setup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(cache=None):
+    env = {k: v for k, v in os.environ.items() if k != "DUOLOSS_QUIET_COMPILE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    if cache is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache)
+    return env
+
+
+def _python(code, env, args=("-c",)):
+    out = subprocess.run([sys.executable, *args, code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out
+
+
+# Counts compiles (numba cache misses) of duoloss's own kernels in the child.
+_COUNT = """
+import json, numba.core.event as ev
+compiled = []
+class _L(ev.Listener):
+    def on_start(self, e):
+        m = getattr(e.data["dispatcher"].py_func, "__module__", "")
+        if m.startswith("duoloss."):
+            compiled.append(m + "." + e.data["dispatcher"].py_func.__name__)
+    def on_end(self, e):
+        pass
+ev.register("numba:compile", _L())
+"""
+
+_FIRST_CALL = _COUNT + """
+import numpy as np
+from duoloss.core import ctc_loss_and_grad
+lp = np.log(np.full((12, 2, 6), 1 / 6, np.float32))
+ctc_loss_and_grad(lp, np.array([[1, 2, 3], [4, 2, 1]]), np.array([12, 10]), np.array([3, 2]))
+import duoloss
+seconds = duoloss.warmup(["ctc"])
+print(json.dumps({"compiled": len(compiled), "seconds": seconds}))
+"""
+
+_LATER_CALLS = _COUNT + """
+import numpy as np, torch, jax, jax.numpy as jnp
+import duoloss.torch as dt, duoloss.jax as dj
+tg = torch.tensor([[1, 2, 3], [4, 2, 1]]); il = torch.tensor([12, 10]); tl = torch.tensor([3, 2])
+for dtype in (torch.float32, torch.float64):
+    for n in (1, 2, 64):  # one sequence, a small and a large (parallel) batch
+        lp = torch.randn(30, n, 6, dtype=dtype).log_softmax(-1).requires_grad_()
+        t, i, l = tg.repeat(n, 1)[:n], il.repeat(n)[:n], tl.repeat(n)[:n]
+        dt.ctc_loss(lp, t, i, l).backward()
+        dt.ctc_loss(lp, t, i, l, reduction="none")
+lp = jax.nn.log_softmax(jnp.asarray(np.random.default_rng(0).standard_normal((12, 2, 6)),
+                                    jnp.float32))
+jax.value_and_grad(lambda x: dj.ctc_loss(x, tg.numpy(), il.numpy(), tl.numpy()))(lp)
+print(json.dumps({"compiled": compiled}))
+"""
+
+
+def test_warmup_then_first_calls_compile_nothing(tmp_path):
+    first = _python(_FIRST_CALL, _env(tmp_path))
+    result = json.loads(first.stdout.strip().splitlines()[-1])
+    assert result["compiled"] > 0 and list(result["seconds"]) == ["ctc"]
+    # The first call announced the CTC family once, naming the cache folder; the
+    # warm-up (which compiled the rest of the family) printed its progress instead.
+    notices = [ln for ln in first.stderr.splitlines() if "duoloss: compiling" in ln]
+    assert len(notices) == 1 and "CTC kernels" in notices[0], first.stderr
+    assert str(tmp_path) in notices[0] and "DUOLOSS_QUIET_COMPILE" in notices[0]
+    assert "  ctc " in first.stderr and "duoloss warmup: done" in first.stderr
+
+    later = _python(_LATER_CALLS, _env(tmp_path))
+    assert json.loads(later.stdout.strip().splitlines()[-1]) == {"compiled": []}
+    assert "duoloss: compiling" not in later.stderr
+
+
+class _Event:
+    def __init__(self, module):
+        fn = types.FunctionType((lambda: None).__code__, {}, "kernel")
+        fn.__module__ = module
+        self.data = {"dispatcher": types.SimpleNamespace(py_func=fn, __name__="kernel")}
+
+
+@pytest.fixture
+def notice(monkeypatch):
+    """A fresh listener, as if no family had compiled yet in this process."""
+    monkeypatch.setattr(_numba_setup, "_noticed", set())
+    monkeypatch.delenv("DUOLOSS_QUIET_COMPILE", raising=False)
+    return _numba_setup._CompileNotice()
+
+
+def _fire(listener, *modules):
+    for module in modules:
+        listener.on_start(_Event(module))
+        listener.on_end(_Event(module))
+
+
+def test_notice_once_per_family_outermost_only(notice, caplog):
+    caplog.set_level(logging.INFO, logger="duoloss")
+    _fire(notice, "duoloss.core.losses.ctc", "duoloss.core.losses.ctc", "numba.np.arrayobj")
+    # a nested compile (a helper of another family) is part of the outer kernel's compile
+    notice.on_start(_Event("duoloss.core.losses.asg"))
+    _fire(notice, "duoloss.core._numerics", "duoloss.core.losses.ctc")
+    notice.on_end(_Event("duoloss.core.losses.asg"))
+    _fire(notice, "duoloss.core.graph.scores", "duoloss.core.losses.graph_loss")
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 3, lines
+    for line, what in zip(lines, ("CTC", "ASG", "WFST graph")):
+        assert line.startswith(f"duoloss: compiling the {what} kernels (")
+        assert _numba_setup.cache_location() in line
+
+
+@pytest.mark.parametrize("how", ["env", "logging"])
+def test_notice_is_silenceable(notice, caplog, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("DUOLOSS_QUIET_COMPILE", "1")
+        caplog.set_level(logging.INFO, logger="duoloss")
+    else:
+        caplog.set_level(logging.ERROR, logger="duoloss")
+    _fire(notice, "duoloss.core.losses.ctc", "duoloss.core.losses.transducer")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_warmup_rejects_unknown_family():
+    with pytest.raises(ValueError, match=r"warmup: argument 'families' .*\['bogus'\]"):
+        duoloss.warmup(["ctc", "bogus"])
+
+
+def test_cli_help_names_the_program_and_commands():
+    out = subprocess.run([sys.executable, "-m", "duoloss", "--help"], capture_output=True,
+                         text=True, cwd=ROOT, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m duoloss ")
+    assert "{demo,warmup}" in out.stdout and "__main__" not in out.stdout
+    out = subprocess.run([sys.executable, "-m", "duoloss", "warmup", "--families", "nope"],
+                         capture_output=True, text=True, cwd=ROOT, env=_env())
+    assert out.returncode == 2 and "'families'" in out.stderr and "['nope']" in out.stderr
