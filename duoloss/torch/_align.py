@@ -1,7 +1,7 @@
 """Viterbi forced alignment for PyTorch: ``ctc_align``, ``asg_align``, ``asg_viterbi``."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -38,8 +38,10 @@ def _floats(t):
     return to_numpy(t)
 
 
-def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, target_lengths, *,
-              blank: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor,
+              input_lengths: torch.Tensor | Sequence[int],
+              target_lengths: torch.Tensor | Sequence[int], *, blank: int = 0
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Viterbi CTC forced alignment (the best CTC path of each target).
 
     Like ``torchaudio.functional.forced_align``, batched:
@@ -100,8 +102,9 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths, tar
     return (labels, scores) if batched else (labels[0], scores[0])
 
 
-def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
-              targets: torch.Tensor, input_lengths, target_lengths, *,
+def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targets: torch.Tensor,
+              input_lengths: torch.Tensor | Sequence[int],
+              target_lengths: torch.Tensor | Sequence[int], *,
               start_transitions: Optional[torch.Tensor] = None
               ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Viterbi ASG forced alignment: the best segmentation of each target.
@@ -147,7 +150,8 @@ def asg_align(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
     return _out(labels, scores, emissions)
 
 
-def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], input_lengths, *,
+def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor],
+                input_lengths: torch.Tensor | Sequence[int], *,
                 start_transitions: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""ASG Viterbi decoding: the best unconstrained frame labelling of each sequence.
@@ -188,8 +192,10 @@ def asg_viterbi(emissions: torch.Tensor, transitions: Optional[torch.Tensor], in
     return _out(labels, scores, emissions)
 
 
-def graph_align(emissions: torch.Tensor, graphs, input_lengths, *,
-                weights: Optional[torch.Tensor] = None, arc_weight_index=None
+def graph_align(emissions: torch.Tensor, graphs: Sequence[Any],
+                input_lengths: torch.Tensor | Sequence[int], *,
+                weights: Optional[torch.Tensor] = None,
+                arc_weight_index: Sequence[Any] | None = None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi alignment of each sequence to its target graph.
 

@@ -1,7 +1,7 @@
 """ASG and the all-alignments loss for PyTorch: ``asg_loss`` and ``ASGLoss``."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,9 +50,11 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
 
 
 def asg_loss(emissions: torch.Tensor, transitions: Optional[torch.Tensor], targets: torch.Tensor,
-             input_lengths, target_lengths, *, start_transitions: Optional[torch.Tensor] = None,
-             reduction: Literal["none", "sum", "mean"] = "mean",
-             zero_infinity: bool = False) -> torch.Tensor:
+             input_lengths: torch.Tensor | Sequence[int],
+             target_lengths: torch.Tensor | Sequence[int], *,
+             start_transitions: Optional[torch.Tensor] = None,
+             reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False
+             ) -> torch.Tensor:
     r"""Auto Segmentation Criterion (ASG), or the all-alignments loss without transitions.
 
     ``T`` frames, ``N`` sequences, ``C`` tokens (no blank), ``S`` padded target length.
@@ -164,7 +166,8 @@ class ASGLoss(torch.nn.Module):
 
     def __init__(self, num_classes: int, *, learn_start: bool = False,
                  reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False,
-                 dtype: Optional[torch.dtype] = None, device=None):
+                 dtype: Optional[torch.dtype] = None, device: torch.device | str | None = None
+                 ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"ASGLoss: argument 'num_classes' must be an int >= 1, "
@@ -180,7 +183,9 @@ class ASGLoss(torch.nn.Module):
         self.reduction = reduction
         self.zero_infinity = zero_infinity
 
-    def forward(self, emissions, targets, input_lengths, target_lengths):
+    def forward(self, emissions: torch.Tensor, targets: torch.Tensor,
+                input_lengths: torch.Tensor | Sequence[int],
+                target_lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
         return asg_loss(emissions, self.transitions, targets, input_lengths, target_lengths,
                         start_transitions=self.start_transitions, reduction=self.reduction,
                         zero_infinity=self.zero_infinity)

@@ -1,6 +1,7 @@
 """CTC for PyTorch: a drop-in for ``torch.nn.functional.ctc_loss`` / ``nn.CTCLoss``."""
 from __future__ import annotations
 
+from typing import Sequence
 import numpy as np
 import torch
 
@@ -81,9 +82,10 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     return out[0] if (not batched and reduction == "none") else out
 
 
-def ctc_loss(log_probs: torch.Tensor, targets, input_lengths, target_lengths, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False, *,
-             impl: str = "auto") -> torch.Tensor:
+def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
+             input_lengths: torch.Tensor | Sequence[int],
+             target_lengths: torch.Tensor | Sequence[int], blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False, *, impl: str = "auto") -> torch.Tensor:
     r"""Connectionist Temporal Classification loss, same API as ``F.ctc_loss``.
 
     Same output as ``torch.nn.functional.ctc_loss`` given the same input (up to
@@ -225,7 +227,7 @@ class CTCLoss(torch.nn.Module):
     """
 
     def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False, *,
-                 impl: str = "auto"):
+                 impl: str = "auto") -> None:
         super().__init__()
         check_impl("CTCLoss", impl)
         self.impl = impl
@@ -236,7 +238,9 @@ class CTCLoss(torch.nn.Module):
         self.reduction = reduction
         self.zero_infinity = zero_infinity
 
-    def forward(self, log_probs, targets, input_lengths, target_lengths):
+    def forward(self, log_probs: torch.Tensor, targets: torch.Tensor,
+                input_lengths: torch.Tensor | Sequence[int],
+                target_lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
         return ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank,
                         self.reduction, self.zero_infinity, impl=self.impl)
 

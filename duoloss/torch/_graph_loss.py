@@ -1,7 +1,7 @@
 """Target-graph loss for PyTorch: ``graph_loss`` and ``GraphLoss``."""
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -16,12 +16,13 @@ from ._args import check_bool, check_same_device, check_tensor, host_graphs, int
 __all__ = ["graph_loss", "GraphLoss"]
 
 
-def graph_loss(emissions: torch.Tensor, graphs: Sequence, input_lengths, *,
-               normalize: bool = False, reduction: Literal["none", "sum", "mean"] = "mean",
-               weights: Optional[torch.Tensor] = None,
-               arc_weight_index: Optional[Sequence] = None, target_lengths=None,
-               zero_infinity: bool = False, denominator=None,
-               denominator_arc_weight_index=None) -> torch.Tensor:
+def graph_loss(emissions: torch.Tensor, graphs: Sequence,
+               input_lengths: torch.Tensor | Sequence[int], *, normalize: bool = False,
+               reduction: Literal["none", "sum", "mean"] = "mean",
+               weights: Optional[torch.Tensor] = None, arc_weight_index: Optional[Sequence] = None,
+               target_lengths: torch.Tensor | Sequence[int] | None = None,
+               zero_infinity: bool = False, denominator: Any = None,
+               denominator_arc_weight_index: Any = None) -> torch.Tensor:
     r"""Loss of one target graph per sequence: ``-forward_score(intersect(G_b, E_b))``.
 
     ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` shared arc weights.  Each
@@ -163,7 +164,8 @@ class GraphLoss(torch.nn.Module):
 
     def __init__(self, num_weights: int = 0, *, normalize: bool = False,
                  reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False,
-                 dtype: Optional[torch.dtype] = None, device=None):
+                 dtype: Optional[torch.dtype] = None, device: torch.device | str | None = None
+                 ) -> None:
         super().__init__()
         if isinstance(num_weights, bool) or not isinstance(num_weights, int) or num_weights < 0:
             raise ValueError(f"GraphLoss: argument 'num_weights' must be an int >= 0, "
@@ -176,8 +178,11 @@ class GraphLoss(torch.nn.Module):
         self.reduction = reduction
         self.zero_infinity = zero_infinity
 
-    def forward(self, emissions, graphs, input_lengths, arc_weight_index=None,
-                target_lengths=None, denominator=None, denominator_arc_weight_index=None):
+    def forward(self, emissions: torch.Tensor, graphs: Sequence[Any],
+                input_lengths: torch.Tensor | Sequence[int],
+                arc_weight_index: Sequence[Any] | None = None,
+                target_lengths: torch.Tensor | Sequence[int] | None = None, denominator: Any = None,
+                denominator_arc_weight_index: Any = None) -> torch.Tensor:
         use = (arc_weight_index is not None or isinstance(graphs, PackedGraphs)
                or denominator_arc_weight_index is not None
                or isinstance(denominator, PackedGraphs))

@@ -13,7 +13,7 @@ and its gradient one sequence at a time in the core, with the same numbers.
 """
 from __future__ import annotations
 
-from typing import Literal, Tuple
+from typing import Literal, Sequence, Tuple
 
 import numba
 import numpy as np
@@ -314,10 +314,12 @@ def _delay(il, t_max, delay_penalty, px):
     return float(delay_penalty) * (offset[:, None, None] - frame[None, None])
 
 
-def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
-              blank: int = -1, clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
-              fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-              delay_penalty: float = 0.0, impl: str = "auto") -> torch.Tensor:
+def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
+              logit_lengths: torch.Tensor | Sequence[int],
+              target_lengths: torch.Tensor | Sequence[int], blank: int = -1, clamp: float = -1,
+              reduction: Literal["none", "sum", "mean"] = "mean", fused_log_softmax: bool = True, *,
+              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0, impl: str = "auto"
+              ) -> torch.Tensor:
     r"""RNN Transducer loss, with the signature of ``torchaudio.functional.rnnt_loss``.
 
     ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
@@ -443,9 +445,9 @@ class RNNTLoss(torch.nn.Module):
     """
 
     def __init__(self, blank: int = -1, clamp: float = -1.0,
-                 reduction: Literal["none", "sum", "mean"] = "mean",
-                 fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-                 delay_penalty: float = 0.0, impl: str = "auto"):
+                 reduction: Literal["none", "sum", "mean"] = "mean", fused_log_softmax: bool = True,
+                 *, fastemit_lambda: float = 0.0, delay_penalty: float = 0.0, impl: str = "auto"
+                 ) -> None:
         super().__init__()
         check_impl("RNNTLoss", impl)
         self.impl = impl
@@ -459,7 +461,9 @@ class RNNTLoss(torch.nn.Module):
         self.fastemit_lambda = fastemit_lambda
         self.delay_penalty = delay_penalty
 
-    def forward(self, logits, targets, logit_lengths, target_lengths):
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor,
+                logit_lengths: torch.Tensor | Sequence[int],
+                target_lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
         return rnnt_loss(logits, targets, logit_lengths, target_lengths, blank=self.blank,
                          clamp=self.clamp, reduction=self.reduction,
                          fused_log_softmax=self.fused_log_softmax,
@@ -472,9 +476,10 @@ class RNNTLoss(torch.nn.Module):
                 f"fastemit_lambda={self.fastemit_lambda}, delay_penalty={self.delay_penalty}")
 
 
-def rnnt_align(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
-               blank: int = -1, fused_log_softmax: bool = True
-               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rnnt_align(logits: torch.Tensor, targets: torch.Tensor,
+               logit_lengths: torch.Tensor | Sequence[int],
+               target_lengths: torch.Tensor | Sequence[int], blank: int = -1,
+               fused_log_softmax: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi RNN-T alignment: the single best alignment of each target.
 
     $$

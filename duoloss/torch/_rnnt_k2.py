@@ -286,7 +286,8 @@ def rnnt_loss_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor
                        am_only_scale: float = 0.1, boundary: Optional[torch.Tensor] = None,
                        rnnt_type: str = "regular", delay_penalty: float = 0.0,
                        reduction: Optional[str] = "mean", return_grad: bool = False, *,
-                       impl: str = "auto"):
+                       impl: str = "auto"
+                       ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     r"""[`rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple] with k2's LM-only / AM-only smoothing (``k2.rnnt_loss_smoothed``).
 
     Every arc log-probability of the simple loss is replaced by the interpolation

@@ -80,9 +80,10 @@ import math
 import numba
 import numpy as np
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 from .._spec import LossKernel
+from ..graph.graph import Graph
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FALLBACK as _FALLBACK
 from .._numerics import NAN as _NAN
@@ -633,7 +634,8 @@ class PackedGraphs(NamedTuple):
     arc_weight_index: Any
 
 
-def pack_graphs(graphs, arc_weight_index=None, *, num_nodes=None, num_arcs=None):
+def pack_graphs(graphs: Sequence[Graph], arc_weight_index: Sequence[Any] | None = None, *,
+                num_nodes: int | None = None, num_arcs: int | None = None) -> PackedGraphs:
     """Concatenate graphs into a [`PackedGraphs`][duoloss.torch.PackedGraphs] of numpy arrays.
 
     Args:
