@@ -6,10 +6,12 @@ inputs are passed through ``stop_gradient``).
 """
 from __future__ import annotations
 
+from typing import Any, Sequence
 import functools
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 import numpy as np
 
 from duoloss.core.losses.align import asg_align as _asg_align
@@ -36,7 +38,8 @@ def _callback(host, t_max, n, score_dtype, *arrays):
     return host_call(host, specs, *arrays)
 
 
-def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank: int = 0):
+def ctc_align(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
+              target_lengths: ArrayLike, *, blank: int = 0) -> tuple[jax.Array, jax.Array]:
     r"""Viterbi CTC forced alignment; same arguments and results as [`duoloss.torch.ctc_align`][duoloss.torch.ctc_align].
 
     $$
@@ -81,8 +84,9 @@ def _ctc_align_host(blank, lp, tg, il, tl):
     return _ctc_align(lp, tg, il, tl, blank=blank)
 
 
-def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
-              start_transitions=None):
+def asg_align(emissions: ArrayLike, transitions: ArrayLike | None, targets: ArrayLike,
+              input_lengths: ArrayLike, target_lengths: ArrayLike, *,
+              start_transitions: ArrayLike | None = None) -> tuple[jax.Array, jax.Array]:
     r"""Viterbi ASG forced alignment; same arguments and results as [`duoloss.torch.asg_align`][duoloss.torch.asg_align].
 
     Args:
@@ -119,7 +123,8 @@ def _asg_align_host(has_tr, has_sv, em, tg, il, tl, *rest):
     return _asg_align(em, tr, tg, il, tl, start_transitions=sv)
 
 
-def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None):
+def asg_viterbi(emissions: ArrayLike, transitions: ArrayLike | None, input_lengths: ArrayLike, *,
+                start_transitions: ArrayLike | None = None) -> tuple[jax.Array, jax.Array]:
     r"""ASG Viterbi decoding (best unconstrained labelling); see [`duoloss.torch.asg_viterbi`][duoloss.torch.asg_viterbi].
 
     Args:
@@ -160,7 +165,9 @@ def _asg_viterbi_host(has_tr, has_sv, em, il, *rest):
     return _asg_viterbi(em, tr, il, start_transitions=sv)
 
 
-def graph_align(emissions, graphs, input_lengths, *, weights=None, arc_weight_index=None):
+def graph_align(emissions: ArrayLike, graphs: Sequence[Any], input_lengths: ArrayLike, *,
+                weights: ArrayLike | None = None, arc_weight_index: Sequence[Any] | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""Viterbi alignment to target graphs; see [`duoloss.torch.graph_align`][duoloss.torch.graph_align].
 
     Args:
@@ -198,7 +205,8 @@ def _graph_align_host(em, w, il, *packed):
     return _graph_align(em, packed, il, weights=w)
 
 
-def token_spans(labels, log_probs, *, blank: int = 0, num_spans=None):
+def token_spans(labels: ArrayLike, log_probs: ArrayLike, *, blank: int = 0,
+                num_spans: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     r"""Token spans of CTC frame alignments (``torchaudio.functional.merge_tokens`` for a
     batch); same arguments and results as :func:`duoloss.torch.token_spans`.
 

@@ -5,6 +5,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from duoloss.core.losses.asg import ASG_KERNEL, ASG_NO_TRANSITIONS_KERNEL, check_asg_args
 from duoloss.core._validate import check_reduction
@@ -31,9 +32,11 @@ def _prepare(fn, emissions, transitions, start_transitions, targets, input_lengt
     return emissions, transitions, start_transitions, targets, input_lengths, target_lengths
 
 
-def asg_loss(emissions, transitions, targets, input_lengths, target_lengths, *,
-             start_transitions=None, reduction: Literal["none", "sum", "mean"] = "mean",
-             zero_infinity: bool = False) -> jax.Array:
+def asg_loss(emissions: ArrayLike, transitions: ArrayLike | None, targets: ArrayLike,
+             input_lengths: ArrayLike, target_lengths: ArrayLike, *,
+             start_transitions: ArrayLike | None = None,
+             reduction: Literal["none", "sum", "mean"] = "mean", zero_infinity: bool = False
+             ) -> jax.Array:
     r"""Auto Segmentation Criterion (ASG), or the all-alignments loss without transitions.
 
     Same arguments, maths and numbers as [`duoloss.torch.asg_loss`][duoloss.torch.asg_loss] (both run

@@ -1,11 +1,12 @@
 """Target-graph loss for JAX: ``graph_loss``."""
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import jax
 import numpy as np
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from duoloss.core.losses.graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL, PackedGraphs,
                                       check_denominator, check_graph_args)
@@ -17,11 +18,11 @@ from ._args import as_array, as_int_array, check_bool, is_concrete, reduce_losse
 __all__ = ["graph_loss"]
 
 
-def graph_loss(emissions, graphs: Sequence, input_lengths, *, normalize: bool = False,
-               reduction: Literal["none", "sum", "mean"] = "mean", weights=None,
-               arc_weight_index: Optional[Sequence] = None, target_lengths=None,
-               zero_infinity: bool = False, denominator=None,
-               denominator_arc_weight_index=None) -> jax.Array:
+def graph_loss(emissions: ArrayLike, graphs: Sequence, input_lengths: ArrayLike, *,
+               normalize: bool = False, reduction: Literal["none", "sum", "mean"] = "mean",
+               weights: ArrayLike | None = None, arc_weight_index: Optional[Sequence] = None,
+               target_lengths: ArrayLike | None = None, zero_infinity: bool = False,
+               denominator: Any = None, denominator_arc_weight_index: Any = None) -> jax.Array:
     r"""Loss of one target graph per sequence; see [`duoloss.torch.graph_loss`][duoloss.torch.graph_loss].
 
     $$

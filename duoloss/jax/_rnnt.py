@@ -13,6 +13,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 import numpy as np
 
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
@@ -169,10 +170,11 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
     return px, py, boundary
 
 
-def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
-              clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
-              fused_log_softmax: bool = True, *, fastemit_lambda: float = 0.0,
-              delay_penalty: float = 0.0, impl: str = "auto") -> jax.Array:
+def rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
+              target_lengths: ArrayLike, blank: int = -1, clamp: float = -1,
+              reduction: Literal["none", "sum", "mean"] = "mean", fused_log_softmax: bool = True, *,
+              fastemit_lambda: float = 0.0, delay_penalty: float = 0.0, impl: str = "auto"
+              ) -> jax.Array:
     r"""RNN Transducer loss (``torchaudio.functional.rnnt_loss``'s signature) for JAX.
 
     Same arguments, maths and numbers as [`duoloss.torch.rnnt_loss`][duoloss.torch.rnnt_loss] (both
@@ -244,8 +246,9 @@ def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int = -1,
     return reduce_losses(losses, reduction)
 
 
-def rnnt_align(logits, targets, logit_lengths, target_lengths, blank: int = -1,
-               fused_log_softmax: bool = True):
+def rnnt_align(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
+               target_lengths: ArrayLike, blank: int = -1, fused_log_softmax: bool = True
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Viterbi RNN-T alignment; see [`duoloss.torch.rnnt_align`][duoloss.torch.rnnt_align].
 
     Returns:

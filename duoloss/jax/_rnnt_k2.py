@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 import numpy as np
 
 from duoloss.core.losses import rnnt_k2 as _k
@@ -124,8 +125,9 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     return px, py, boundary
 
 
-def get_rnnt_logprobs(lm, am, symbols, termination_symbol: int, rnnt_type: str = "regular",
-                      boundary=None) -> Tuple[jax.Array, jax.Array]:
+def get_rnnt_logprobs(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termination_symbol: int,
+                      rnnt_type: str = "regular", boundary: ArrayLike | None = None
+                      ) -> Tuple[jax.Array, jax.Array]:
     """k2's ``(px, py)`` of the additive joiner (see [`duoloss.torch.get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs]).
 
     Examples:
@@ -190,10 +192,11 @@ def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, ret
     return (loss, grads) if return_grad else loss
 
 
-def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
-                     rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean", return_grad: bool = False, *,
-                     impl: str = "auto"):
+def rnnt_loss_simple(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termination_symbol: int,
+                     boundary: ArrayLike | None = None, rnnt_type: str = "regular",
+                     delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
+                     return_grad: bool = False, *, impl: str = "auto"
+                     ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """RNN-T loss with the additive joiner; see [`duoloss.torch.rnnt_loss_simple`][duoloss.torch.rnnt_loss_simple]
     (same arguments, shapes and numbers).
 
@@ -219,10 +222,12 @@ def rnnt_loss_simple(lm, am, symbols, termination_symbol: int, boundary=None,
                          use_device(fn, impl, lm, am))
 
 
-def rnnt_loss_smoothed(lm, am, symbols, termination_symbol: int, lm_only_scale: float = 0.1,
-                       am_only_scale: float = 0.1, boundary=None, rnnt_type: str = "regular",
+def rnnt_loss_smoothed(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termination_symbol: int,
+                       lm_only_scale: float = 0.1, am_only_scale: float = 0.1,
+                       boundary: ArrayLike | None = None, rnnt_type: str = "regular",
                        delay_penalty: float = 0.0, reduction: Optional[str] = "mean",
-                       return_grad: bool = False, *, impl: str = "auto"):
+                       return_grad: bool = False, *, impl: str = "auto"
+                       ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed].
 
     ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
@@ -273,7 +278,8 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
     return px, py, boundary
 
 
-def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
+def get_rnnt_logprobs_pruned(logits: ArrayLike, symbols: ArrayLike, ranges: ArrayLike,
+                             termination_symbol: int, boundary: ArrayLike | None = None,
                              rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
     """k2's ``(px, py)`` from pruned logits (see [`duoloss.torch.get_rnnt_logprobs_pruned`][duoloss.torch.get_rnnt_logprobs_pruned]).
 
@@ -293,9 +299,10 @@ def get_rnnt_logprobs_pruned(logits, symbols, ranges, termination_symbol: int, b
     return _finish_px(px, py, boundary, rnnt_type, 0.0), py
 
 
-def rnnt_loss_pruned(logits, symbols, ranges, termination_symbol: int, boundary=None,
+def rnnt_loss_pruned(logits: ArrayLike, symbols: ArrayLike, ranges: ArrayLike,
+                     termination_symbol: int, boundary: ArrayLike | None = None,
                      rnnt_type: str = "regular", delay_penalty: float = 0.0,
-                     reduction: Optional[str] = "mean", *, impl: str = "auto"):
+                     reduction: Optional[str] = "mean", *, impl: str = "auto") -> jax.Array:
     """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned].
 
     ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
@@ -323,7 +330,8 @@ def _lower_bound_reversed(x):
     return jax.lax.cummin(x, axis=x.ndim - 1, reverse=True)
 
 
-def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array:
+def get_rnnt_prune_ranges(px_grad: ArrayLike, py_grad: ArrayLike, boundary: ArrayLike, s_range: int
+                          ) -> jax.Array:
     """k2's pruning ranges ``(B, T, s_range)``; see [`duoloss.torch.get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
 
     NB: ``s_range`` is static.  Under ``jit`` (traced ``boundary``) k2's
@@ -370,7 +378,7 @@ def get_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range: int) -> jax.Array
     return s_begin[:, :, None] + jnp.arange(s_range, dtype=idt)
 
 
-def do_rnnt_pruning(am, lm, ranges) -> Tuple[jax.Array, jax.Array]:
+def do_rnnt_pruning(am: ArrayLike, lm: ArrayLike, ranges: ArrayLike) -> Tuple[jax.Array, jax.Array]:
     """``(am_pruned, lm_pruned)`` ``(B, T, s_range, D)``; see
     [`duoloss.torch.do_rnnt_pruning`][duoloss.torch.do_rnnt_pruning].
 

@@ -50,8 +50,9 @@ def _reduce(losses, reduction):
     return losses.sum() / max(losses.shape[0], 1)
 
 
-def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_lengths,
-             blank: int, durations: Sequence[int], *,
+def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
+             logit_lengths: torch.Tensor | Sequence[int],
+             target_lengths: torch.Tensor | Sequence[int], blank: int, durations: Sequence[int], *,
              reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
              clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> torch.Tensor:
     r"""Token-and-Duration Transducer loss (Xu et al. 2023), NeMo's ``TDTLossNumba``.
@@ -146,11 +147,13 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths, target_
     return _reduce(losses, reduction)
 
 
-def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths,
-                         target_lengths, blank: int, big_blank_durations: Sequence[int], *,
+def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
+                         logit_lengths: torch.Tensor | Sequence[int],
+                         target_lengths: torch.Tensor | Sequence[int], blank: int,
+                         big_blank_durations: Sequence[int], *,
                          reduction: Literal["none", "sum", "mean"] = "mean",
-                         fastemit_lambda: float = 0.0, clamp: float = -1.0,
-                         sigma: float = 0.0) -> torch.Tensor:
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0
+                         ) -> torch.Tensor:
     r"""Multi-blank RNN-T loss (Xu et al. 2022), NeMo's ``MultiblankRNNTLossNumba``.
 
     ``logits`` ``(N, T, U + 1, V)`` with :math:`\ell_{t,u} =
@@ -220,9 +223,8 @@ class TDTLoss(torch.nn.Module):
     """
 
     def __init__(self, blank: int, durations: Sequence[int], *,
-                 reduction: Literal["none", "sum", "mean"] = "mean",
-                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
-                 omega: float = 0.0):
+                 reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
+                 clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> None:
         super().__init__()
         from duoloss.core.losses.tdt import check_tdt_durations
         check_duration_options("TDTLoss", reduction, clamp, fastemit_lambda, sigma, omega)
@@ -234,7 +236,9 @@ class TDTLoss(torch.nn.Module):
         self.sigma = sigma
         self.omega = omega
 
-    def forward(self, logits, targets, logit_lengths, target_lengths):
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor,
+                logit_lengths: torch.Tensor | Sequence[int],
+                target_lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
         return tdt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
                         self.durations, reduction=self.reduction,
                         fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, sigma=self.sigma,
@@ -255,8 +259,8 @@ class MultiblankRNNTLoss(torch.nn.Module):
     """
 
     def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
-                 reduction: Literal["none", "sum", "mean"] = "mean",
-                 fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0):
+                 reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
+                 clamp: float = -1.0, sigma: float = 0.0) -> None:
         super().__init__()
         from duoloss.core.losses.tdt import check_big_blank_durations
         check_duration_options("MultiblankRNNTLoss", reduction, clamp, fastemit_lambda, sigma)
@@ -268,7 +272,9 @@ class MultiblankRNNTLoss(torch.nn.Module):
         self.clamp = clamp
         self.sigma = sigma
 
-    def forward(self, logits, targets, logit_lengths, target_lengths):
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor,
+                logit_lengths: torch.Tensor | Sequence[int],
+                target_lengths: torch.Tensor | Sequence[int]) -> torch.Tensor:
         return multiblank_rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
                                     self.big_blank_durations, reduction=self.reduction,
                                     fastemit_lambda=self.fastemit_lambda, clamp=self.clamp,
