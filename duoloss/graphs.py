@@ -129,7 +129,8 @@ def _is_batch(targets):
             and all(hasattr(t, "__len__") and not isinstance(t, (str, bytes)) for t in targets))
 
 
-def ctc_graph(targets, blank: int = 0, modified: bool = False):
+def ctc_graph(targets: Sequence[int] | Sequence[Sequence[int]], blank: int = 0,
+              modified: bool = False) -> Graph | list[Graph]:
     r"""CTC acceptor(s) of target token sequences.
 
     For a target $y_1 \dots y_L$ the graph has ``2L + 1`` nodes (blank,
@@ -189,7 +190,7 @@ def ctc_graph(targets, blank: int = 0, modified: bool = False):
     return _build(n, src, dst, lab[dst], start=[0], accept=np.arange(max(n - 2, 0), n))
 
 
-def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
+def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False) -> Graph:
     r"""CTC topology: a transducer from frame labels to tokens (k2's ``ctc_topo``).
 
     One node per class (the class of the previous frame; ``blank``'s node is the
@@ -248,7 +249,8 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False):
     return _build(c, src, dst, il, ol, start=[blank], accept=accept)
 
 
-def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
+def asg_graph(target: Sequence[int], num_classes: int, *, start_transitions: bool = False
+              ) -> tuple[Graph, np.ndarray]:
     r"""ASG force-alignment graph of one target and the indices of its tied weights.
 
     Nodes ``0 .. L``: node 0 is the start (nothing emitted yet), node ``l``
@@ -302,8 +304,8 @@ def asg_graph(target, num_classes: int, *, start_transitions: bool = False):
     return _build(n + 1, src, dst, np.repeat(ya, 2), start=[0], accept=[n]), idx
 
 
-def token_ngram_graph(sequences, num_classes: int, order: int = 2, *, discount: float = 0.5,
-                      bos: bool = True):
+def token_ngram_graph(sequences: Sequence[Sequence[int]], num_classes: int, order: int = 2, *,
+                      discount: float = 0.5, bos: bool = True) -> Graph:
     r"""A back-off token n-gram acceptor estimated from token sequences.
 
     Interpolated absolute discounting: with counts $c(h, k)$ of token
@@ -445,7 +447,7 @@ def _unigram_targets(nid, c, order):
     return dst
 
 
-def wordpiece_graph(words, vocabulary: Sequence):
+def wordpiece_graph(words: str | Sequence[str], vocabulary: Sequence) -> Graph:
     r"""Acceptor of every decomposition of a word (or words) into word pieces.
 
     For a word $w$ the nodes are the character positions ``0 .. |w|``

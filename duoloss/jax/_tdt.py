@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal, Sequence
 
 import jax
+from jax.typing import ArrayLike
 
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
                                      check_multiblank_args, check_tdt_args,
@@ -29,10 +30,10 @@ def _arrays(fn, logits, targets, logit_lengths, target_lengths):
     return logits, targets, il, tl, is_concrete(targets, il, tl)
 
 
-def tdt_loss(logits, targets, logit_lengths, target_lengths, blank: int,
-             durations: Sequence[int], *, reduction: Literal["none", "sum", "mean"] = "mean",
-             fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
-             omega: float = 0.0) -> jax.Array:
+def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
+             target_lengths: ArrayLike, blank: int, durations: Sequence[int], *,
+             reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
+             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> jax.Array:
     r"""Token-and-Duration Transducer loss for JAX; see :func:`duoloss.torch.tdt_loss`.
 
     Same arguments, maths and numbers as the torch function (one core), as a
@@ -94,11 +95,11 @@ def tdt_loss(logits, targets, logit_lengths, target_lengths, blank: int,
     return reduce_losses(losses, reduction)
 
 
-def multiblank_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank: int,
-                         big_blank_durations: Sequence[int], *,
-                         reduction: Literal["none", "sum", "mean"] = "mean",
-                         fastemit_lambda: float = 0.0, clamp: float = -1.0,
-                         sigma: float = 0.0) -> jax.Array:
+def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
+                         target_lengths: ArrayLike, blank: int, big_blank_durations: Sequence[int],
+                         *, reduction: Literal["none", "sum", "mean"] = "mean",
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0
+                         ) -> jax.Array:
     r"""Multi-blank RNN-T loss for JAX; see :func:`duoloss.torch.multiblank_rnnt_loss`.
 
     ``logits`` ``(N, T, U + 1, V)``, :math:`\ell = \log\operatorname{softmax}(x)
