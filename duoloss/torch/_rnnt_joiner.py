@@ -1,0 +1,172 @@
+"""The full RNN-T loss from the joiner, in bounded memory: ``rnnt_loss_from_joiner``.
+
+``rnnt_loss(joiner(enc[:, :, None], pred[:, None]), ...)`` holds the whole
+``(N, T, U + 1, V)`` joiner output, its gradient and the joiner's own activations
+of that size.  Here the joiner runs on chunks of frames; of each chunk only the
+two lattice values per cell are kept (``px``: the next label's log-probability,
+``py``: the blank's, exactly as :func:`duoloss.torch._rnnt._lattice` forms them),
+the transducer recursion runs once on the whole ``(N, U(+1), T(+1))`` lattice
+(:mod:`duoloss.core.losses.transducer`), and each chunk is a
+``torch.utils.checkpoint`` region: the backward recomputes the chunk's joiner
+output and pushes ``d loss / d px, py`` through ``log_softmax``, the gathers and
+the joiner, one chunk at a time, into whatever the joiner used (its parameters,
+``encoder_out``, ``predictor_out``, any tensor it closes over).
+"""
+from __future__ import annotations
+
+from typing import Callable, Literal, Optional, Sequence
+
+import torch
+import torch.utils.checkpoint
+
+from duoloss.core.losses.transducer import TRANSDUCER_KERNEL, check_rnnt_options
+
+from ._adapter import apply_kernel
+from ._args import check_tensor
+from ._rnnt import _ClampGrad, _boundary, _delay, _lattice, _validate
+
+__all__ = ["rnnt_loss_from_joiner"]
+
+#: The default chunk holds about this many joiner outputs (64 MiB of float32).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _check_shapes(fn, enc, pred, targets):
+    check_tensor(fn, "encoder_out", enc)
+    check_tensor(fn, "predictor_out", pred)
+    check_tensor(fn, "targets", targets)
+    if enc.dim() != 3:
+        raise ValueError(f"{fn}: argument 'encoder_out' must be an (N, T, D)-tensor, "
+                         f"got shape {tuple(enc.shape)}")
+    if pred.dim() != 3 or pred.shape[0] != enc.shape[0]:
+        raise ValueError(f"{fn}: argument 'predictor_out' must be an (N, U + 1, D')-tensor "
+                         f"with N = {enc.shape[0]}, got shape {tuple(pred.shape)}")
+    if targets.dim() != 2 or tuple(targets.shape) != (enc.shape[0], pred.shape[1] - 1):
+        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = "
+                         f"({enc.shape[0]}, {pred.shape[1] - 1}) (from encoder_out and "
+                         f"predictor_out), got {tuple(targets.shape)}")
+
+
+def _joined(fn, joiner, enc, pred, t_len):
+    out = joiner(enc[:, :, None], pred[:, None])
+    want = (enc.shape[0], t_len, pred.shape[1])
+    if not isinstance(out, torch.Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != want:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{fn}: the joiner must map (N, t, 1, D) and (N, 1, U + 1, D') to an "
+                         f"(N, t, U + 1, V)-tensor = {want + ('V',)}, got {shape}")
+    return out
+
+
+def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor_out: torch.Tensor,
+                          targets: torch.Tensor, logit_lengths: torch.Tensor | Sequence[int],
+                          target_lengths: torch.Tensor | Sequence[int], *, blank: int = -1,
+                          clamp: float = -1, reduction: Literal["none", "sum", "mean"] = "mean",
+                          fused_log_softmax: bool = True, fastemit_lambda: float = 0.0,
+                          delay_penalty: float = 0.0, chunk_size: Optional[int] = None
+                          ) -> torch.Tensor:
+    r"""The RNN-T loss of ``joiner(encoder_out[:, :, None], predictor_out[:, None])``
+    without ever holding that ``(N, T, U + 1, V)`` output or its gradient.
+
+    The same loss and gradients as :func:`duoloss.torch.rnnt_loss` on the whole
+    joiner output (same maths: :math:`\text{loss}_b = -\log \sum_{\text{alignments}}
+    \prod \operatorname{softmax}(\text{joiner}(e_{b,t}, p_{b,u}))_k`), computed in
+    chunks of ``chunk_size`` frames: the forward keeps only the two lattice values
+    per cell (the log-probabilities of the next label and of the blank,
+    ``(N, U, T + 1)`` and ``(N, U + 1, T)``), and the backward recomputes each
+    chunk's joiner output (a ``torch.utils.checkpoint`` region per chunk), so the
+    memory of the joiner's output, its activations and their gradients is that of
+    one chunk.  The cost is one more joiner forward.
+
+    Args:
+      joiner: any callable (e.g. an ``nn.Module``) mapping ``(N, t, 1, D)`` and
+        ``(N, 1, U + 1, D')`` to the logits ``(N, t, U + 1, V)`` by broadcasting,
+        as ``joiner(enc[:, :, None], pred[:, None])``.  Gradients reach every
+        tensor it uses (its parameters, closed-over tensors), as if it were
+        called once on the whole input.  It must be deterministic (no dropout
+        unless the RNG state repeats: ``torch.utils.checkpoint`` restores it).
+      encoder_out: ``(N, T, D)``.
+      predictor_out: ``(N, U + 1, D')``.
+      targets, logit_lengths, target_lengths, blank, clamp, reduction,
+        fused_log_softmax, fastemit_lambda, delay_penalty: as in
+        :func:`duoloss.torch.rnnt_loss` (``clamp`` bounds the gradient w.r.t. the
+        joiner's output).
+      chunk_size: frames per chunk; ``None`` picks about ``2**24`` joiner outputs
+        per chunk (64 MiB in float32).
+
+    Returns:
+      The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
+
+    NB: the joiner is called once on the first frame of the first sequence
+    (to learn ``V``) before the chunks.  Eager mode (``torch.compile`` and
+    ``torch.func`` transforms are not supported here).  Example::
+
+        joiner = lambda e, p: head(torch.tanh(e + p))
+        loss = rnnt_loss_from_joiner(joiner, enc, pred, targets, enc_lens, tgt_lens)
+    """
+    fn = "rnnt_loss_from_joiner"
+    check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
+    if not callable(joiner):
+        raise TypeError(f"{fn}: argument 'joiner' must be callable, got {type(joiner).__name__}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size < 1):
+        raise ValueError(f"{fn}: argument 'chunk_size' must be None or an int >= 1, "
+                         f"got {chunk_size!r}")
+    _check_shapes(fn, encoder_out, predictor_out, targets)
+    n, t_max, _ = encoder_out.shape
+    u1 = predictor_out.shape[1]
+    if n and t_max:
+        with torch.no_grad():
+            probe = _joined(fn, joiner, encoder_out[:1, :1], predictor_out[:1], 1)
+        n_cls, dtype, device = probe.shape[3], probe.dtype, probe.device
+    else:
+        n_cls, dtype, device = 1, encoder_out.dtype, encoder_out.device
+        probe = None
+    shape_only = torch.empty((), dtype=dtype, device=device).expand(n, t_max, u1, n_cls)
+    blank, il, tl = _validate(fn, shape_only, targets, logit_lengths, target_lengths, blank)
+    if chunk_size is None:
+        chunk_size = max(1, CHUNK_ELEMENTS // max(1, n * u1 * n_cls))
+    chunk_size = min(chunk_size, max(t_max, 1))
+    bound = 0.0
+    if clamp > 0:
+        bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
+    fused, lam = bool(fused_log_softmax), float(fastemit_lambda)
+
+    def chunk(t0, t1, enc_c, pred):
+        x = _joined(fn, joiner, enc_c, pred, t1 - t0)
+        if bound > 0:
+            x = _ClampGrad.apply(x, bound)
+        il_c = (il - t0).clamp(0, t1 - t0)
+        px, py, _ = _lattice(x, targets, il_c, tl, blank, fused, lam, 0.0)
+        return px[..., :t1 - t0], py
+
+    pxs, pys = [], []
+    for t0 in range(0, t_max, chunk_size):
+        t1 = min(t_max, t0 + chunk_size)
+        args = (t0, t1, encoder_out[:, t0:t1], predictor_out)
+        if torch.is_grad_enabled():
+            px, py = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+        else:
+            px, py = chunk(*args)
+        pxs.append(px)
+        pys.append(py)
+    del probe
+    if pxs:
+        px = torch.cat(pxs, dim=2)
+        py = torch.cat(pys, dim=2)
+    else:
+        px = torch.zeros((n, u1 - 1, 0), dtype=dtype, device=device)
+        py = torch.zeros((n, u1, 0), dtype=dtype, device=device)
+    if px.dtype in (torch.float16, torch.bfloat16):
+        px, py = px.float(), py.float()
+    px = torch.nn.functional.pad(px, (0, 1), value=float("-inf"))
+    if delay_penalty > 0:
+        px = px + _delay(il, t_max, float(delay_penalty), px)
+    _, boundary = _boundary(shape_only, targets, il, tl, blank)
+    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    if fastemit_lambda > 0:
+        losses = losses + lam * losses.detach()
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / max(n, 1)
