@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter, defaultdict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple, overload
 
 import numpy as np
 
@@ -127,6 +127,13 @@ def _seq(fn, arg, value, lo=0, hi=None, what="token ids"):
 def _is_batch(targets):
     return (isinstance(targets, (list, tuple)) and len(targets) > 0
             and all(hasattr(t, "__len__") and not isinstance(t, (str, bytes)) for t in targets))
+
+
+@overload
+def ctc_graph(targets: Sequence[int], blank: int = 0, modified: bool = False) -> Graph: ...
+@overload
+def ctc_graph(targets: Sequence[Sequence[int]], blank: int = 0,
+              modified: bool = False) -> list[Graph]: ...
 
 
 def ctc_graph(targets: Sequence[int] | Sequence[Sequence[int]], blank: int = 0,

@@ -80,9 +80,12 @@ def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
         return True
     if not ok:
         raise RuntimeError(f"{fn}: impl='device' needs Triton, but {reason}")
-    if tensor.device.type == "cpu" and not torch.compiler.is_compiling():
+    if tensor.device.type == "cpu":
+        if torch.compiler.is_compiling():
+            return True  # not checked while tracing (Triton refuses CPU tensors itself)
         from . import _ops
-        if not (_interpreting() and _ops.kernels_interpreted() in (None, True)):
+        # the interpreter is needed both when the kernels are defined and when they run
+        if not (_interpreting() and _ops.kernels_interpreted() is not False):
             raise RuntimeError(
                 f"{fn}: impl='device' on CPU tensors runs the Triton kernels in Triton's "
                 f"interpreter, which needs TRITON_INTERPRET=1 in the environment before the "

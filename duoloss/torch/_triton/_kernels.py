@@ -24,6 +24,30 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maxnum(a, b):
+    return tl.maximum(a, b)
+
+
+# Reductions through tl.reduce with combine functions of this module (not
+# tl.sum / tl.max, which are @triton.jit functions of triton.language: under the
+# interpreter those work only when triton itself was imported with
+# TRITON_INTERPRET=1, and torch may import triton first).
+@triton.jit
+def _sum(x):
+    return tl.reduce(x, 0, _add)
+
+
+@triton.jit
+def _max(x):
+    return tl.reduce(x, 0, _maxnum)
+
+
+@triton.jit
 def _lse3(a, b, c):
     """``log(exp(a) + exp(b) + exp(c))`` elementwise; ``-inf`` (not NaN) when all
     three are ``-inf``; NaN or ``+inf`` inputs give NaN (the NaN policy)."""
@@ -88,9 +112,9 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
     last = a_row + (t_b - 1) * BLOCK
     fin = live & (k >= n_states - 2) & ((k * 0 + t_b) > 0)
     a_fin = tl.load(last, mask=fin, other=float("-inf"))
-    m = tl.max(a_fin, axis=0)
+    m = _max(a_fin)
     ms = tl.where(m == float("-inf"), 0.0, m)
-    logz = ms + tl.log(tl.sum(tl.exp(a_fin - ms), axis=0))
+    logz = ms + tl.log(_sum(tl.exp(a_fin - ms)))
     logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
     loss = -logz
     if ZERO_INF:
@@ -99,7 +123,7 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
     if WANT_GRAD:
         # backward: beta[t, k] excludes the emission of frame t
         skip2 = _ctc_skip(tg_ptr, b, stride_tb, k + 2, n_states)
-        feasible = (tl.zeros((BLOCK,), lp_ptr.dtype.element_ty) + logz) != float("-inf")  # a vector; NaN stays NaN
+        feasible = (tl.full((BLOCK,), 0.0, lp_ptr.dtype.element_ty) + logz) != float("-inf")  # a vector; NaN stays NaN
         g_b = grad_ptr + b * stride_gn
         for i in range(0, t_b):
             t = t_b - 1 - i
@@ -119,7 +143,7 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
             post = tl.where(live & feasible, tl.exp(alpha + beta - logz), 0.0)
             odd = (k % 2) == 1
             tl.store(g_b + t * stride_gt + col * stride_gc, -post, mask=live & odd)
-            tl.store(g_b + t * stride_gt, -tl.sum(tl.where(odd, 0.0, post), axis=0))
+            tl.store(g_b + t * stride_gt, -_sum(tl.where(odd, 0.0, post)))
 
 
 @triton.jit
@@ -182,11 +206,11 @@ def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
     tl.debug_barrier()
     fin = tl.load(a_row + (n_lev - 1) * BLOCK, mask=i == ns - 1, other=float("-inf"))
     # the single final cell, through a sum (a max may drop a NaN)
-    total = tl.sum(tl.where(i == ns - 1, fin, 0.0), axis=0)
+    total = _sum(tl.where(i == ns - 1, fin, 0.0))
     tl.store(loss_ptr + b, -total)
     if WANT_GRAD:
-        feasible = (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total) != float("-inf")  # a vector; NaN stays NaN
-        nan_total = (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total) != (tl.zeros((BLOCK,), px_ptr.dtype.element_ty) + total)
+        feasible = (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total) != float("-inf")  # a vector; NaN stays NaN
+        nan_total = (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total) != (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total)
         for r in range(0, n_lev):
             lev = n_lev - 1 - r
             if MODIFIED:

@@ -102,10 +102,13 @@ torch.library.register_autograd("duoloss::triton_ctc", _ctc_backward, setup_cont
 
 
 class _GradScale(torch.autograd.Function):
-    """``saved * cotangent`` as a node of its own, so that a second derivative raises."""
+    """``saved * cotangent`` as a node of its own, so that a second derivative raises.
+
+    ``anchor`` (the loss's input) only ties the node into a ``create_graph``
+    backward's graph: differentiating the gradient again reaches this backward."""
 
     @staticmethod
-    def forward(saved, g):
+    def forward(saved, g, anchor):
         return saved * g
 
     @staticmethod
@@ -125,12 +128,12 @@ class _CTC(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
+        ctx.save_for_backward(output[1], inputs[0])
 
     @staticmethod
     def backward(ctx, g, _unused):
-        (grad,) = ctx.saved_tensors
-        return (_GradScale.apply(grad, g.to(grad.dtype)[None, :, None]),
+        grad, lp = ctx.saved_tensors
+        return (_GradScale.apply(grad, g.to(grad.dtype)[None, :, None], lp),
                 None, None, None, None, None)
 
 
@@ -209,14 +212,14 @@ class _Transducer(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1], output[2])
-        ctx.save_for_backward(output[1], output[2])
+        ctx.save_for_backward(output[1], output[2], inputs[0], inputs[1])
 
     @staticmethod
     def backward(ctx, g, _gx, _gy):
-        gx, gy = ctx.saved_tensors
+        gx, gy, px, py = ctx.saved_tensors
         gl = g.reshape(-1, 1, 1)
-        return (_GradScale.apply(gx, gl.to(gx.dtype)), _GradScale.apply(gy, gl.to(gy.dtype)),
-                None, None, None)
+        return (_GradScale.apply(gx, gl.to(gx.dtype), px),
+                _GradScale.apply(gy, gl.to(gy.dtype), py), None, None, None)
 
 
 def _prep(px, py):

@@ -1,0 +1,307 @@
+"""The torch device path (Triton kernels, ``impl='device'``) against the host path.
+
+No GPU here: the kernels run on CPU tensors in Triton's interpreter, selected
+with ``TRITON_INTERPRET=1`` for this module only (a module fixture sets it and
+restores the previous value; nothing else in duoloss or torch reads it).  The
+host path (the numba core, itself tested against brute force and peers) is the
+oracle, plus ``F.ctc_loss`` and JAX's device path on the same inputs.  Tiny
+sizes: the interpreter runs each program's loop in Python.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import duoloss.torch as dt  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    from duoloss.torch._triton import _kernels
+    if not _kernels.INTERPRETED:  # defined by an earlier, non-interpreted import
+        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
+    yield
+    if old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def _close(a, b, dtype, what):
+    """Equal to TOL[dtype] relative to the larger magnitude (inf/NaN positions equal)."""
+    a = a.detach().to(torch.float64)
+    b = b.detach().to(torch.float64)
+    assert torch.equal(torch.isnan(a), torch.isnan(b)), what
+    assert torch.equal(torch.isinf(a), torch.isinf(b)), what
+    fin = torch.isfinite(a)
+    if fin.any():
+        scale = max(a[fin].abs().max().item(), b[fin].abs().max().item(), 1.0)
+        err = (a[fin] - b[fin]).abs().max().item()
+        assert err <= TOL[dtype] * scale, f"{what}: {err} > {TOL[dtype]} * {scale}"
+
+
+# ----------------------------------------------------------------------- CTC
+def _ctc_batch(dtype, seed=0):
+    """T=10, N=4, C=5: repeated labels (skip rule), an empty target, an
+    infeasible target (4 labels with repeats in 5 frames)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(10, 4, 5, generator=g, dtype=torch.float64).to(dtype)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0], [0, 0, 0, 0], [2, 2, 3, 3]])
+    il = torch.tensor([10, 7, 3, 5])
+    tl = torch.tensor([4, 2, 0, 4])
+    return x, targets, il, tl
+
+
+def _ctc_both(x, targets, il, tl, cot=None, **kw):
+    out = []
+    for impl in ("device", "host"):
+        xi = x.clone().requires_grad_()
+        loss = dt.ctc_loss(xi.log_softmax(-1), targets, il, tl, impl=impl, **kw)
+        (loss * (1 if cot is None else cot)).sum().backward()
+        out.append((loss, xi.grad))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ctc_device_equals_host(dtype):
+    x, targets, il, tl = _ctc_batch(dtype)
+    cot = torch.tensor([0.5, -1.0, 2.0, 0.25], dtype=dtype)
+    (ld, gd), (lh, gh) = _ctc_both(x, targets, il, tl, cot, reduction="none")
+    assert torch.isinf(ld[3]) and ld.dtype == dtype  # infeasible: +inf ...
+    assert torch.all(gd[:, 3] == 0)  # ... with a zero gradient
+    assert ld[2].item() == pytest.approx(-x[:3, 2].log_softmax(-1)[:, 0].sum().item())
+    _close(ld, lh, dtype, "losses")
+    _close(gd, gh, dtype, "grad")
+    if dtype == torch.float64:  # an independent reference for the feasible ones
+        ref = torch.nn.functional.ctc_loss(x.log_softmax(-1), targets, il, tl,
+                                           reduction="none")
+        _close(ld[:3], ref[:3], dtype, "F.ctc_loss")
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_ctc_device_reductions_zero_infinity(reduction):
+    dtype = torch.float64
+    x, targets, il, tl = _ctc_batch(dtype, seed=1)
+    (ld, gd), (lh, gh) = _ctc_both(x, targets, il, tl, reduction=reduction,
+                                   zero_infinity=True)
+    assert torch.isfinite(ld)
+    _close(ld, lh, dtype, "loss")
+    _close(gd, gh, dtype, "grad")
+    # zero_infinity: the infeasible sequence contributes nothing
+    part = dt.ctc_loss(x[:, :3].log_softmax(-1), targets[:3], il[:3], tl[:3], impl="device",
+                       reduction="sum")
+    if reduction == "sum":
+        assert ld.item() == pytest.approx(part.item(), rel=1e-12)
+
+
+def test_ctc_device_nan_frame_poisons_only_its_sequence():
+    dtype = torch.float64
+    x, targets, il, tl = _ctc_batch(dtype, seed=2)
+    clean = _ctc_both(x, targets, il, tl, reduction="none")[0]
+    x[2, 0, 1] = float("nan")  # sequence 0, frame 2, a class of its target
+    (ld, gd), (lh, _) = _ctc_both(x, targets, il, tl, reduction="none")
+    assert torch.isnan(ld[0]) and torch.isnan(lh[0])
+    assert torch.isnan(gd[:10, 0, [0, 1, 2, 3]]).all()
+    assert torch.equal(ld[1:], clean[0][1:])
+    assert torch.equal(gd[:, 1:], clean[1][:, 1:])
+
+
+def test_ctc_device_concatenated_targets_and_unbatched():
+    dtype = torch.float64
+    x, targets, il, tl = _ctc_batch(dtype, seed=3)
+    lp = x.log_softmax(-1)
+    flat = torch.cat([targets[b, :tl[b]] for b in range(4)])
+    _close(dt.ctc_loss(lp, flat, il, tl, impl="device", reduction="none"),
+           dt.ctc_loss(lp, flat, il, tl, impl="host", reduction="none"), dtype, "concat")
+    _close(dt.ctc_loss(lp[:, 0], targets[0], 10, 4, impl="device"),
+           dt.ctc_loss(lp[:, 0], targets[0], 10, 4, impl="host"), dtype, "unbatched")
+    module = dt.CTCLoss(reduction="sum", impl="device")
+    _close(module(lp, targets, il, tl), dt.ctc_loss(lp, targets, il, tl, reduction="sum"),
+           dtype, "CTCLoss")
+
+
+def test_ctc_device_compile_fullgraph_and_func_grad():
+    dtype = torch.float64
+    x, targets, il, tl = _ctc_batch(dtype, seed=4)
+    x, targets, il, tl = x[:, :3], targets[:3], il[:3], tl[:3]
+
+    def f(z):
+        return dt.ctc_loss(z.log_softmax(-1), targets, il, tl, impl="device")
+
+    xe = x.clone().requires_grad_()
+    eager = f(xe)
+    eager.backward()
+    torch._dynamo.reset()
+    xc = x.clone().requires_grad_()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(xc)
+    compiled.backward()
+    _close(compiled, eager, dtype, "compiled loss")
+    _close(xc.grad, xe.grad, dtype, "compiled grad")
+    _close(torch.func.grad(f)(x), xe.grad, dtype, "torch.func.grad")
+    # the gradient is first order only
+    xs = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(xs), xs, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        g.sum().backward()
+
+
+def test_auto_on_cpu_is_the_host_path():
+    x, targets, il, tl = _ctc_batch(torch.float32, seed=5)
+    lp = x.log_softmax(-1)
+    host = dt.ctc_loss(lp, targets, il, tl, impl="host", reduction="none")
+    assert torch.equal(dt.ctc_loss(lp, targets, il, tl, reduction="none"), host)
+    logits = torch.randn(2, 4, 3, 5)
+    y = torch.tensor([[1, 2], [3, 0]])
+    args = (logits, y, torch.tensor([4, 3]), torch.tensor([2, 1]))
+    assert torch.equal(dt.rnnt_loss(*args, reduction="none"),
+                       dt.rnnt_loss(*args, reduction="none", impl="host"))
+
+
+def test_bad_impl_and_missing_interpreter(monkeypatch):
+    x, targets, il, tl = _ctc_batch(torch.float32)
+    lp = x.log_softmax(-1)
+    with pytest.raises(ValueError, match=r"ctc_loss: argument 'impl' must be one of"):
+        dt.ctc_loss(lp, targets, il, tl, impl="gpu")
+    with pytest.raises(ValueError, match=r"CTCLoss: argument 'impl'"):
+        dt.CTCLoss(impl=None)
+    with pytest.raises(ValueError, match=r"RNNTLoss: argument 'impl'"):
+        dt.RNNTLoss(impl="cuda")
+    logits = torch.randn(1, 3, 2, 4)
+    y = torch.tensor([[1]])
+    with pytest.raises(ValueError, match=r"rnnt_loss: argument 'impl'"):
+        dt.rnnt_loss(logits, y, torch.tensor([3]), torch.tensor([1]), impl="Device")
+    lm, am = torch.randn(1, 2, 4), torch.randn(1, 3, 4)
+    for fn in (dt.rnnt_loss_simple, dt.rnnt_loss_smoothed):
+        with pytest.raises(ValueError, match=fn.__name__ + r": argument 'impl'"):
+            fn(lm, am, y, 0, impl=1)
+    ranges = torch.zeros(1, 3, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"rnnt_loss_pruned: argument 'impl'"):
+        dt.rnnt_loss_pruned(torch.randn(1, 3, 2, 4), y, ranges, 0, impl="x")
+    # bad input is validated as on the host path, before any kernel
+    with pytest.raises(ValueError, match="ctc_loss"):
+        dt.ctc_loss(lp, targets + 10, il, tl, impl="device")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        dt.ctc_loss(lp, targets, il, tl, impl="device")
+
+
+# ---------------------------------------------------------------- transducers
+def _rnnt_batch(dtype, seed=0):
+    """N=3, T=5, U=3, V=4: full lengths, a short sequence with an empty target,
+    and T_b = 0 with U_b > 0 (infeasible)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, 4, 4, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.tensor([[1, 2, 1], [2, 0, 0], [1, 1, 0]])
+    return logits, y, torch.tensor([5, 3, 0]), torch.tensor([3, 0, 2])
+
+
+def _rnnt_both(logits, y, il, tl, cot=None, **kw):
+    out = []
+    for impl in ("device", "host"):
+        x = logits.clone().requires_grad_()
+        loss = dt.rnnt_loss(x, y, il, tl, impl=impl, **kw)
+        (loss * (1 if cot is None else cot)).sum().backward()
+        out.append((loss, x.grad))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rnnt_device_equals_host(dtype):
+    logits, y, il, tl = _rnnt_batch(dtype)
+    cot = torch.tensor([1.5, -0.5, 2.0], dtype=dtype)
+    (ld, gd), (lh, gh) = _rnnt_both(logits, y, il, tl, cot, reduction="none")
+    assert torch.isinf(ld[2]) and torch.all(gd[2] == 0)
+    # an empty target on 3 frames: three blanks
+    lp = logits[1].double().log_softmax(-1)
+    assert ld[1].item() == pytest.approx(-lp[:3, 0, 3].sum().item(), rel=1e-5)
+    _close(ld, lh, dtype, "losses")
+    _close(gd, gh, dtype, "grad")
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_rnnt_device_reductions_and_options(reduction):
+    dtype = torch.float64
+    logits, y, il, tl = _rnnt_batch(dtype, seed=1)
+    logits, y, il, tl = logits[:2], y[:2], il[:2], tl[:2]
+    kw = dict(reduction=reduction, clamp=0.3, fastemit_lambda=0.01)
+    (ld, gd), (lh, gh) = _rnnt_both(logits, y, il, tl, **kw)
+    _close(ld, lh, dtype, "loss")
+    _close(gd, gh, dtype, "grad")
+    (ld, gd), (lh, gh) = _rnnt_both(logits.log_softmax(-1), y, il, tl, reduction=reduction,
+                                    fused_log_softmax=False)
+    _close(ld, lh, dtype, "loss, no log_softmax")
+    _close(gd, gh, dtype, "grad, no log_softmax")
+
+
+def test_rnnt_device_nan_poisons_only_its_sequence():
+    dtype = torch.float64
+    logits, y, il, tl = _rnnt_batch(dtype, seed=2)
+    clean = _rnnt_both(logits, y, il, tl, reduction="none")[0]
+    logits[0, 1, 1, 2] = float("nan")
+    (ld, gd), (lh, _) = _rnnt_both(logits, y, il, tl, reduction="none")
+    assert torch.isnan(ld[0]) and torch.isnan(lh[0])
+    assert torch.equal(ld[1:2], clean[0][1:2]) and torch.equal(gd[1:], clean[1][1:])
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
+def test_k2_simple_and_pruned_device_equals_host(rnnt_type):
+    dtype = torch.float64
+    g = torch.Generator().manual_seed(3)
+    b, s, t, c = 2, 3, 5, 4
+    lm = torch.randn(b, s + 1, c, generator=g, dtype=dtype)
+    am = torch.randn(b, t, c, generator=g, dtype=dtype)
+    y = torch.tensor([[1, 2, 1], [2, 1, 3]])
+    boundary = torch.tensor([[0, 0, 3, 5], [0, 0, 2, 4]])
+    res = {}
+    for impl in ("device", "host"):
+        lmi, ami = lm.clone().requires_grad_(), am.clone().requires_grad_()
+        loss, (gx, gy) = dt.rnnt_loss_simple(lmi, ami, y, 0, boundary, rnnt_type,
+                                             reduction="sum", return_grad=True, impl=impl)
+        loss.backward()
+        ranges = dt.get_rnnt_prune_ranges(gx, gy, boundary, s_range=2)
+        am_p, lm_p = dt.do_rnnt_pruning(ami, lmi, ranges)
+        pruned = dt.rnnt_loss_pruned(am_p + lm_p, y, ranges, 0, boundary, rnnt_type,
+                                     reduction="none", impl=impl)
+        smoothed = dt.rnnt_loss_smoothed(lm, am, y, 0, 0.1, 0.2, boundary, rnnt_type,
+                                         reduction="none", impl=impl)
+        res[impl] = (loss, gx, gy, lmi.grad, ami.grad, ranges, pruned, smoothed)
+    for name, d, h in zip(("loss", "px_grad", "py_grad", "lm.grad", "am.grad", "ranges",
+                           "pruned", "smoothed"), res["device"], res["host"]):
+        if name == "ranges":
+            assert torch.equal(d, h)
+        else:
+            _close(d, h, dtype, name)
+
+
+# ------------------------------------------------------------ torch == JAX
+def test_torch_device_equals_jax_device():
+    x64 = True  # the strict tolerance; one jit compile per loss (XLA compiles are slow)
+    jax = pytest.importorskip("jax")
+    import duoloss.jax as dj
+    dtype = torch.float64 if x64 else torch.float32
+    x, targets, il, tl = _ctc_batch(dtype, seed=6)
+    logits, y, ll, yl = _rnnt_batch(dtype, seed=6)
+    with jax.enable_x64(x64):
+        jnp = jax.numpy
+        for reduction in ("none",):
+            ours = dt.ctc_loss(x.log_softmax(-1), targets, il, tl, reduction=reduction,
+                               impl="device")
+            theirs = dj.ctc_loss(jax.nn.log_softmax(jnp.asarray(x.numpy()), axis=-1),
+                                 jnp.asarray(targets.numpy()), jnp.asarray(il.numpy()),
+                                 jnp.asarray(tl.numpy()), reduction=reduction, impl="device")
+            _close(ours, torch.from_numpy(np.asarray(theirs)), dtype, "ctc torch vs jax")
+            ours = dt.rnnt_loss(logits, y, ll, yl, reduction=reduction, impl="device")
+            theirs = dj.rnnt_loss(jnp.asarray(logits.numpy()), jnp.asarray(y.numpy()),
+                                  jnp.asarray(ll.numpy()), jnp.asarray(yl.numpy()),
+                                  reduction=reduction, impl="device")
+            _close(ours, torch.from_numpy(np.asarray(theirs)), dtype, "rnnt torch vs jax")
