@@ -1,0 +1,84 @@
+"""Calls of the public API as a user writes them, checked by mypy (tests/test_typing.py).
+
+Not a test module: mypy reads it, pytest does not run it. ``assert_type`` pins the
+result types the annotations promise; ``--strict`` makes a call to an unannotated
+public function an error (``disallow_untyped_calls``).
+"""
+from __future__ import annotations
+
+from typing import assert_type
+
+import jax
+import numpy as np
+import torch
+
+import duoloss.graphs as dg
+import duoloss.jax as dj
+import duoloss.torch as dt
+from duoloss.gtn import Graph
+
+# --- torch ---------------------------------------------------------------------------------
+lp = torch.randn(6, 2, 5).log_softmax(-1)
+tg = torch.tensor([[1, 2], [3, 0]])
+il, tl = torch.tensor([6, 5]), [2, 1]
+assert_type(dt.ctc_loss(lp, tg, il, tl), torch.Tensor)
+assert_type(dt.CTCLoss(blank=0).forward(lp, tg, il, tl), torch.Tensor)  # module(...) is Any in torch's stubs
+assert_type(dt.asg_loss(lp, None, tg, il, tl, reduction="sum"), torch.Tensor)
+assert_type(dt.ASGLoss(5, device="cpu").forward(lp, tg, il, tl), torch.Tensor)
+graphs = [dg.ctc_graph([1, 2]), dg.ctc_graph([3])]
+assert_type(graphs[0], Graph)
+assert_type(dg.ctc_graph([[1, 2], [3]]), list[Graph])  # a batch of targets
+packed = dt.pack_graphs([dg.ctc_topo(5)], num_nodes=10)
+assert_type(packed, dt.PackedGraphs)
+assert_type(dt.graph_loss(lp, graphs, il, target_lengths=tl), torch.Tensor)
+assert_type(dt.GraphLoss(0).forward(lp, graphs, il), torch.Tensor)
+assert_type(dt.ctc_align(lp, tg, il, tl), tuple[torch.Tensor, torch.Tensor])
+assert_type(dt.asg_align(lp, None, tg, il, tl), tuple[torch.Tensor, torch.Tensor])
+assert_type(dt.asg_viterbi(lp, None, il), tuple[torch.Tensor, torch.Tensor])
+assert_type(dt.graph_align(lp, graphs, il), tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+logits = torch.randn(2, 6, 3, 5)
+assert_type(dt.rnnt_loss(logits, tg, il, tl, blank=0, reduction="none"), torch.Tensor)
+assert_type(dt.RNNTLoss(blank=0).forward(logits, tg, il, tl), torch.Tensor)
+assert_type(dt.rnnt_align(logits, tg, il, tl), tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+am, lm, sym = torch.randn(2, 6, 5), torch.randn(2, 3, 5), torch.tensor([[1, 2], [3, 4]])
+bd = torch.tensor([[0, 0, 2, 6], [0, 0, 2, 5]])
+loss_s = dt.rnnt_loss_simple(lm, am, sym, 0, bd)
+loss_m = dt.rnnt_loss_smoothed(lm, am, sym, 0, 0.1, 0.1, bd)
+px, py = dt.get_rnnt_logprobs(lm, am, sym, 0)
+assert_type(px, torch.Tensor)
+ranges = dt.get_rnnt_prune_ranges(px, py, bd, 2)
+assert_type(ranges, torch.Tensor)
+am_p, lm_p = dt.do_rnnt_pruning(am, lm, ranges)
+assert_type(dt.rnnt_loss_pruned(am_p + lm_p, sym, ranges, 0, bd), torch.Tensor)
+assert_type(dt.get_rnnt_logprobs_pruned(am_p + lm_p, sym, ranges, 0, bd), tuple[torch.Tensor, torch.Tensor])
+
+# --- jax -----------------------------------------------------------------------------------
+x = np.zeros((6, 2, 5), np.float32)
+t, jl, jt = np.array([[1, 2], [3, 0]]), np.array([6, 5]), np.array([2, 1])
+assert_type(dj.ctc_loss(x, t, jl, jt), jax.Array)
+assert_type(dj.optax_ctc_loss(x, x[..., 0], t, np.zeros((2, 2))), jax.Array)
+assert_type(dj.asg_loss(x, None, t, jl, jt), jax.Array)
+assert_type(dj.graph_loss(x, graphs, jl), jax.Array)
+assert_type(dj.pack_graphs(graphs), dj.PackedGraphs)
+assert_type(dj.ctc_align(x, t, jl, jt), tuple[jax.Array, jax.Array])
+assert_type(dj.asg_align(x, None, t, jl, jt), tuple[jax.Array, jax.Array])
+assert_type(dj.asg_viterbi(x, None, jl), tuple[jax.Array, jax.Array])
+assert_type(dj.graph_align(x, graphs, jl), tuple[jax.Array, jax.Array, jax.Array])
+jlogits = np.zeros((2, 6, 3, 5), np.float32)
+assert_type(dj.rnnt_loss(jlogits, t, jl, jt), jax.Array)
+assert_type(dj.rnnt_align(jlogits, t, jl, jt), tuple[jax.Array, jax.Array, jax.Array])
+jam, jlm, jsym, jbd = np.zeros((2, 6, 5)), np.zeros((2, 3, 5)), np.array([[1, 2], [3, 4]]), np.array([[0, 0, 2, 6]] * 2)
+jloss = dj.rnnt_loss_simple(jlm, jam, jsym, 0, jbd)
+jpx, jpy = dj.get_rnnt_logprobs(jlm, jam, jsym, 0)
+jranges = dj.get_rnnt_prune_ranges(jpx, jpy, jbd, 2)
+assert_type(jranges, jax.Array)
+jam_p, jlm_p = dj.do_rnnt_pruning(jam, jlm, jranges)
+assert_type(dj.rnnt_loss_pruned(jam_p + jlm_p, jsym, jranges, 0, jbd), jax.Array)
+assert_type(dj.get_rnnt_logprobs_pruned(jam_p + jlm_p, jsym, jranges, 0, jbd), tuple[jax.Array, jax.Array])
+
+# --- graph builders ------------------------------------------------------------------------
+assert_type(dg.ctc_topo(5, modified=True), Graph)
+g, idx = dg.asg_graph([0, 1], 2)
+assert_type(g, Graph)
+assert_type(dg.token_ngram_graph([[0, 1]], 2), Graph)
+assert_type(dg.wordpiece_graph("ab", ["a", "b", "ab"]), Graph)
