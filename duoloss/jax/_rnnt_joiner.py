@@ -71,9 +71,15 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
         model.apply(p, e, q), enc, pred, ...))(params)``.
       encoder_out: ``(N, T, D)``.
       predictor_out: ``(N, U + 1, D')``.
-      targets, logit_lengths, target_lengths, blank, clamp, reduction,
-        fused_log_softmax, fastemit_lambda, delay_penalty: as in
-        :func:`duoloss.jax.rnnt_loss`.
+      targets: ``(N, U)`` integer targets, as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      logit_lengths: ``(N,)`` frame counts, as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      target_lengths: ``(N,)`` target lengths, as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      clamp: gradient clamp (``< 0``: none), as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``, as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      fused_log_softmax: as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
+      delay_penalty: as in [`rnnt_loss`][duoloss.jax.rnnt_loss].
       chunk_size: frames per chunk (static); ``None``: about ``2**24`` joiner
         outputs per chunk.
 
