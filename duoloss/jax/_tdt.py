@@ -34,24 +34,24 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
              target_lengths: ArrayLike, blank: int, durations: Sequence[int], *,
              reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
              clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> jax.Array:
-    r"""Token-and-Duration Transducer loss for JAX; see :func:`duoloss.torch.tdt_loss`.
+    r"""Token-and-Duration Transducer loss for JAX; see [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
 
     Same arguments, maths and numbers as the torch function (one core), as a
     differentiable JAX function under ``jit``, ``grad`` and ``vmap``.
     ``logits`` ``(N, T, U + 1, V + D)``: ``V`` token logits (the blank among
     them), then ``D = len(durations)`` duration logits; with
-    :math:`\ell = \log\operatorname{softmax}(x_{:V}) - \sigma` and
-    :math:`\delta = \log\operatorname{softmax}(x_{V:})`, a label move with
-    duration :math:`d_i` goes ``(t, u) -> (t + d_i, u + 1)`` with weight
-    :math:`\ell(y_{u+1}) + \delta_i`, a blank move with :math:`d_i > 0` goes
-    ``(t, u) -> (t + d_i, u)`` with weight :math:`\ell(\varnothing) +
-    \delta_i`, and paths end with a blank landing exactly on ``T_b``:
+    $\ell = \log\operatorname{softmax}(x_{:V}) - \sigma$ and
+    $\delta = \log\operatorname{softmax}(x_{V:})$, a label move with
+    duration $d_i$ goes ``(t, u) -> (t + d_i, u + 1)`` with weight
+    $\ell(y_{u+1}) + \delta_i$, a blank move with $d_i > 0$ goes
+    ``(t, u) -> (t + d_i, u)`` with weight $\ell(\varnothing) +
+    \delta_i$, and paths end with a blank landing exactly on ``T_b``:
 
-    .. math::
-
-        \text{loss}_b = (1 + \lambda)\Big((1 - \omega)\big(-\log
-            \textstyle\sum_{\text{paths}} e^{\sum w}\big) + \omega\,
-            \text{rnnt}_b\Big).
+    $$
+    \text{loss}_b = (1 + \lambda)\Big((1 - \omega)\big(-\log
+    \textstyle\sum_{\text{paths}} e^{\sum w}\big) + \omega\,
+    \text{rnnt}_b\Big).
+    $$
 
     Args:
       logits: ``(N, T, U + 1, V + D)`` (halves run in float32).
@@ -60,7 +60,7 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
       blank: the blank among the ``V`` token classes (``-1`` is ``V - 1``).
       durations: distinct ints ``>= 0``, at least one positive.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (batch mean).
-      fastemit_lambda, clamp, sigma, omega: as :func:`duoloss.torch.tdt_loss`
+      fastemit_lambda, clamp, sigma, omega: as [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss]
         (``omega``: the expectation of NeMo's random choice).
 
     Returns:
@@ -100,18 +100,18 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
                          *, reduction: Literal["none", "sum", "mean"] = "mean",
                          fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0
                          ) -> jax.Array:
-    r"""Multi-blank RNN-T loss for JAX; see :func:`duoloss.torch.multiblank_rnnt_loss`.
+    r"""Multi-blank RNN-T loss for JAX; see [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
 
-    ``logits`` ``(N, T, U + 1, V)``, :math:`\ell = \log\operatorname{softmax}(x)
-    - \sigma`; the standard blank at ``blank`` (duration 1), big blank ``i`` at
+    ``logits`` ``(N, T, U + 1, V)``, $\ell = \log\operatorname{softmax}(x)
+    - \sigma$; the standard blank at ``blank`` (duration 1), big blank ``i`` at
     ``blank - 1 - i`` with duration ``big_blank_durations[i]``; labels move
     ``(t, u) -> (t, u + 1)``, a blank of duration ``d`` moves ``(t, u) -> (t + d,
     u)`` and the last blank lands exactly on ``T_b``:
 
-    .. math::
-
-        \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
-            e^{\sum_{\text{moves}} \ell_{t,u}(k)}.
+    $$
+    \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
+    e^{\sum_{\text{moves}} \ell_{t,u}(k)}.
+    $$
 
     Args:
       logits: ``(N, T, U + 1, V)`` (halves run in float32).
@@ -120,7 +120,7 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
       blank: the standard blank (``-1`` is ``V - 1``).
       big_blank_durations: ints ``>= 1``.
       reduction, fastemit_lambda, clamp, sigma: as
-        :func:`duoloss.torch.multiblank_rnnt_loss`.
+        [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
 
     Returns:
       The reduced loss, or ``(N,)`` losses.

@@ -59,25 +59,25 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
 
     ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
     token classes (the blank among them), ``D = len(durations)``.  Per cell,
-    token log-probs :math:`\ell_{t,u} = \log\operatorname{softmax}(x_{t,u,:V}) -
-    \sigma` and duration log-probs :math:`\delta_{t,u} =
-    \log\operatorname{softmax}(x_{t,u,V:})`.  From lattice node ``(t, u)``
-    (``t < T_b``) a path emits :math:`y_{u+1}` with duration :math:`d_i` to
+    token log-probs $\ell_{t,u} = \log\operatorname{softmax}(x_{t,u,:V}) -
+    \sigma$ and duration log-probs $\delta_{t,u} =
+    \log\operatorname{softmax}(x_{t,u,V:})$.  From lattice node ``(t, u)``
+    (``t < T_b``) a path emits $y_{u+1}$ with duration $d_i$ to
     ``(t + d_i, u + 1)`` (``t + d_i < T_b``; ``d_i = 0`` when listed) with
-    weight :math:`\ell_{t,u}(y_{u+1}) + \delta_{t,u,i}`, or the blank with a
-    duration :math:`d_i > 0` to ``(t + d_i, u)`` with weight
-    :math:`\ell_{t,u}(\varnothing) + \delta_{t,u,i}`; paths start at ``(0, 0)``
-    and end with a blank of duration :math:`d_i > 0` from
+    weight $\ell_{t,u}(y_{u+1}) + \delta_{t,u,i}$, or the blank with a
+    duration $d_i > 0$ to ``(t + d_i, u)`` with weight
+    $\ell_{t,u}(\varnothing) + \delta_{t,u,i}$; paths start at ``(0, 0)``
+    and end with a blank of duration $d_i > 0$ from
     ``(T_b - d_i, U_b)``, landing exactly on ``T_b``:
 
-    .. math::
+    $$
+    \text{tdt}_b = -\log \sum_{\text{paths}} \exp \sum_{\text{moves}} w,
+    \qquad \text{loss}_b = (1 + \lambda)\left((1 - \omega)\, \text{tdt}_b
+    + \omega\, \text{rnnt}_b\right),
+    $$
 
-        \text{tdt}_b = -\log \sum_{\text{paths}} \exp \sum_{\text{moves}} w,
-        \qquad \text{loss}_b = (1 + \lambda)\left((1 - \omega)\, \text{tdt}_b
-            + \omega\, \text{rnnt}_b\right),
-
-    with :math:`\text{rnnt}_b` the standard RNN-T loss of the token logits
-    ``x[..., :V]`` (no :math:`\sigma`, as NeMo; :func:`rnnt_loss` on them).
+    with $\text{rnnt}_b$ the standard RNN-T loss of the token logits
+    ``x[..., :V]`` (no $\sigma$, as NeMo; [`rnnt_loss`][duoloss.torch.rnnt_loss] on them).
 
     Args:
       logits: ``(N, T, U + 1, V + D)`` joiner output: ``V`` token logits, then
@@ -91,7 +91,7 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
       durations: distinct ints ``>= 0`` with at least one positive, e.g.
         ``[0, 1, 2, 3, 4]`` (NeMo's recommended set) or ``[1, 2, 3, 4, 5]``.
       reduction: ``'none'`` (``(N,)``), ``'sum'`` or ``'mean'`` (batch mean, as
-        :func:`rnnt_loss`; NeMo's numba loss means the same).
+        [`rnnt_loss`][duoloss.torch.rnnt_loss]; NeMo's numba loss means the same).
       fastemit_lambda: FastEmit (NeMo's kernel): the gradient through every
         label emission's *token* log-prob is scaled by ``1 + lambda``
         (duration logits unchanged); the loss reported is ``(1 + lambda)`` times
@@ -111,9 +111,9 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
     NB: ``T_b = 0`` gives 0 when ``U_b = 0`` and ``+inf`` otherwise; a sequence
     without a path (e.g. ``durations=[2]`` and an odd ``T_b``) gets ``+inf``
     and zero gradient.  The gradient is first order only.  TDT is not
-    :func:`rnnt_loss` in general, whatever the duration logits (one duration
+    [`rnnt_loss`][duoloss.torch.rnnt_loss] in general, whatever the duration logits (one duration
     softmax per cell serves both the label, which would need ``d = 0``, and the blank, which
-    needs ``d > 0``); what holds exactly: ``omega=1`` is :func:`rnnt_loss` on
+    needs ``d > 0``); what holds exactly: ``omega=1`` is [`rnnt_loss`][duoloss.torch.rnnt_loss] on
     ``logits[..., :V]``, and with ``durations=[0, 1]``, duration logits
     ``(0, -inf)`` on cells ``u < U_b`` and ``(-inf, 0)`` on ``u = U_b`` and the
     blank's logit ``-inf`` on ``u < U_b``, both losses keep the one path
@@ -156,18 +156,18 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
                          ) -> torch.Tensor:
     r"""Multi-blank RNN-T loss (Xu et al. 2022), NeMo's ``MultiblankRNNTLossNumba``.
 
-    ``logits`` ``(N, T, U + 1, V)`` with :math:`\ell_{t,u} =
-    \log\operatorname{softmax}(x_{t,u}) - \sigma`.  The standard blank sits at
+    ``logits`` ``(N, T, U + 1, V)`` with $\ell_{t,u} =
+    \log\operatorname{softmax}(x_{t,u}) - \sigma$.  The standard blank sits at
     ``blank`` (duration 1), big blank ``i`` at index ``blank - 1 - i`` with
     duration ``big_blank_durations[i]``.  From ``(t, u)`` a path emits
-    :math:`y_{u+1}` to ``(t, u + 1)`` or a blank of duration ``d`` to
+    $y_{u+1}$ to ``(t, u + 1)`` or a blank of duration ``d`` to
     ``(t + d, u)``; the last move is a blank (of any duration) from
     ``(T_b - d, U_b)`` landing exactly on ``T_b``:
 
-    .. math::
-
-        \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
-            \exp \sum_{\text{moves}} \ell_{t,u}(k).
+    $$
+    \text{loss}_b = -(1 + \lambda) \log \sum_{\text{paths}}
+    \exp \sum_{\text{moves}} \ell_{t,u}(k).
+    $$
 
     Args:
       logits: ``(N, T, U + 1, V)`` joiner output (float16/bfloat16 run in float32).
@@ -178,14 +178,14 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
         it last (``V - 1``) and the big blanks just before it.
       big_blank_durations: ints ``>= 1``, e.g. ``[2, 4, 8]``; ``blank - len(...)
         >= 0``.
-      reduction, fastemit_lambda, clamp, sigma: as :func:`tdt_loss` (clamp
+      reduction, fastemit_lambda, clamp, sigma: as [`tdt_loss`][duoloss.torch.tdt_loss] (clamp
         and FastEmit act on the gradient w.r.t. every logit here).
 
     Returns:
       The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
 
     NB: with ``big_blank_durations=[]`` and ``sigma=0`` this is exactly
-    :func:`rnnt_loss`.
+    [`rnnt_loss`][duoloss.torch.rnnt_loss].
 
     Examples:
       >>> import torch
@@ -215,11 +215,11 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
 
 
 class TDTLoss(torch.nn.Module):
-    """Module form of :func:`tdt_loss` (NeMo's ``TDTLossNumba`` arguments).
+    """Module form of [`tdt_loss`][duoloss.torch.tdt_loss] (NeMo's ``TDTLossNumba`` arguments).
 
     Args:
       blank, durations, reduction, fastemit_lambda, clamp, sigma, omega:
-        as in :func:`tdt_loss`.
+        as in [`tdt_loss`][duoloss.torch.tdt_loss].
     """
 
     def __init__(self, blank: int, durations: Sequence[int], *,
@@ -251,11 +251,11 @@ class TDTLoss(torch.nn.Module):
 
 
 class MultiblankRNNTLoss(torch.nn.Module):
-    """Module form of :func:`multiblank_rnnt_loss` (NeMo's ``MultiblankRNNTLossNumba``).
+    """Module form of [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss] (NeMo's ``MultiblankRNNTLossNumba``).
 
     Args:
       blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma:
-        as in :func:`multiblank_rnnt_loss`.
+        as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
     """
 
     def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
