@@ -56,12 +56,15 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
     Args:
       logits: ``(N, T, U + 1, V + D)`` (halves run in float32).
       targets: ``(N, U)`` integer padded targets (never the blank).
-      logit_lengths, target_lengths: ``(N,)`` integers.
+      logit_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, U]``.
       blank: the blank among the ``V`` token classes (``-1`` is ``V - 1``).
       durations: distinct ints ``>= 0``, at least one positive.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (batch mean).
-      fastemit_lambda, clamp, sigma, omega: as [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss]
-        (``omega``: the expectation of NeMo's random choice).
+      fastemit_lambda: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      clamp: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      sigma: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      omega: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss] (the expectation of NeMo's random choice).
 
     Returns:
       The reduced loss, or ``(N,)`` losses.
@@ -116,11 +119,14 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
     Args:
       logits: ``(N, T, U + 1, V)`` (halves run in float32).
       targets: ``(N, U)`` integer padded targets (never a blank or big blank).
-      logit_lengths, target_lengths: ``(N,)`` integers.
+      logit_lengths: ``(N,)`` integers in ``[0, T]``.
+      target_lengths: ``(N,)`` integers in ``[0, U]``.
       blank: the standard blank (``-1`` is ``V - 1``).
       big_blank_durations: ints ``>= 1``.
-      reduction, fastemit_lambda, clamp, sigma: as
-        [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      reduction: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      fastemit_lambda: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      clamp: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      sigma: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
 
     Returns:
       The reduced loss, or ``(N,)`` losses.

@@ -173,13 +173,16 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
       logits: ``(N, T, U + 1, V)`` joiner output (float16/bfloat16 run in float32).
       targets: ``(N, U)`` integer padded targets: labels in ``[0, V)``, never a
         blank or big blank.
-      logit_lengths, target_lengths: ``(N,)`` tensors or tuples of ints.
+      logit_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
+      target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, U]``.
       blank: the standard blank (negative values count from ``V``); NeMo puts
         it last (``V - 1``) and the big blanks just before it.
       big_blank_durations: ints ``>= 1``, e.g. ``[2, 4, 8]``; ``blank - len(...)
         >= 0``.
-      reduction, fastemit_lambda, clamp, sigma: as [`tdt_loss`][duoloss.torch.tdt_loss] (clamp
-        and FastEmit act on the gradient w.r.t. every logit here).
+      reduction: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      fastemit_lambda: as in [`tdt_loss`][duoloss.torch.tdt_loss] (here on the gradient w.r.t. every logit).
+      clamp: as in [`tdt_loss`][duoloss.torch.tdt_loss] (here on the gradient w.r.t. every logit).
+      sigma: as in [`tdt_loss`][duoloss.torch.tdt_loss].
 
     Returns:
       The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
@@ -218,8 +221,13 @@ class TDTLoss(torch.nn.Module):
     """Module form of [`tdt_loss`][duoloss.torch.tdt_loss] (NeMo's ``TDTLossNumba`` arguments).
 
     Args:
-      blank, durations, reduction, fastemit_lambda, clamp, sigma, omega:
-        as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      blank: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      durations: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      reduction: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      fastemit_lambda: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      clamp: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      sigma: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      omega: as in [`tdt_loss`][duoloss.torch.tdt_loss].
     """
 
     def __init__(self, blank: int, durations: Sequence[int], *,
@@ -254,8 +262,12 @@ class MultiblankRNNTLoss(torch.nn.Module):
     """Module form of [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss] (NeMo's ``MultiblankRNNTLossNumba``).
 
     Args:
-      blank, big_blank_durations, reduction, fastemit_lambda, clamp, sigma:
-        as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      blank: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      big_blank_durations: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      reduction: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      fastemit_lambda: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      clamp: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      sigma: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
     """
 
     def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
