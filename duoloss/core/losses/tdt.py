@@ -344,10 +344,16 @@ def tdt_loss_and_grad(logits, targets, logit_lengths, target_lengths, *, blank, 
     Args:
       logits: ``(N, T, U + 1, V + D)`` float32/float64: ``V`` token logits
         (blank among them) then ``D = len(durations)`` duration logits.
-      targets: ``(N, U)`` integers; logit_lengths, target_lengths: ``(N,)``.
-      blank: the blank's index in ``[0, V)``; durations: distinct ints >= 0,
-        one at least positive (checked by the frontends).
-      sigma, fastemit_lambda, clamp, omega: as ``duoloss.torch.tdt_loss``.
+      targets: ``(N, U)`` integers.
+      logit_lengths: ``(N,)`` integers.
+      target_lengths: ``(N,)`` integers.
+      blank: the blank's index in ``[0, V)``.
+      durations: distinct ints >= 0, one at least positive (checked by the
+        frontends).
+      sigma: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      fastemit_lambda: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      clamp: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
+      omega: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       want_grad: compute the gradient.
 
     Returns:
