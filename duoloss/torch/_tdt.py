@@ -228,6 +228,14 @@ class TDTLoss(torch.nn.Module):
       clamp: as in [`tdt_loss`][duoloss.torch.tdt_loss].
       sigma: as in [`tdt_loss`][duoloss.torch.tdt_loss].
       omega: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> logits = torch.zeros((1, 2, 2, 3 + 2))  # (N, T, U + 1, V + D): uniform tokens (V=3) and durations [0, 1]
+        >>> loss = d.TDTLoss(blank=2, durations=[0, 1])(logits, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1]))
+        >>> round(float(loss), 4)  # 3 paths ('0'@d=0 ∅ ∅, '0'@d=1 ∅, ∅ '0'@d=0 ∅), each move 1/3 * 1/2: log 27
+        3.2958
     """
 
     def __init__(self, blank: int, durations: Sequence[int], *,
@@ -268,6 +276,15 @@ class MultiblankRNNTLoss(torch.nn.Module):
       fastemit_lambda: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       clamp: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       sigma: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> logits = torch.zeros((1, 2, 2, 4))  # (N, T, U + 1, V): uniform; blank 3, big blank 2 of duration 2
+        >>> loss = d.MultiblankRNNTLoss(blank=3, big_blank_durations=[2])(logits, torch.tensor([[0]]),
+        ...                                                        torch.tensor([2]), torch.tensor([1]))
+        >>> round(float(loss), 4)  # '0' ∅ ∅, '0' big-∅, ∅ '0' ∅; each move 1/4: -log(2/64 + 1/16)
+        2.3671
     """
 
     def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
