@@ -130,6 +130,25 @@ def test_ctc_device_concatenated_targets_and_unbatched():
            dtype, "CTCLoss")
 
 
+def test_device_empty_shapes():
+    """No frames, no target positions, no sequences: the host path's values."""
+    dtype = torch.float64
+    x = torch.randn(4, 2, 3, dtype=dtype)
+    for lp, tg, il, tl in ((x[:0], torch.ones(2, 1, dtype=torch.int64), [0, 0], [0, 1]),
+                           (x, torch.zeros(2, 0, dtype=torch.int64), [4, 2], [0, 0]),
+                           (x[:, :0], torch.zeros(0, 2, dtype=torch.int64), [], [])):
+        il, tl = torch.tensor(il, dtype=torch.int64), torch.tensor(tl, dtype=torch.int64)
+        for reduction in ("none", "mean"):
+            _close(dt.ctc_loss(lp, tg, il, tl, reduction=reduction, impl="device"),
+                   dt.ctc_loss(lp, tg, il, tl, reduction=reduction, impl="host"), dtype,
+                   f"ctc {tuple(lp.shape)} {reduction}")
+    logits = torch.randn(2, 3, 1, 4, dtype=dtype)  # U = 0
+    args = (logits, torch.zeros(2, 0, dtype=torch.int64), torch.tensor([3, 0]),
+            torch.tensor([0, 0]))
+    _close(dt.rnnt_loss(*args, reduction="none", impl="device"),
+           dt.rnnt_loss(*args, reduction="none", impl="host"), dtype, "rnnt U=0")
+
+
 def test_ctc_device_compile_fullgraph_and_func_grad():
     dtype = torch.float64
     x, targets, il, tl = _ctc_batch(dtype, seed=4)
@@ -193,6 +212,23 @@ def test_bad_impl_and_missing_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         dt.ctc_loss(lp, targets, il, tl, impl="device")
+
+
+def test_auto_without_triton_falls_back_with_one_warning(monkeypatch):
+    import warnings
+
+    from duoloss.torch import _triton
+    monkeypatch.setattr(_triton, "_AVAILABLE", (False, "triton is not installed (test)"))
+    monkeypatch.setattr(_triton, "_WARNED", [])
+    monkeypatch.setattr(_triton, "_is_cuda", lambda t: True)  # as if on a GPU
+    x = torch.zeros(1)
+    with pytest.warns(RuntimeWarning, match=r"unavailable \(triton is not installed \(test\)\)"):
+        assert _triton.resolve_impl("ctc_loss", "auto", x) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _triton.resolve_impl("rnnt_loss", "auto", x) is False  # once per process
+    with pytest.raises(RuntimeError, match="rnnt_loss: impl='device' needs Triton"):
+        _triton.resolve_impl("rnnt_loss", "device", x)
 
 
 # ---------------------------------------------------------------- transducers

@@ -53,6 +53,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _is_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cuda"
+
+
 def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
     """Whether the call takes the device path (True) or the host path (False).
 
@@ -67,7 +71,7 @@ def resolve_impl(fn: str, impl, tensor: torch.Tensor) -> bool:
         return False  # (not a tensor: the host path's validation raises)
     ok, reason = _AVAILABLE
     if impl == "auto":
-        if tensor.device.type != "cuda":
+        if not _is_cuda(tensor):
             return False
         if not ok:
             if not _WARNED:

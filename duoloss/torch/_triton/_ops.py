@@ -42,6 +42,12 @@ def _block(n: int) -> int:
     return max(b, 2)
 
 
+def _ptr(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a one-element stand-in when it is empty (a zero-size CUDA tensor
+    has no address for Triton; the kernels never read it then)."""
+    return t if t.numel() else t.new_zeros(1)
+
+
 def _launch_device(t: torch.Tensor):
     """The device context of a launch (CUDA: the inputs' device; the kernels run
     on its current stream)."""
@@ -73,10 +79,10 @@ def ctc_op(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.
         g = grad if want_grad else lp
         with _launch_device(lp):
             _kernels().ctc_kernel[(n,)](
-                lp, lp.stride(0), lp.stride(1), lp.stride(2),
-                tg, tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
+                _ptr(lp), lp.stride(0), lp.stride(1), lp.stride(2),
+                _ptr(tg), tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
                 alpha, beta, losses,
-                g, g.stride(0), g.stride(1), g.stride(2),
+                _ptr(g), g.stride(0), g.stride(1), g.stride(2),
                 rows, ZERO_INF=bool(zero_infinity), WANT_GRAD=bool(want_grad), BLOCK=block)
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
@@ -173,9 +179,9 @@ def transducer_op(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor, mo
         gyk = gy if want_grad else py
         with _launch_device(py):
             _kernels().transducer_kernel[(n,)](
-                px, px.stride(0), px.stride(1), px.stride(2),
-                py, py.stride(0), py.stride(1), py.stride(2),
-                bd_k, alpha, q, losses, gxk, gyk, t_x, n_lev,
+                _ptr(px), px.stride(0), px.stride(1), px.stride(2),
+                _ptr(py), py.stride(0), py.stride(1), py.stride(2),
+                bd_k, alpha, q, losses, _ptr(gxk), _ptr(gyk), t_x, n_lev,
                 MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block)
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
