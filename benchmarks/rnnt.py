@@ -25,6 +25,15 @@ Also printed: the bytes that duoloss moves to and from the host per call
     python -m benchmarks.rnnt --sizes 32,150,40,28 --rounds 9 --threads 1
     python -m benchmarks.rnnt --skip jax_scan       # leave a peer out
     python benchmarks/rnnt.py --quick               # a smoke run
+    python -m benchmarks.rnnt --joiner              # the bounded-memory loss (below)
+
+``--joiner`` times instead the full loss from a joiner, forward + backward w.r.t. the
+joiner's parameters, ``encoder_out`` and ``predictor_out`` (float32; joiner
+``Linear(H, V)(tanh(enc + pred))`` with ``H = --hidden``): ``duoloss.torch.rnnt_loss`` on
+``joiner(enc[:, :, None], pred[:, None])`` against ``rnnt_loss_from_joiner`` (chunked,
+recomputing backward).  Each implementation runs in a fresh process (``--rounds`` calls
+after one warm-up call on a tiny input) so that its peak resident set size
+(``ru_maxrss``) is its own; default size ``16,500,100,500``.
 
 Sizes are ``N,T,U,V`` (batch, frames, target length, classes with the blank).  The two large default sizes hold
 1.6-2 GB of logits: each implementation needs a few times that in memory.
@@ -203,7 +212,123 @@ def bench(n, t, u, v, rounds, skip, label="", notes=None):
     return timing, losses, to_host, from_host, 4 * logits.size
 
 
+JOINER_SIZES = [(16, 500, 100, 500)]
+JOINER_IMPLS = ("rnnt_loss(joiner(enc, pred))", "rnnt_loss_from_joiner")
+
+
+def joiner_child(impl, n, t, u, v, hidden, rounds, chunk_size):
+    """One implementation in this (fresh) process: prints a JSON line with per-call
+    seconds, the loss and the peak RSS."""
+    import json
+    import resource
+    import time
+
+    import torch
+
+    import duoloss.torch as dt
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(hidden, v)
+
+    def joiner(e, p):
+        return head(torch.tanh(e + p))
+
+    def call(enc, pred, tg, il, tl):
+        if impl == 0:
+            loss = dt.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), tg, il, tl, blank=0)
+        else:
+            loss = dt.rnnt_loss_from_joiner(joiner, enc, pred, tg, il, tl, blank=0,
+                                            chunk_size=chunk_size)
+        loss.backward()
+        return loss.item()
+
+    def inputs(n, t, u):
+        g = torch.Generator().manual_seed(1)
+        enc = torch.randn(n, t, hidden, generator=g).requires_grad_()
+        pred = torch.randn(n, u + 1, hidden, generator=g).requires_grad_()
+        tg = torch.randint(1, v, (n, u), generator=g)
+        il = torch.full((n,), t)
+        il[::2] = max(1, t - t // 5)
+        tl = torch.full((n,), u)
+        tl[1::2] = max(0, u - u // 4)
+        return enc, pred, tg, il, tl
+
+    call(*inputs(2, 6, 3))  # compile (not timed)
+    args = inputs(n, t, u)
+    with open("/proc/self/statm") as f:  # resident pages before the first call
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    seconds, loss = [], None
+    for _ in range(rounds):
+        for x in (args[0], args[1], *head.parameters()):
+            x.grad = None
+        start = time.perf_counter()
+        loss = call(*args)
+        seconds.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": seconds, "loss": loss, "peak_bytes": peak,
+                      "before_bytes": before}))
+
+
+def joiner_main(a):
+    import json
+    import statistics
+    import subprocess
+
+    sizes = a.sizes if a.sizes_given else (QUICK_SIZES if a.quick else JOINER_SIZES)
+    rows, results = [], []
+    for i, size in enumerate(sizes):
+        runs = {}
+        for k, name in enumerate(JOINER_IMPLS):
+            H.progress(f"{H.size_label(i, len(sizes))}{name}: fresh process, {a.rounds} calls")
+            cmd = [sys.executable, "-m", "benchmarks.rnnt", "--joiner-child", str(k),
+                   ",".join(map(str, size)), str(a.hidden), str(a.rounds), str(a.chunk_size)]
+            env = H.child_env(**({"OMP_NUM_THREADS": a.threads, "NUMBA_NUM_THREADS": a.threads}
+                                 if a.threads else {}))
+            proc = subprocess.run(cmd, cwd=H.ROOT, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"rnnt --joiner child failed:\n{proc.stderr[-3000:]}")
+            runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        H.progress_done()
+        base, ours = (runs[x] for x in JOINER_IMPLS)
+        per = [b / c for b, c in zip(ours["seconds"], base["seconds"])]
+        ratio = {"num": JOINER_IMPLS[1], "den": JOINER_IMPLS[0],
+                 "median": statistics.median(per), "q25": min(per), "q75": max(per),
+                 "min": min(per), "max": max(per), "rounds": per}
+        impls = {name: {"median_ms": 1e3 * statistics.median(r["seconds"]),
+                        "rounds_ms": [1e3 * x for x in r["seconds"]],
+                        "peak_rss_bytes": r["peak_bytes"], "loss": r["loss"]}
+                 for name, r in runs.items()}
+        results.append({"size": list(size), "case": "joiner", "impls": impls, "ratios": [ratio],
+                        "extra": {"hidden": a.hidden, "chunk_size": a.chunk_size,
+                                  "memory_ratio": base["peak_bytes"] / ours["peak_bytes"],
+                                  "rss_before_call_bytes": {k: r["before_bytes"]
+                                                            for k, r in runs.items()}}})
+        own = {name: r["peak_bytes"] - r["before_bytes"] for name, r in runs.items()}
+        for name, r in runs.items():
+            rows.append([H.format_size(size), name,
+                         H.fmt_ms(1e3 * statistics.median(r["seconds"])),
+                         f"{r['peak_bytes'] / 2**20:.0f}", f"{own[name] / 2**20:.0f}",
+                         f"{r['loss']:.6g}"])
+        rows.append([H.format_size(size), "ratio (whole / from_joiner)",
+                     f"{1 / ratio['median']:.2f}x",
+                     f"{base['peak_bytes'] / ours['peak_bytes']:.2f}x",
+                     f"{own[JOINER_IMPLS[0]] / max(own[JOINER_IMPLS[1]], 1):.2f}x", ""])
+    text = (f"RNN-T from a joiner Linear({a.hidden}, V)(tanh(enc + pred)), float32, fwd+bwd "
+            f"w.r.t. joiner parameters, enc, pred; median ms over {a.rounds} calls in one fresh "
+            f"process per implementation; peak RSS of that process, and the calls' own peak "
+            f"(peak RSS - RSS before the first call, inputs allocated)\n\n")
+    text += H.table(["N,T,U,V", "implementation", "ms", "peak RSS MiB", "calls' own MiB",
+                     "loss"], rows)
+    H.emit(a, results, text)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--joiner-child"]:
+        k, size, hidden, rounds, chunk = argv[1:6]
+        joiner_child(int(k), *(int(x) for x in size.split(",")), int(hidden), int(rounds),
+                     None if chunk == "None" else int(chunk))
+        return
     ap = H.parser(__doc__, names="N,T,U,V", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
                   rounds=5, threads=None,
                   threads_help="threads for torch, numba and XLA (default: all cores)")
@@ -212,7 +337,18 @@ def main(argv=None):
                          "transparent huge pages: far fewer page faults on fresh GB buffers)")
     ap.add_argument("--skip", nargs="*", default=(),
                     choices=("duoloss_jax", "jax_scan", "jax_diag", "warprnnt"))
+    ap.add_argument("--joiner", action="store_true",
+                    help="time rnnt_loss_from_joiner against rnnt_loss on the whole joiner "
+                         "output instead (peak memory per implementation in a fresh process)")
+    ap.add_argument("--hidden", type=int, default=64, help="--joiner: the joiner's width H")
+    ap.add_argument("--chunk-size", type=int, default=None,
+                    help="--joiner: rnnt_loss_from_joiner's chunk_size (default: its own)")
     a = H.finish_args(ap.parse_args(argv), "rnnt")
+    a.sizes_given = any(x == "--sizes" or x.startswith("--sizes=") for x in argv)
+    if a.joiner:
+        if not any(x == "--rounds" or x.startswith("--rounds=") for x in argv):
+            a.rounds = 2 if a.quick else 3
+        return joiner_main(a)
     if a.thp:
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read once, before torch allocates
     if a.threads:

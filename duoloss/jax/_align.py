@@ -208,7 +208,7 @@ def _graph_align_host(em, w, il, *packed):
 def token_spans(labels: ArrayLike, log_probs: ArrayLike, *, blank: int = 0,
                 num_spans: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     r"""Token spans of CTC frame alignments (``torchaudio.functional.merge_tokens`` for a
-    batch); same arguments and results as :func:`duoloss.torch.token_spans`.
+    batch); same arguments and results as [`duoloss.torch.token_spans`][duoloss.torch.token_spans].
 
     Args:
       labels: ``(N, T)`` integer frame labels in ``[-1, C)`` (``ctc_align``'s), or
@@ -228,6 +228,14 @@ def token_spans(labels: ArrayLike, log_probs: ArrayLike, *, blank: int = 0,
 
     NB: no gradient.  Under ``jit``, a sequence with more than ``num_spans`` spans
     keeps its first ``num_spans`` and labels out of range are not checked.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import duoloss.jax as d
+        >>> lp = jnp.log(jnp.array([[0.9, 0.1], [0.5, 0.5], [0.3, 0.7], [0.8, 0.2]]))  # (T, C)
+        >>> tokens, starts, ends, scores = d.token_spans(jnp.array([0, 1, 1, 0]), lp)
+        >>> tokens.tolist(), starts.tolist(), ends.tolist(), round(float(scores[0]), 6)  # (0.5 + 0.7) / 2
+        ([1], [1], [3], 0.6)
     """
     fn = "token_spans"
     labels = as_array(fn, "labels", labels)

@@ -56,9 +56,9 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
                           delay_penalty: float = 0.0, chunk_size: Optional[int] = None) -> None:
     r"""The RNN-T loss of ``joiner(encoder_out[:, :, None], predictor_out[:, None])``
     without holding that ``(N, T, U + 1, V)`` output or its gradient; same
-    arguments and numbers as :func:`duoloss.torch.rnnt_loss_from_joiner`.
+    arguments and numbers as [`duoloss.torch.rnnt_loss_from_joiner`][duoloss.torch.rnnt_loss_from_joiner].
 
-    Equal to :func:`duoloss.jax.rnnt_loss` on the whole joiner output, in value and
+    Equal to [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss] on the whole joiner output, in value and
     gradient.  The frames go through the joiner in chunks of ``chunk_size``: a
     ``lax.scan`` over the chunks with a ``jax.checkpoint``-ed body keeps only the
     two lattice values per cell, and ``grad`` recomputes one chunk at a time.
@@ -88,6 +88,15 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
 
     NB: works under ``jit``, ``grad`` and ``value_and_grad``; the joiner is traced
     (not run) once more by ``jax.eval_shape`` to learn ``V``.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import duoloss.jax as d
+        >>> enc, pred = jnp.ones((1, 2, 3)), jnp.ones((1, 2, 3))  # (N, T, D), (N, U + 1, D)
+        >>> joiner = lambda e, p: 0 * (e + p)  # uniform logits over V = D = 3 classes
+        >>> loss = d.rnnt_loss_from_joiner(joiner, enc, pred, jnp.array([[1]]), jnp.array([2]), jnp.array([1]), blank=0, chunk_size=1)
+        >>> round(float(loss), 4)  # 2 alignments of 3 moves at 1/3 each: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_from_joiner"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)

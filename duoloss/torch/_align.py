@@ -251,16 +251,16 @@ def token_spans(labels: torch.Tensor, log_probs: torch.Tensor, *, blank: int = 0
     blank (and the ``-1`` padding past a sequence), as torchaudio's ``TokenSpan``:
     ``start`` its first frame, ``end`` one past its last, and
 
-    .. math::
-
-        \text{score} = \frac{1}{\text{end} - \text{start}}
-            \sum_{t=\text{start}}^{\text{end}-1} \exp(\text{log\_probs}_{t,b,\text{token}}),
+    $$
+    \text{score} = \frac{1}{\text{end} - \text{start}}
+    \sum_{t=\text{start}}^{\text{end}-1} \exp(\text{log\_probs}_{t,b,\text{token}}),
+    $$
 
     the mean frame probability (torchaudio: ``merge_tokens(tokens, scores.exp())``
     with ``forced_align``'s frame scores).
 
     Args:
-      labels: ``(N, T)`` integer frame labels in ``[-1, C)`` (:func:`ctc_align`'s
+      labels: ``(N, T)`` integer frame labels in ``[-1, C)`` ([`ctc_align`][duoloss.torch.ctc_align]'s
         output), or ``(T,)`` for unbatched ``log_probs``.
       log_probs: ``(T, N, C)`` (or ``(T, C)``) tensor: the log-probabilities aligned.
       blank: the blank class.
@@ -273,10 +273,16 @@ def token_spans(labels: torch.Tensor, log_probs: torch.Tensor, *, blank: int = 0
       int64 tokens, start frames and end frames (exclusive), and scores in
       ``log_probs``' dtype; unused slots hold ``-1`` and score ``0``.
 
-    NB: not differentiable.  Example::
+    NB: not differentiable.  Typical use: ``labels, _ = ctc_align(log_probs,
+    targets, input_lengths, target_lengths)``, then ``token_spans(labels, log_probs)``.
 
-        labels, _ = ctc_align(log_probs, targets, input_lengths, target_lengths)
-        tokens, starts, ends, scores = token_spans(labels, log_probs)
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> lp = torch.log(torch.tensor([[0.9, 0.1], [0.5, 0.5], [0.3, 0.7], [0.8, 0.2]]))  # (T, C)
+        >>> tokens, starts, ends, scores = d.token_spans(torch.tensor([0, 1, 1, 0]), lp)
+        >>> tokens.tolist(), starts.tolist(), ends.tolist(), round(float(scores[0]), 6)  # (0.5 + 0.7) / 2
+        ([1], [1], [3], 0.6)
     """
     fn = "token_spans"
     check_tensor(fn, "labels", labels)

@@ -67,9 +67,9 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     r"""The RNN-T loss of ``joiner(encoder_out[:, :, None], predictor_out[:, None])``
     without ever holding that ``(N, T, U + 1, V)`` output or its gradient.
 
-    The same loss and gradients as :func:`duoloss.torch.rnnt_loss` on the whole
-    joiner output (same maths: :math:`\text{loss}_b = -\log \sum_{\text{alignments}}
-    \prod \operatorname{softmax}(\text{joiner}(e_{b,t}, p_{b,u}))_k`), computed in
+    The same loss and gradients as [`duoloss.torch.rnnt_loss`][duoloss.torch.rnnt_loss] on the whole
+    joiner output (same maths: $\text{loss}_b = -\log \sum_{\text{alignments}}
+    \prod \operatorname{softmax}(\text{joiner}(e_{b,t}, p_{b,u}))_k$), computed in
     chunks of ``chunk_size`` frames: the forward keeps only the two lattice values
     per cell (the log-probabilities of the next label and of the blank,
     ``(N, U, T + 1)`` and ``(N, U + 1, T)``), and the backward recomputes each
@@ -103,10 +103,17 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
 
     NB: the joiner is called once on the first frame of the first sequence
     (to learn ``V``) before the chunks.  Eager mode (``torch.compile`` and
-    ``torch.func`` transforms are not supported here).  Example::
+    ``torch.func`` transforms are not supported here).  Typical joiner:
+    ``lambda e, p: head(torch.tanh(e + p))`` with ``head`` an ``nn.Linear(H, V)``.
 
-        joiner = lambda e, p: head(torch.tanh(e + p))
-        loss = rnnt_loss_from_joiner(joiner, enc, pred, targets, enc_lens, tgt_lens)
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> enc, pred = torch.randn(1, 2, 3), torch.randn(1, 2, 3)  # (N, T, D), (N, U + 1, D)
+        >>> joiner = lambda e, p: 0 * (e + p)  # uniform logits over V = D = 3 classes
+        >>> loss = d.rnnt_loss_from_joiner(joiner, enc, pred, torch.tensor([[1]]), torch.tensor([2]), torch.tensor([1]), blank=0, chunk_size=1)
+        >>> round(loss.item(), 4)  # 2 alignments of 3 moves at 1/3 each: log(27 / 2)
+        2.6027
     """
     fn = "rnnt_loss_from_joiner"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
