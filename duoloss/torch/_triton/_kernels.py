@@ -123,7 +123,9 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
     if WANT_GRAD:
         # backward: beta[t, k] excludes the emission of frame t
         skip2 = _ctc_skip(tg_ptr, b, stride_tb, k + 2, n_states)
-        feasible = (tl.full((BLOCK,), 0.0, lp_ptr.dtype.element_ty) + logz) != float("-inf")  # a vector; NaN stays NaN
+        # as a vector (scalar masks trip the interpreter); NaN stays NaN
+        logz_v = tl.full((BLOCK,), 0.0, lp_ptr.dtype.element_ty) + logz
+        feasible = logz_v != float("-inf")
         g_b = grad_ptr + b * stride_gn
         for i in range(0, t_b):
             t = t_b - 1 - i
@@ -209,8 +211,10 @@ def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
     total = _sum(tl.where(i == ns - 1, fin, 0.0))
     tl.store(loss_ptr + b, -total)
     if WANT_GRAD:
-        feasible = (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total) != float("-inf")  # a vector; NaN stays NaN
-        nan_total = (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total) != (tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total)
+        # as vectors (scalar masks trip the interpreter); NaN stays NaN
+        total_v = tl.full((BLOCK,), 0.0, px_ptr.dtype.element_ty) + total
+        feasible = total_v != float("-inf")
+        nan_total = total_v != total_v
         for r in range(0, n_lev):
             lev = n_lev - 1 - r
             if MODIFIED:
