@@ -306,10 +306,10 @@ def run_batch(serial, parallel, n, cells, min_cells, args):
     variant runs under :func:`~._threading.parallel_guard` (fork safety, the
     workqueue lock) with numba's chunk size 1.
     """
-    if _compile_both and n > 0:
+    both = _compile_both and n > 0
+    if both:
         serial(*args)
-        cells = min_cells
-    if n > 1 and cells >= min_cells:
+    if both or (n > 1 and cells >= min_cells):
         with parallel_guard():
             old = numba.set_parallel_chunksize(1)
             try:
