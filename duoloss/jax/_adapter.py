@@ -30,6 +30,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from duoloss.core import LossKernel
+from duoloss.core._reduce import (flush_subnormals, reduction_weights, run_reduced, run_weighted,
+                                  sum_weighted, weighted_sum)
 
 from jax.sharding import PartitionSpec
 
@@ -51,7 +53,7 @@ def _batch_size(kernel: LossKernel, shapes) -> int:
 _ALIGN = 8
 
 
-def _pack_operands(kernel: LossKernel, arrays):
+def _pack_operands(kernel: LossKernel, arrays, batch_axes=None):
     """The inputs as at most two uint8 operands: per-sequence inputs, shared inputs.
 
     Returns ``(operands, layout)``; ``layout[i] = (operand, offset, nbytes,
@@ -64,7 +66,7 @@ def _pack_operands(kernel: LossKernel, arrays):
     pieces = ([], [])
     sizes = [0, 0]
     layout = []
-    for a, axis in zip(arrays, kernel.batch_axes):
+    for a, axis in zip(arrays, kernel.batch_axes if batch_axes is None else batch_axes):
         g = 0 if axis is not None else 1
         dt = np.dtype(a.dtype)
         shape = tuple(int(s) for s in a.shape)
@@ -155,7 +157,7 @@ def _pack(losses, grads, want, out_dtypes):
     j = 1
     for i, g in enumerate(grads):
         if want[i]:
-            res.append(np.ascontiguousarray(g, dtype=out_dtypes[j]))
+            res.append(flush_subnormals(np.ascontiguousarray(g, dtype=out_dtypes[j])))
             j += 1
     return tuple(res)
 
@@ -228,6 +230,8 @@ def scale_by_cotangent(grad, g, axis):
     input), or ``None`` for a shared input, whose ``grad`` is ``(N, *shape)``
     (one gradient per sequence) and is contracted over ``N``.
     """
+    if jnp.ndim(g) == 0:  # a reduced loss: grad is already its gradient
+        return grad * g.astype(grad.dtype)
     if axis is None:
         return jnp.tensordot(g.astype(grad.dtype), grad, axes=1)
     shape = [1] * grad.ndim
@@ -252,8 +256,168 @@ _gradient.defjvp(_gradient_jvp, symbolic_zeros=True)
 _losses.defvjp(_losses_fwd, _losses_bwd, symbolic_zeros=True)
 
 
-def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> jax.Array:
-    """Per-sequence losses ``(N,)`` of ``kernel`` as a differentiable JAX function.
+# -- Reduced losses: the batch reduction inside the callback ----------------
+#
+# The core reduces (duoloss.core._reduce: float64 weights, a correctly rounded
+# sum, the weights folded into the gradients) exactly as for the torch
+# frontend, so a reduced loss and its gradient are the same bits in both;
+# the backward only multiplies by the scalar cotangent.
+
+
+def _fold_instances(kernel, arrays, base_shapes, k, lead):
+    """Arrays with ``k`` leading (vmapped) axes ``lead`` folded into their batch axis."""
+    m = int(np.prod(lead))
+    folded = []
+    for a, axis, base in zip(arrays, kernel.batch_axes, base_shapes):
+        if axis is None:
+            folded.append(a.reshape(base))
+            continue
+        a = np.broadcast_to(a, lead + tuple(base))
+        a = np.moveaxis(a, tuple(range(k)), tuple(range(axis, axis + k)))
+        shape = list(base)
+        shape[axis] = m * base[axis]
+        folded.append(np.ascontiguousarray(a).reshape(shape))
+    return folded
+
+
+def _host_reduced_packed(kernel, static, want, rspec, base_shapes, out_dtypes, layout,
+                         *operands):
+    arrays = _unpack_operands(layout, operands)
+    lengths = arrays.pop() if rspec[1] else None
+    return _host_reduced(kernel, static, want, rspec, base_shapes, out_dtypes, arrays, lengths)
+
+
+def _host_reduced(kernel, static, want, rspec, base_shapes, out_dtypes, arrays, lengths):
+    """The reduced loss and its gradients from host arrays that may carry
+    leading vmapped axes (each vmapped instance reduced on its own)."""
+    reduction, _, k2_mean = rspec
+    k2 = bool(k2_mean and reduction == "mean")
+    n = _batch_size(kernel, base_shapes)
+    arrays = [np.asarray(a) for a in arrays]
+    k = arrays[0].ndim - len(base_shapes[0])
+    if k == 0:
+        w = reduction_weights(reduction, n, lengths)
+        total, grads = run_reduced(kernel.run, kernel.weighted, kernel.batch_axes,
+                                   tuple(arrays), want, w, static, k2_mean=k2)
+        return _pack(total, grads, want, out_dtypes)
+    leads = [a.shape[:k] for a in arrays]
+    if lengths is not None:
+        lengths = np.asarray(lengths)
+        leads.append(lengths.shape[:k])
+    lead = tuple(np.broadcast_shapes(*leads))
+    if lengths is not None:
+        lengths = np.broadcast_to(lengths, lead + (n,))
+    if any(axis is None and int(np.prod(ld)) > 1
+           for axis, ld in zip(kernel.batch_axes, leads)):  # a vmapped shared input
+        outs = []
+        for idx in np.ndindex(*lead):
+            inst = [a[tuple(i if d > 1 else 0 for i, d in zip(idx, ld))]
+                    for a, ld in zip(arrays, leads)]
+            outs.append(_host_reduced(kernel, static, want, rspec, base_shapes, out_dtypes,
+                                      inst, None if lengths is None else lengths[idx]))
+        return tuple(np.stack([o[j] for o in outs]).reshape(lead + outs[0][j].shape)
+                     for j in range(len(outs[0])))
+    m = int(np.prod(lead))
+    folded = _fold_instances(kernel, arrays, base_shapes, k, lead)
+    flat_lengths = None if lengths is None else lengths.reshape(m, n)
+    w = np.concatenate([reduction_weights(reduction, n, None if flat_lengths is None
+                                          else flat_lengths[i]) for i in range(m)])
+    losses, grads = run_weighted(kernel.run, kernel.weighted, kernel.batch_axes, tuple(folded),
+                                 want, w, static)
+    totals = np.stack([weighted_sum(losses[i * n:(i + 1) * n], w[i * n:(i + 1) * n],
+                                    k2_mean=k2) for i in range(m)]).reshape(lead)
+    out = []
+    for i, g in enumerate(grads):
+        if not want[i]:
+            continue
+        axis, base = kernel.batch_axes[i], base_shapes[i]
+        if axis is None:  # (m*n, *shape) weighted rows: each instance's rows in order
+            g = g.reshape((m, n) + tuple(base))
+            acc = np.zeros((m,) + tuple(base), g.dtype)
+            for b in range(n):
+                acc += g[:, b]
+            out.append(acc.reshape(lead + tuple(base)))
+            continue
+        g = g.reshape(list(base[:axis]) + list(lead) + list(base[axis:]))
+        out.append(np.moveaxis(g, tuple(range(axis, axis + k)), tuple(range(k))))
+    return _pack(totals, out, (True,) * len(out), out_dtypes)
+
+
+def _call_reduced(kernel, static, rspec, want, arrays, lengths):
+    shapes = [tuple(a.shape) for a in arrays]
+    loss_dtype = arrays[kernel.differentiable.index(True)].dtype
+    specs = [jax.ShapeDtypeStruct((), loss_dtype)]
+    for i, w in enumerate(want):
+        if w:
+            specs.append(jax.ShapeDtypeStruct(shapes[i], arrays[i].dtype))
+    operands = tuple(arrays)
+    axes = tuple(kernel.batch_axes)
+    if lengths is not None:
+        operands, axes = operands + (lengths,), axes + (0,)
+    operands, layout = _pack_operands(kernel, operands, axes)
+    host = functools.partial(_host_reduced_packed, kernel, dict(static), want, rspec, shapes,
+                             tuple(s.dtype for s in specs), layout)
+    out = pure_callback(host, tuple(specs), *operands, vmap_method="expand_dims")
+    axes = varying_axes(*arrays)
+    return tuple(mark_varying(o, axes) for o in out)
+
+
+def _split(rspec, arrays):
+    return (arrays[:-1], arrays[-1]) if rspec[1] else (arrays, None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _reduced(kernel, static, rspec, *arrays):
+    arrays, lengths = _split(rspec, arrays)
+    return _call_reduced(kernel, static, rspec, (False,) * len(arrays), arrays, lengths)[0]
+
+
+def _reduced_fwd(kernel, static, rspec, *primals):
+    arrays, lengths = _split(rspec, [p.value for p in primals])
+    want = tuple(bool(d and p.perturbed) for d, p in zip(kernel.differentiable, primals))
+    out = iter(_call_reduced(kernel, static, rspec, want, tuple(arrays), lengths))
+    loss = next(out)
+    return loss, tuple((next(out), x) if w else None for w, x in zip(want, arrays))
+
+
+def _reduced_bwd(kernel, static, rspec, residuals, g):
+    zero = isinstance(g, SymbolicZero)
+    cts = [None if res is None or zero else _gradient(kernel.name, None, *res, g)
+           for res in residuals]
+    if rspec[1]:
+        cts.append(None)
+    return tuple(cts)
+
+
+_reduced.defvjp(_reduced_fwd, _reduced_bwd, symbolic_zeros=True)
+
+
+def xla_reduce(losses, reduction: str, lengths=None, *, k2_mean: bool = False):
+    """The reduction in jnp ops, for per-sequence losses sharded over devices
+    (each shard's callback sees only its own sequences): ``sum_b w_b loss_b``
+    with the core's weights' formulas, in XLA's order (not bit-identical to the
+    core's correctly rounded sum)."""
+    n = losses.shape[0]
+    if reduction == "sum":
+        return losses.sum()
+    if n == 0:
+        return jnp.asarray(jnp.nan if k2_mean else 0.0, losses.dtype)
+    if lengths is None:
+        return losses.sum() / n
+    return (losses / jnp.maximum(lengths, 1).astype(losses.dtype)).sum() / n
+
+
+def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], *, reduction: str = "none",
+                 lengths=None, k2_mean: bool = False, **static) -> jax.Array:
+    """Losses of ``kernel`` as a differentiable JAX function: per sequence ``(N,)``, or reduced.
+
+    ``reduction`` ``'sum'``/``'mean'``: the core reduces in the callback
+    (:func:`duoloss.core._reduce.run_reduced`, with
+    ``reduction_weights(reduction, N, lengths)``; ``k2_mean``: the mean of an
+    empty batch is NaN), the same function the torch frontend calls, so the
+    reduced loss and its gradient are bit-identical to torch's; the backward
+    only multiplies by the scalar cotangent.  ``lengths``: ``(N,)`` integers
+    (the ``'mean'`` divisor per sequence), or None.
 
     Works under ``jit``, ``grad``/``vjp``, (nested) ``vmap``, ``pmap`` and
     ``shard_map`` (default ``check_vma=True``): inside ``shard_map`` every input
@@ -266,8 +430,13 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
     Args:
       kernel: the core loss.
       arrays: its array inputs, in order.
+      reduction: ``'none'``, ``'sum'`` or ``'mean'``.
+      lengths: per-sequence lengths of ``'mean'`` (None: ``sum / N``).
+      k2_mean: the ``'mean'`` of an empty batch is NaN (k2's functions).
       **static: the kernel's static keyword arguments (hashable).
     """
+    if reduction != "none":
+        return _apply_reduced(kernel, arrays, reduction, lengths, k2_mean, static)
     loss_dtype = first_floating(arrays)  # sets the losses' dtype, as in the core
     if loss_dtype is not None and is_half(loss_dtype):
         # float16/bfloat16: float32 in (differentiable casts), losses cast back
@@ -279,6 +448,33 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], **static) -> j
     if layout is not None:
         return _explicit(kernel, static, arrays, *layout)
     return _local(kernel, static, arrays)
+
+
+def _apply_reduced(kernel, arrays, reduction, lengths, k2_mean, static):
+    loss_dtype = first_floating(arrays)
+    if loss_dtype is not None and is_half(loss_dtype):
+        arrays = tuple(a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating)
+                       and a.dtype != jnp.float64 else a for a in arrays)
+        return _apply_reduced(kernel, arrays, reduction, lengths, k2_mean,
+                              static).astype(loss_dtype)
+    if explicit_batch_sharding(arrays, kernel.batch_axes) is not None:
+        # batch-sharded: per-shard callbacks, the reduction over shards in XLA
+        losses = apply_kernel(kernel, arrays, **static)
+        return xla_reduce(losses, reduction, lengths, k2_mean=k2_mean)
+    static = tuple(sorted(static.items()))
+    rspec = (reduction, lengths is not None, bool(k2_mean))
+    extra = () if lengths is None else (jnp.asarray(lengths).reshape(-1),)
+    axes = varying_axes(*arrays, *extra)
+    if axes:
+        arrays = tuple(mark_varying(a, axes) for a in arrays)
+        extra = tuple(mark_varying(a, axes) for a in extra)
+    ops = tuple(arrays) + extra
+    try:
+        return _reduced(kernel, static, rspec, *ops)
+    except TypeError as e:
+        if "forward-mode" not in str(e):
+            raise
+        raise TypeError(forward_mode_message(kernel.name)) from e
 
 
 def _local(kernel, static, arrays):

@@ -12,7 +12,7 @@ from duoloss.core._validate import check_reduction
 
 from ._adapter import apply_kernel
 from ._args import (as_array, as_int_array, check_bool, is_concrete, padded_targets,
-                    per_sequence, reduce_losses)
+                    per_sequence)
 
 __all__ = ["asg_loss"]
 
@@ -92,10 +92,9 @@ def asg_loss(emissions: ArrayLike, transitions: ArrayLike | None, targets: Array
                                       input_lengths, target_lengths)
     if sv is None:
         sv = jnp.zeros(em.shape[2], em.dtype)
+    # the reduction in the core, as in the torch frontend (same bits)
     if tr is None:
-        losses = apply_kernel(ASG_NO_TRANSITIONS_KERNEL, (em, sv, tg, il, tl),
-                              zero_infinity=bool(zero_infinity))
-    else:
-        losses = apply_kernel(ASG_KERNEL, (em, tr, sv, tg, il, tl),
-                              zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, reduction, tl)
+        return apply_kernel(ASG_NO_TRANSITIONS_KERNEL, (em, sv, tg, il, tl), reduction=reduction,
+                            lengths=tl, zero_infinity=bool(zero_infinity))
+    return apply_kernel(ASG_KERNEL, (em, tr, sv, tg, il, tl), reduction=reduction, lengths=tl,
+                        zero_infinity=bool(zero_infinity))

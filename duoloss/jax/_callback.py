@@ -33,7 +33,7 @@ def pure_callback(fn: Callable, result_shape_dtypes, *args, vmap_method: str):
     def host(*arrays):
         out = []
         for o, w, dt in zip(jax.tree.leaves(fn(*arrays)), wide, dtypes):
-            o = np.ascontiguousarray(o, dtype=dt)
+            o = np.asarray(o, dtype=dt, order="C")  # (ascontiguousarray makes 0-d 1-d)
             out.append(o.reshape(o.shape + (1,)).view(np.uint32) if w else o)
         return tuple(out)
 

@@ -12,7 +12,7 @@ from duoloss.core.losses.ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static
 
 from ._adapter import apply_kernel
 from ._args import (as_array, as_int_array, check_bool, is_concrete, is_half, padded_targets,
-                    per_sequence, reduce_losses)
+                    per_sequence)
 
 __all__ = ["ctc_loss", "optax_ctc_loss"]
 
@@ -71,7 +71,9 @@ def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
     log_probs, targets, blank = _gathered(log_probs, targets, target_lengths, int(blank))
+    # reduced in the core, as in the torch frontend (same bits); 'none' per sequence
     losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
+                          reduction=reduction, lengths=target_lengths,
                           blank=int(blank), zero_infinity=bool(zero_infinity))
     return losses, target_lengths, batched
 
@@ -122,12 +124,9 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     losses, target_lengths, batched = _ctc_losses(
         "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,
         zero_infinity)
-    if not batched:
-        losses = losses[0]
-        if reduction == "mean":
-            return losses / jnp.maximum(target_lengths[0], 1).astype(losses.dtype)
-        return losses
-    return reduce_losses(losses, reduction, target_lengths)
+    if not batched and reduction == "none":
+        return losses[0]
+    return losses
 
 
 def _check_right_padding(fn, arg, pad):

@@ -13,7 +13,7 @@ from duoloss.core.losses.graph_loss import (GRAPH_LOSS_KERNEL, GRAPH_MMI_KERNEL,
 from duoloss.core._validate import check_reduction, shape_str
 
 from ._adapter import apply_kernel
-from ._args import as_array, as_int_array, check_bool, is_concrete, reduce_losses
+from ._args import as_array, as_int_array, check_bool, is_concrete
 
 __all__ = ["graph_loss"]
 
@@ -104,13 +104,13 @@ def graph_loss(emissions: ArrayLike, graphs: Sequence, input_lengths: ArrayLike,
     if weights is None:
         weights = jnp.zeros(0, emissions.dtype)
     arrays = (emissions, weights, input_lengths) + tuple(jnp.asarray(p) for p in packed)
+    # the reduction in the core, as in the torch frontend (same bits)
     if den is not None:
-        losses = apply_kernel(GRAPH_MMI_KERNEL, arrays + tuple(jnp.asarray(p) for p in den),
-                              zero_infinity=bool(zero_infinity))
-    else:
-        losses = apply_kernel(GRAPH_LOSS_KERNEL, arrays, normalize=bool(normalize),
-                              zero_infinity=bool(zero_infinity))
-    return reduce_losses(losses, reduction, target_lengths)
+        return apply_kernel(GRAPH_MMI_KERNEL, arrays + tuple(jnp.asarray(p) for p in den),
+                            reduction=reduction, lengths=target_lengths,
+                            zero_infinity=bool(zero_infinity))
+    return apply_kernel(GRAPH_LOSS_KERNEL, arrays, reduction=reduction, lengths=target_lengths,
+                        normalize=bool(normalize), zero_infinity=bool(zero_infinity))
 
 
 def prepare_graphs(fn, emissions, graphs, input_lengths, weights, arc_weight_index):

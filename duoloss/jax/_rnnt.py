@@ -67,7 +67,8 @@ def _log_probs_gather(x, idx, blank):
 
     ``x`` ``(N, T, U + 1, V)``, ``idx`` ``(N, U)`` target labels already clipped
     to ``[0, V)``.  Returns ``px = logp[:, :, :U, idx]`` ``(N, T, U)`` and
-    ``py = logp[..., blank]`` ``(N, T, U + 1)`` with ``logp = x - logsumexp(x)``;
+    ``py = logp[..., blank]`` ``(N, T, U + 1)`` with ``logp = (x - m) - ls``
+    (:func:`_normaliser`);
     the full-size ``logp`` is never stored.
 
     Backward: with ``c = -(g_px + g_py)`` per cell, ``d x = softmax(x) * c +
@@ -80,42 +81,61 @@ def _log_probs_gather(x, idx, blank):
 
 
 def _logsumexp(x):
-    """``logsumexp`` over the last axis, in one pass over ``x`` when every row
+    """``logsumexp`` over the last axis: ``m + ls`` of :func:`_normaliser`."""
+    m, ls = _normaliser(x)
+    return m + ls
+
+
+def _normaliser(x):
+    """``(m, ls)`` per row over the last axis, ``log_softmax(x) = (x - m) - ls``.
+
+    In one pass over ``x`` when every row
     allows it: the *unshifted* exponentials (clamped above) summed, as the
     core's joiner kernels do (:func:`duoloss.core.losses.joiner._forward_block`):
     exact to the dtype's rounding when each row's normaliser lies in
     ``[-16, 80]`` (float32; ``[-500, 690]`` for float64).  Any other row (NaN,
     ``inf``, very large or very negative logits) takes ``jax.nn.logsumexp``
     (a max pass, then the shifted sum), computed only when there is one; a
-    row's value never depends on the other rows."""
+    row's value never depends on the other rows.  Fast rows: ``m = 0``, ``ls``
+    their ``logsumexp``.  Other rows: ``m`` the row's max (0 when it is not
+    finite, as ``jax.nn.logsumexp``), ``ls = log sum exp(x - m)``, kept apart
+    so that ``(x - m) - ls`` keeps every digit of ``ls`` when ``|m|`` is
+    large: ``x - (m + ls)`` rounded lost them (three tied logits at 3e5 in
+    float32 gave -1.09375 for -log 3, and 0 at 1e8)."""
     if x.dtype == jnp.float64:
         clamp, lo, hi = 700.0, -500.0, 690.0
     else:
         clamp, lo, hi = 88.0, -16.0, 80.0
     fast = jnp.log(jnp.exp(jnp.minimum(x, clamp)).sum(axis=-1))
     ok = (fast >= lo) & (fast <= hi)
-    return jax.lax.cond(jnp.all(ok), lambda: fast,
-                        lambda: jnp.where(ok, fast, jax.nn.logsumexp(x, axis=-1)))
+
+    def shifted():
+        m = jnp.max(x, axis=-1)
+        m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
+        ls = jnp.log(jnp.exp(x - m[..., None]).sum(axis=-1))
+        return jnp.where(ok, jnp.zeros_like(m), m), jnp.where(ok, fast, ls)
+
+    return jax.lax.cond(jnp.all(ok), lambda: (jnp.zeros_like(fast), fast), shifted)
 
 
 def _log_probs_gather_fwd(x, idx, blank):
     u_max = x.shape[2] - 1
-    lse = _logsumexp(x)
+    m, ls = _normaliser(x)  # the max subtracted first: (x - m) - ls
     px = jnp.take_along_axis(x[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
-    px = px - lse[:, :, :u_max]
-    py = x[..., blank] - lse
-    return (px, py), (x, idx, lse)
+    px = (px - m[:, :, :u_max]) - ls[:, :, :u_max]
+    py = (x[..., blank] - m) - ls
+    return (px, py), (x, idx, m, ls)
 
 
 def _log_probs_gather_bwd(blank, res, g):
-    x, idx, lse = res
+    x, idx, m, ls = res
     gpx, gpy = g
     n, t_max, u1, n_cls = x.shape
     gpx = jnp.pad(gpx, ((0, 0), (0, 0), (0, 1)))                    # (N, T, U + 1)
     lab = jnp.pad(idx, ((0, 0), (0, 1)), constant_values=-1)[:, None, :, None]
     c = -(gpx + gpy)[..., None]
     v = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, n_cls), 3)
-    dx = jnp.where(c != 0, jnp.exp(x - lse[..., None]) * c, 0.0)
+    dx = jnp.where(c != 0, jnp.exp((x - m[..., None]) - ls[..., None]) * c, 0.0)
     dx = dx + jnp.where(v == lab, gpx[..., None], 0.0) + jnp.where(v == blank, gpy[..., None], 0.0)
     return dx.astype(x.dtype), None
 
@@ -237,13 +257,14 @@ def rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
     if use_device(fn, impl, logits):
-        losses = _device_transducer_losses(px, py, boundary, "regular")
-    else:
-        losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+        losses = reduce_losses(_device_transducer_losses(px, py, boundary, "regular"), reduction)
+    else:  # reduced in the core (float64 weights, a correctly rounded sum), as in torch
+        losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), reduction=reduction,
+                              rnnt_type="regular")
     if fastemit_lambda > 0:
         # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
         losses = losses + float(fastemit_lambda) * jax.lax.stop_gradient(losses)
-    return reduce_losses(losses, reduction)
+    return losses
 
 
 def rnnt_align(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,

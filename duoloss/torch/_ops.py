@@ -40,13 +40,19 @@ import torch
 from duoloss.core import LossKernel
 
 from ._private import mark_constant_result
-from ._weights import scale_cotangent, weigh_batched, weigh_host
+from duoloss.core._reduce import run_reduced
+
+from ._weights import scale_cotangent, weigh_batched
 
 __all__ = ["GRAD_OP_NAME", "OP_NAME", "fold", "host", "kernel_grad_op", "kernel_id",
            "kernel_loss_op", "run_on_host", "second_order_message", "static_json", "unfold",
            "vmap_fold"]
 
 OP_NAME = "duoloss::kernel_loss"
+
+# Key of the static JSON that carries LossKernel.weighted to the operator, so
+# the compiled path folds the reduction weights exactly as the eager one.
+_WEIGHTED_KEY = "__weighted__"
 
 
 # Kernel names by kernel id, for the operators' error messages.
@@ -83,7 +89,7 @@ def static_json(kernel: LossKernel, static: dict) -> str:
 
     Written by hand rather than with :func:`json.dumps`, which dynamo cannot trace.
     """
-    parts = []
+    parts = ['"' + _WEIGHTED_KEY + '": true'] if kernel.weighted else []
     for key in sorted(static):
         value = static[key]
         if value is None:
@@ -129,21 +135,15 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
                 weights: Optional[np.ndarray], static: dict):
     """One core call on host arrays: ``(losses, grads)``, every path's forward.
 
+    :func:`duoloss.core._reduce.run_reduced` (the JAX frontend calls the same):
     ``grads`` has one entry per input (None where not wanted: the
-    :class:`~duoloss.core.LossKernel` contract).  With ``weights``
-    (float64 ``(N,)``) the losses are reduced to ``sum_b w_b loss_b`` and the
-    gradients weighted (:func:`~duoloss.torch._weights.weigh_host`); a kernel
-    that takes ``grad_weights`` (``weighted``) weighs them in its own stores.
+    :class:`~duoloss.core.LossKernel` contract), subnormals flushed.  With
+    ``weights`` (float64 ``(N,)``) the losses are reduced to ``sum_b w_b
+    loss_b`` (correctly rounded, in no framework's order) and the gradients are
+    those of that sum; a kernel that takes ``grad_weights`` (``weighted``)
+    weighs them in its own stores.
     """
-    if weights is None:
-        losses, grads = run(arrays, want, **static)
-    elif weighted:
-        losses, grads = run(arrays, want, grad_weights=weights, **static)
-    else:
-        losses, grads = run(arrays, want, **static)
-    if weights is not None:
-        losses, grads = weigh_host(losses, grads, weights, batch_axes, prescaled=weighted)
-    return losses, grads
+    return run_reduced(run, weighted, batch_axes, arrays, want, weights, static)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
@@ -156,8 +156,10 @@ def kernel_loss_op(run: str, static: str, batch_axes: List[int], want: List[bool
     arrays = tuple(host(t) for t in inputs)
     axes = tuple(None if a < 0 else a for a in batch_axes)
     w = None if weights is None else host(weights).astype(np.float64)
-    losses, grads = run_on_host(fn, False, axes, arrays, tuple(bool(x) for x in want), w,
-                                json.loads(static))
+    static = json.loads(static)
+    weighted = bool(static.pop(_WEIGHTED_KEY, False))
+    losses, grads = run_on_host(fn, weighted, axes, arrays, tuple(bool(x) for x in want), w,
+                                static)
     out = [torch.from_numpy(np.array(losses, copy=True)).to(device)]
     for i, g in enumerate(grads):
         if want[i]:

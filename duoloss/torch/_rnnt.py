@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from duoloss.core._validate import check_int_type as _check_int_type
+from duoloss.core._reduce import reduction_weights, weighted_sum
 from duoloss.core.losses.joiner import INACTIVE, NO_LABEL, rnnt_loss_from_logits
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, check_rnnt_options,
                                       rnnt_alignment, transducer_viterbi)
@@ -29,6 +30,7 @@ from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
 from ._triton import check_impl, resolve_impl, rnnt_device_tail
+from ._weights import flush_subnormals
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -123,27 +125,31 @@ class _FusedRNNT(torch.autograd.Function):
     ``loss.backward()`` sends (1) is ready before the backward.
 
     Same numbers as the general path (:class:`_LatticeLogProbs`, the lattice
-    kernel, ``sum``/``/ N``): the gradient is computed for the per-sequence
-    cotangent autograd would derive from 1 (``1`` or ``1 / N`` in the logits'
-    dtype).  Any other cotangent (a scaled loss, ``create_graph=True``, a second
-    backward with ``retain_graph=True``) recomputes it the general way from the
-    saved normaliser and lattice gradients.
+    kernel reduced by the core, :mod:`duoloss.core._reduce`): the loss is the
+    core's correctly rounded weighted sum, and the gradient is computed for the
+    per-sequence cotangent the core applies (the weight ``1`` or ``1 / N``
+    rounded to the logits' dtype, subnormal products flushed).  Any other
+    cotangent (a scaled loss, ``create_graph=True``, a second backward with
+    ``retain_graph=True``) recomputes it the general way from the saved
+    normaliser and lattice gradients.
     """
 
     @staticmethod
     def forward(ctx, x, targets, il, tl, boundary, blank, mean):
         n = x.shape[0]
-        scale = float(torch.ones((), dtype=x.dtype) / n) if mean else 1.0
+        w = reduction_weights("mean" if mean else "sum", n)
+        # the cotangent of each sequence's loss as the general path's core
+        # reduction applies it: the float64 weight rounded to the logits' dtype
         xv = _joiner._view(x, x.shape)
+        scale = float(w[0].astype(xv.dtype)) if n else 1.0
         losses, lse, gx, gy, grad = rnnt_loss_from_logits(
             xv, targets.numpy(), il.numpy(), tl.numpy(), blank, boundary.numpy(), scale)
         ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
                               torch.from_numpy(gy))
         # not a saved tensor: handed out once, it is the caller's to change in place
         ctx.grad = torch.from_numpy(grad)
-        ctx.blank, ctx.mean = blank, mean
-        total = torch.from_numpy(losses.astype(xv.dtype, copy=False)).sum()
-        return total / n if mean else total
+        ctx.blank, ctx.mean, ctx.scale = blank, mean, scale
+        return torch.from_numpy(weighted_sum(losses.astype(xv.dtype, copy=False), w))
 
     @staticmethod
     def backward(ctx, g):
@@ -152,22 +158,42 @@ class _FusedRNNT(torch.autograd.Function):
         if ctx.grad is not None and not graph and bool(g == 1):
             grad, ctx.grad = ctx.grad, None  # a retained graph's next backward recomputes
             return grad, None, None, None, None, None, None
-        n = x.shape[0]
-        gl = (g / n if ctx.mean else g).expand(n).to(gx.dtype).reshape(n, 1, 1)
-        args = (x, lse, targets, il, tl, gx * gl, gy * gl, ctx.blank)
+        # as the general path: the weighted lattice gradients (subnormals
+        # flushed), then the cotangent g (subnormal products flushed)
+        g = g.to(gx.dtype)
+        gxw = flush_subnormals(flush_subnormals(gx * ctx.scale) * g)
+        gyw = flush_subnormals(flush_subnormals(gy * ctx.scale) * g)
+        args = (x, lse, targets, il, tl, gxw, gyw, ctx.blank)
         out = _LatticeGrad.apply(*args) if graph else _joiner.lattice_backward(*args)
         return out, None, None, None, None, None, None
+
+
+def _weights(reduction, n):
+    """The core's per-sequence weights of the batch reduction (None for 'none'):
+    a numpy array, or the same float64 values as a tensor while torch.compile traces."""
+    if reduction == "none":
+        return None
+    if torch.compiler.is_compiling():
+        return torch.full((n,), 1.0 if reduction == "sum" else 1.0 / max(n, 1),
+                          dtype=torch.float64)
+    return reduction_weights(reduction, n)
 
 
 def _fusable(logits, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
     """Whether :class:`_FusedRNNT` takes the call (a reduced loss of CPU
     float32/float64 logits that need a gradient, in plain eager mode, at least
-    one sequence per numba thread, no FastEmit or delay penalty)."""
-    return (reduction != "none" and fused_log_softmax and fastemit_lambda <= 0
-            and delay_penalty <= 0 and _joiner.supported(logits) and logits.shape[0] > 0
+    one sequence per numba thread, no FastEmit or delay penalty).
+
+    The cheap checks that dynamo can trace come first: under ``torch.compile``
+    (and ``torch.func``) the answer is False before numba's thread count (which
+    takes numba's init lock, a context manager dynamo rejects) is asked for."""
+    if (torch.compiler.is_compiling() or _private.transforms_active()
+            or reduction == "none" or not fused_log_softmax or fastemit_lambda > 0
+            or delay_penalty > 0):
+        return False
+    return (_joiner.supported(logits) and logits.shape[0] > 0
             and logits.requires_grad and torch.is_grad_enabled()
-            and logits.shape[0] >= numba.get_num_threads()
-            and not torch.compiler.is_compiling() and not _private.transforms_active())
+            and logits.shape[0] >= numba.get_num_threads())
 
 
 class _LogProbGather(torch.autograd.Function):
@@ -411,15 +437,13 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
                                 float(fastemit_lambda), float(delay_penalty), device)
     if device:
         return rnnt_device_tail(px, py, boundary, reduction, float(fastemit_lambda))
-    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), rnnt_type="regular")
+    # reduced in the core (float64 weights, a correctly rounded sum), as in JAX
+    losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary),
+                          weights=_weights(reduction, n), rnnt_type="regular")
     if fastemit_lambda > 0:
         # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one above
         losses = losses + float(fastemit_lambda) * losses.detach()
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / max(n, 1)
+    return losses
 
 
 class RNNTLoss(torch.nn.Module):

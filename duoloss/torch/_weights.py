@@ -7,10 +7,12 @@ numbers:
 
 * a batch reduction is a weight vector ``w`` (:func:`reduction_weights`); the
   loss is ``sum_b w_b loss_b`` and the per-sequence gradients are weighted in
-  the same core call (:func:`weigh_host`), so a reduced loss is one autograd
-  node;
+  the same core call (:func:`duoloss.core._reduce.run_reduced`, which the JAX
+  frontend calls too: one fixed-order float64 reduction for both), so a
+  reduced loss is one autograd node;
 * a backward only scales the saved gradients by the cotangent
-  (:func:`scale_cotangent`);
+  (:func:`scale_cotangent`), flushing subnormal products to zero as XLA does
+  (a cotangent of exactly 1 returns the core's bits);
 * under ``vmap`` the weights of each instance apply to its own row
   (:func:`weigh_batched`).
 """
@@ -21,7 +23,11 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["reduction_weights", "scale_cotangent", "weigh_batched", "weigh_host"]
+from duoloss.core._reduce import reduction_weights as reduction_weights_host
+
+from ._private import transforms_active
+
+__all__ = ["flush_subnormals", "reduction_weights", "scale_cotangent", "weigh_batched"]
 
 # 'sum' weights per batch size, shared by every call (never written to).
 _ONES = {}
@@ -37,6 +43,8 @@ def reduction_weights(reduction: str, target_lengths):
     if reduction == "none":
         return None
     if isinstance(target_lengths, torch.Tensor):
+        # traced lengths (torch.compile): the same IEEE operations as the core's
+        # (an exact product, one correctly rounded division)
         tl = target_lengths.reshape(-1).to(torch.float64)
         if reduction == "sum":
             return torch.ones_like(tl)
@@ -45,41 +53,26 @@ def reduction_weights(reduction: str, target_lengths):
     if reduction == "sum":
         ones = _ONES.get(n)
         if ones is None:
-            ones = _ONES[n] = np.ones(n)
+            ones = _ONES[n] = reduction_weights_host("sum", n)
         return ones
-    if n == 0:
-        return np.zeros(0)
-    return 1.0 / (n * np.maximum(target_lengths.astype(np.float64), 1.0))
+    return reduction_weights_host(reduction, n, target_lengths)
 
 
-def weigh_host(losses: np.ndarray, grads: Sequence[Optional[np.ndarray]], weights: np.ndarray,
-               batch_axes: Sequence[Optional[int]], prescaled: bool = False
-               ) -> Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]:
-    """``(sum_b w_b loss_b, sum_b w_b d loss_b / d x)`` from a core call's outputs.
+def flush_subnormals(t: torch.Tensor) -> torch.Tensor:
+    """Subnormal entries as zeros of the same sign (what XLA on CPU returns)."""
+    if not t.is_floating_point():
+        return t
+    tiny = torch.finfo(t.dtype).tiny
+    return torch.where(t.abs() < tiny, t * 0, t)
 
-    The loss is reduced in float64 and returned as a 0-d array in the losses'
-    dtype.  ``prescaled``: the kernel already weighted its gradients
-    (``LossKernel.weighted``, ``grad_weights=weights``), so a batched input's
-    gradient is final and a shared input's ``(N, *shape)`` one is summed; else
-    a batched gradient is multiplied along its batch axis (in place: the core's
-    fresh buffer) and a shared one contracted with ``w``.
-    """
-    out = []
-    for g, axis in zip(grads, batch_axes):
-        if g is None:
-            out.append(None)
-        elif axis is None:  # shared input: (N, *shape) per-sequence gradients
-            out.append(g.sum(axis=0) if prescaled
-                       else np.tensordot(weights.astype(g.dtype), g, axes=1))
-        elif prescaled:
-            out.append(g)
-        else:
-            shape = [1] * g.ndim
-            shape[axis] = -1
-            g *= weights.astype(g.dtype).reshape(shape)
-            out.append(g)
-    total = np.array(np.dot(weights, losses.astype(np.float64, copy=False)), losses.dtype)
-    return total, tuple(out)
+
+def _flushed(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``out = grad * g`` with subnormals flushed, unless ``g`` is all ones (then
+    ``out`` holds the core's bits, which have none: no pass over the gradient)."""
+    if (not torch.compiler.is_compiling() and not transforms_active()
+            and not g.requires_grad and bool((g == 1).all())):
+        return out
+    return flush_subnormals(out)
 
 
 def scale_cotangent(grad: torch.Tensor, grad_loss: torch.Tensor, axis: Optional[int],
@@ -94,12 +87,12 @@ def scale_cotangent(grad: torch.Tensor, grad_loss: torch.Tensor, axis: Optional[
     """
     g = grad_loss.to(grad.dtype)
     if weighted:
-        return grad * g
+        return _flushed(grad * g, g)
     if axis is None or axis < 0:
-        return torch.tensordot(g, grad, dims=1)
+        return flush_subnormals(torch.tensordot(g, grad, dims=1))
     shape = [1] * grad.dim()
     shape[axis] = -1
-    return grad * g.reshape(shape)
+    return _flushed(grad * g.reshape(shape), g)
 
 
 def weigh_batched(losses: torch.Tensor, grads, weights: torch.Tensor, m: int, n: int):

@@ -163,6 +163,10 @@ def _tail_buffer(n_cls, dtype_like):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _row_lse(row, tail, buf):
+    """``(m, log s)``: the row's max ``m`` and ``s = sum_v exp(row_v - m)``, kept
+    apart so that ``log_softmax = (row - m) - log s`` keeps every digit of
+    ``log s`` when ``|m|`` is large (``m + log s`` rounded loses them: three
+    tied logits at 1e15 gave -1.125 for -log 3)."""
     n_cls = row.shape[0]
     m = row[0]
     for v in range(1, n_cls):
@@ -173,7 +177,7 @@ def _row_lse(row, tail, buf):
         s = 0.0
         for v in range(n_cls):
             s += math.exp(np.float64(row[v]) - np.float64(m))
-        return np.float64(m) + math.log(s)
+        return np.float64(m), math.log(s)
     body = n_cls - n_cls % _BLOCK
     for v in range(body):
         buf[v] = _exp_nonpos(row[v] - m)
@@ -181,7 +185,7 @@ def _row_lse(row, tail, buf):
         tail[v - body] = row[v]
     for j in range(_BLOCK):           # entries past the row are -inf: exp gives 0
         buf[body + j] = _exp_nonpos(tail[j] - m)
-    return np.float64(m) + math.log(_sum64(buf, body + _BLOCK))
+    return np.float64(m), math.log(_sum64(buf, body + _BLOCK))
 
 
 def _exp_unshifted(d):
@@ -249,9 +253,13 @@ def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail,
     for i in range(nb):
         row = x[r0 + i]
         lse = sums[i]
-        if lse != lse:
-            lse = _row_lse(row, tail, buf)
         k = labs[i]
+        if lse != lse:  # max-shifted: subtract the max first, then log s
+            m, ls = _row_lse(row, tail, buf)
+            lse_o[i] = m + ls
+            blank_o[i] = (np.float64(row[blank]) - m) - ls
+            lab_o[i] = (np.float64(row[k]) - m) - ls if k >= 0 else -np.inf
+            continue
         lse_o[i] = lse
         blank_o[i] = np.float64(row[blank]) - lse
         lab_o[i] = np.float64(row[k]) - lse if k >= 0 else -np.inf
@@ -290,22 +298,30 @@ def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _backward_row_shifted(row, ls, c, o, tail, buf):
-    """``o = exp(row - ls) * c`` by the max-shifted path (any ``ls``)."""
+    """``o = softmax(row) * c`` by the max-shifted path (any ``ls``).
+
+    ``softmax = exp(row - m) / s`` with the row's max ``m`` and ``s = sum_v
+    exp(row_v - m)`` recomputed here (not ``exp(row - lse)``: ``lse = m + log
+    s`` rounded loses ``log s``'s digits when ``|m|`` is large; three tied
+    logits at 1e15 gave ``e**-1.125`` for 1/3)."""
     n_cls = row.shape[0]
     body = n_cls - n_cls % _BLOCK
     if abs(ls) < np.inf:
-        # exp(x - lse) = exp(x - lf) * exp(lf - lse) with lf = lse rounded
-        # to x's dtype: the loop subtracts in that dtype, no precision lost
-        lf = _cast_like(o, ls)
-        cc = _cast_like(o, c * math.exp(np.float64(lf) - ls))
+        m = row[0]
+        for v in range(1, n_cls):
+            xv = row[v]
+            m = xv if xv > m else m
         for v in range(body):
-            o[v] = _exp_nonpos(row[v] - lf) * cc
+            o[v] = _exp_nonpos(row[v] - m)
         for v in range(body, n_cls):
             tail[v - body] = row[v]
-        for j in range(_BLOCK):
-            buf[j] = _exp_nonpos(tail[j] - lf) * cc
+        for j in range(_BLOCK):           # entries past the row are -inf: exp gives 0
+            buf[j] = _exp_nonpos(tail[j] - m)
+        cc = _cast_like(o, c / (_sum64(o, body) + _sum64(buf, _BLOCK)))
+        for v in range(body):
+            o[v] *= cc
         for v in range(body, n_cls):
-            o[v] = buf[v - body]
+            o[v] = buf[v - body] * cc
     else:
         for v in range(n_cls):
             o[v] = math.exp(np.float64(row[v]) - ls) * c
@@ -740,8 +756,8 @@ def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losse
     """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
     gradients (:func:`~duoloss.core.losses.transducer._one_linear`), then, when
     ``want``, the gradient ``out[b]`` for the cotangents ``gx * scale``
-    (rounded to ``x``'s dtype, as a framework multiplies them) while ``x[b]``
-    is still in cache."""
+    (rounded to ``x``'s dtype, as a framework multiplies them, subnormals
+    flushed) while ``x[b]`` is still in cache."""
     t_max = x.shape[1]
     # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
     keep = out.reshape(-1, x.shape[3])
@@ -751,12 +767,18 @@ def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losse
     if not want:
         return
     sc = _cast_like(cx, scale)
+    # subnormal cotangents flushed to (signed) zero, as the general path's
+    # core reduction (duoloss.core._reduce.flush_subnormals) hands them out
+    tiny = _cast_like(cx, 1.1754943508222875e-38 if cx.itemsize == 4
+                      else 2.2250738585072014e-308)
     for s in range(gx.shape[1]):
         for t in range(gx.shape[2]):
-            cx[b, s, t] = gx[b, s, t] * sc
+            v = gx[b, s, t] * sc
+            cx[b, s, t] = v * 0 if abs(v) < tiny else v
     for s in range(gy.shape[1]):
         for t in range(gy.shape[2]):
-            cy[b, s, t] = gy[b, s, t] * sc
+            v = gy[b, s, t] * sc
+            cy[b, s, t] = v * 0 if abs(v) < tiny else v
     _lattice_backward_frames(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
                              (b + 1) * t_max, out, True)
 
