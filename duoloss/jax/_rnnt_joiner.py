@@ -53,7 +53,8 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
                           *, blank: int = -1, clamp: float = -1,
                           reduction: Literal["none", "sum", "mean"] = "mean",
                           fused_log_softmax: bool = True, fastemit_lambda: float = 0.0,
-                          delay_penalty: float = 0.0, chunk_size: Optional[int] = None) -> None:
+                          delay_penalty: float = 0.0, chunk_size: Optional[int] = None
+                          ) -> jax.Array:
     r"""The RNN-T loss of ``joiner(encoder_out[:, :, None], predictor_out[:, None])``
     without holding that ``(N, T, U + 1, V)`` output or its gradient; same
     arguments and numbers as [`duoloss.torch.rnnt_loss_from_joiner`][duoloss.torch.rnnt_loss_from_joiner].

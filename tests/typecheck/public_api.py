@@ -40,6 +40,10 @@ logits = torch.randn(2, 6, 3, 5)
 assert_type(dt.rnnt_loss(logits, tg, il, tl, blank=0, reduction="none"), torch.Tensor)
 assert_type(dt.RNNTLoss(blank=0).forward(logits, tg, il, tl), torch.Tensor)
 assert_type(dt.rnnt_align(logits, tg, il, tl), tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.token_spans(dt.ctc_align(lp, tg, il, tl)[0], lp),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.rnnt_loss_from_joiner(lambda e, p: e + p, torch.randn(2, 6, 5), torch.randn(2, 3, 5),
+                                     tg, il, tl), torch.Tensor)
 am, lm, sym = torch.randn(2, 6, 5), torch.randn(2, 3, 5), torch.tensor([[1, 2], [3, 4]])
 bd = torch.tensor([[0, 0, 2, 6], [0, 0, 2, 5]])
 loss_s = dt.rnnt_loss_simple(lm, am, sym, 0, bd)
@@ -67,6 +71,10 @@ assert_type(dj.graph_align(x, graphs, jl), tuple[jax.Array, jax.Array, jax.Array
 jlogits = np.zeros((2, 6, 3, 5), np.float32)
 assert_type(dj.rnnt_loss(jlogits, t, jl, jt), jax.Array)
 assert_type(dj.rnnt_align(jlogits, t, jl, jt), tuple[jax.Array, jax.Array, jax.Array])
+assert_type(dj.token_spans(np.zeros((2, 6), np.int32), x),
+            tuple[jax.Array, jax.Array, jax.Array, jax.Array])
+assert_type(dj.rnnt_loss_from_joiner(lambda e, p: e + p, np.zeros((2, 6, 5)), np.zeros((2, 3, 5)),
+                                     t, jl, jt), jax.Array)
 jam, jlm, jsym, jbd = np.zeros((2, 6, 5)), np.zeros((2, 3, 5)), np.array([[1, 2], [3, 4]]), np.array([[0, 0, 2, 6]] * 2)
 jloss = dj.rnnt_loss_simple(jlm, jam, jsym, 0, jbd)
 jpx, jpy = dj.get_rnnt_logprobs(jlm, jam, jsym, 0)
