@@ -80,6 +80,12 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
       >>> targets = jnp.array([[1, 2], [3, 0]])
       >>> f = lambda x: tdt_loss(x, targets, (6, 4), (2, 1), blank=4, durations=[0, 1, 2])
       >>> grads = jax.jit(jax.grad(f))(logits)
+      >>> import numpy as np
+      >>> import duoloss.jax as d
+      >>> logits = np.zeros((1, 2, 2, 3 + 2))  # (N, T, U + 1, V + D): uniform tokens (V=3) and durations [0, 1]
+      >>> loss = d.tdt_loss(logits, np.array([[0]]), np.array([2]), np.array([1]), blank=2, durations=[0, 1])
+      >>> round(float(loss), 4)  # 3 paths ('0'@d=0 ∅ ∅, '0'@d=1 ∅, ∅ '0'@d=0 ∅), each move 1/3 * 1/2: log 27
+      3.2958
 
     References:
       Xu, Jia, Zhang, Hershey, Ginsburg, "Efficient Sequence Transduction by
@@ -138,6 +144,13 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
       >>> targets = jnp.array([[1, 2], [3, 0]])
       >>> loss = multiblank_rnnt_loss(logits, targets, (8, 5), (2, 1), blank=6,
       ...                             big_blank_durations=[2, 4])
+      >>> import numpy as np
+      >>> import duoloss.jax as d
+      >>> logits = np.zeros((1, 2, 2, 4))  # (N, T, U + 1, V): uniform; blank 3, big blank 2 of duration 2
+      >>> loss = d.multiblank_rnnt_loss(logits, np.array([[0]]), np.array([2]), np.array([1]), blank=3,
+      ...                            big_blank_durations=[2])
+      >>> round(float(loss), 4)  # '0' ∅ ∅, '0' big-∅, ∅ '0' ∅; each move 1/4: -log(2/64 + 1/16)
+      2.3671
 
     References:
       Xu, Jia, Zhang, Hershey, Ginsburg, "Multi-blank Transducers for Speech
