@@ -17,7 +17,7 @@ from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_durati
                                      durations_key)
 
 from ._adapter import apply_kernel
-from ._args import as_array, as_int_array, is_concrete, reduce_losses
+from ._args import as_array, as_int_array, is_concrete
 
 __all__ = ["tdt_loss", "multiblank_rnnt_loss"]
 
@@ -97,11 +97,11 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
                                                 target_lengths)
     blank, durs = check_tdt_args(fn, logits, targets, il, tl, blank, durations,
                                  concrete=concrete)
-    losses = apply_kernel(TDT_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
-                          blank=blank, durations=durations_key(durs),
-                          sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
-                          clamp=float(clamp), omega=float(omega))
-    return reduce_losses(losses, reduction)
+    # the reduction in the core (bit-identical to torch's; weights in the kernel's stores)
+    return apply_kernel(TDT_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
+                        reduction=reduction, blank=blank, durations=durations_key(durs),
+                        sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
+                        clamp=float(clamp), omega=float(omega))
 
 
 def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
@@ -162,8 +162,7 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
                                                 target_lengths)
     blank, big = check_multiblank_args(fn, logits, targets, il, tl, blank, big_blank_durations,
                                        concrete=concrete)
-    losses = apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
-                          blank=blank, big_blank_durations=durations_key(big),
-                          sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
-                          clamp=float(clamp))
-    return reduce_losses(losses, reduction)
+    return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
+                        reduction=reduction, blank=blank, big_blank_durations=durations_key(big),
+                        sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
+                        clamp=float(clamp))

@@ -42,12 +42,14 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
     return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
-def _reduce(losses, reduction):
+def _weights(logits, reduction):
+    """A reduction as per-sequence weights (folded into the kernel's gradient
+    stores: no pass over the gradient in the backward): None for ``'none'``,
+    ones for ``'sum'``, ``1 / N`` for ``'mean'`` (the batch mean)."""
+    n = logits.shape[0]
     if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / max(losses.shape[0], 1)
+        return None
+    return np.ones(n) if reduction == "sum" else np.full(n, 1.0 / max(n, 1))
 
 
 def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
@@ -146,11 +148,11 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
         return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
 
     (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
-    losses = apply_kernel(TDT_KERNEL, (logits, targets, il, tl), blank=blank_,
-                          durations=durations_key(durs), sigma=float(sigma),
-                          fastemit_lambda=float(fastemit_lambda), clamp=float(clamp),
-                          omega=float(omega))
-    return _reduce(losses, reduction)
+    return apply_kernel(TDT_KERNEL, (logits, targets, il, tl),
+                        weights=_weights(logits, reduction), blank=blank_,
+                        durations=durations_key(durs), sigma=float(sigma),
+                        fastemit_lambda=float(fastemit_lambda), clamp=float(clamp),
+                        omega=float(omega))
 
 
 def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
@@ -224,10 +226,10 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
                                      concrete=concrete)
 
     (blank_, big), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
-    losses = apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il, tl), blank=blank_,
-                          big_blank_durations=durations_key(big), sigma=float(sigma),
-                          fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
-    return _reduce(losses, reduction)
+    return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il, tl),
+                        weights=_weights(logits, reduction), blank=blank_,
+                        big_blank_durations=durations_key(big), sigma=float(sigma),
+                        fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
 
 
 class TDTLoss(torch.nn.Module):
