@@ -81,3 +81,35 @@ def test_every_public_object_is_on_an_api_page():
     missing = [n for n, _ in _OBJECTS if n not in rendered]
     # PackedGraphs/pack_graphs are collected once (under duoloss.torch) but rendered per frontend
     assert not missing, f"public objects without a '::: name' entry in docs/: {missing}"
+
+
+_SPHINX = re.compile(r":(?:func|class|mod|meth|attr|data|obj|exc|math):`|^\s*\.\. (?:math|note|code)::", re.M)
+_GROUPED = re.compile(r"^\s+([A-Za-z_]\w*(?:, [A-Za-z_]\w*)+):", re.M)
+
+
+def _rendered_docstrings():
+    """The docstrings the API reference renders: public objects, their public methods, and
+    the module pages' members (duoloss.graphs, duoloss.gtn, duoloss.core)."""
+    out = list(_OBJECTS)
+    for modname in ("duoloss.gtn", "duoloss.core"):
+        mod = importlib.import_module(modname)
+        out += [(f"{modname}.{n}", getattr(mod, n)) for n in mod.__all__]
+    for name, obj in list(out):
+        if inspect.isclass(obj):
+            out += [(f"{name}.{k}", v) for k, v in vars(obj).items()
+                    if inspect.isfunction(v) and (not k.startswith("_") or k == "__init__")]
+    return [(n, o.__doc__) for n, o in out if isinstance(getattr(o, "__doc__", None), str)]
+
+
+def test_rendered_docstrings_use_the_renderers_syntax():
+    """mkdocstrings renders Markdown: Sphinx roles and directives come out as literal text,
+    and a grouped parameter line (``x, y: ...``) as one parameter named "x, y", "required"."""
+    bad = []
+    for name, doc in _rendered_docstrings():
+        if _SPHINX.search(doc):
+            bad.append(f"{name}: {_SPHINX.search(doc).group(0).strip()}")
+        args = re.split(r"\n\s*(?:Returns|Raises|Yields|Examples|Attributes|NB|References):", doc.split("Args:", 1)[1])[0] \
+            if "Args:" in doc else ""
+        for m in _GROUPED.finditer(args):
+            bad.append(f"{name}: grouped parameters '{m.group(1)}'")
+    assert not bad, "docstrings the reference renders:\n" + "\n".join(bad)

@@ -469,7 +469,7 @@ def intersect(g1: Graph, g2: Graph) -> Graph:
     sequences (epsilons removed), weights added.
 
     Matching uses the input labels of both graphs; output arcs carry
-    ``(g1.ilabel, g2.olabel)``.  See :func:`compose` for the epsilon filter and
+    ``(g1.ilabel, g2.olabel)``.  See `compose` for the epsilon filter and
     the gradient.
     """
     _check("intersect", "g1", g1)
@@ -494,10 +494,10 @@ def _prepare(fn: str, g: Graph):
 def forward_score(g: Graph) -> Graph:
     """Log-semiring score: ``log sum over paths of exp(sum of arc weights)``.
 
-    .. math::
-
-        \\alpha_v = \\log\\Big([v \\in S] + \\sum_{a: u \\to v} e^{\\alpha_u + w_a}\\Big),
-        \\qquad \\text{score} = \\log \\sum_{v \\in F} e^{\\alpha_v}
+    $$
+    \\alpha_v = \\log\\Big([v \\in S] + \\sum_{a: u \\to v} e^{\\alpha_u + w_a}\\Big),
+    \\qquad \\text{score} = \\log \\sum_{v \\in F} e^{\\alpha_v}
+    $$
 
     computed in float64 over a topological order of the useful part.  No path
     gives ``-inf``.  A node that is both start and accept contributes the empty

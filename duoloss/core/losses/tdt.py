@@ -411,7 +411,7 @@ def multiblank_loss_and_grad(logits, targets, logit_lengths, target_lengths, *, 
                              want_grad=True, grad_weights=None):
     """Per-sequence multi-blank RNN-T losses and gradients w.r.t. ``logits``
     ``(N, T, U + 1, V)`` (NeMo's semantics; big blank ``i`` at ``blank - 1 - i``;
-    ``grad_weights`` as in :func:`tdt_loss_and_grad`).
+    ``grad_weights`` as in [`tdt_loss_and_grad`][duoloss.core.tdt_loss_and_grad]).
 
     Returns ``(losses (N,), grad or None)`` in the logits' dtype.
     """
