@@ -16,6 +16,9 @@ from .losses.ctc import CTC_KERNEL
 from .losses.ctc import concat_to_padded
 from .losses.ctc import ctc_loss_and_grad
 from ._spec import LossKernel
+from ._reduce import reduce_losses
+from ._reduce import reduction_weights
+from ._reduce import run_reduced
 from ._threading import threading_layer
 from .losses.transducer import RNNT_TYPES
 from .losses.transducer import TRANSDUCER_KERNEL
@@ -44,6 +47,9 @@ __all__ = [
     "graph_align",
     "CTC_KERNEL",
     "LossKernel",
+    "reduce_losses",
+    "reduction_weights",
+    "run_reduced",
     "concat_to_padded",
     "ctc_loss_and_grad",
     "threading_layer",

@@ -7,18 +7,18 @@ frameworks (or one framework on two CPUs) can differ by an ulp on the same
 losses.  Here:
 
 * a reduction is a vector of per-sequence weights ``w`` (float64, computed in
-  numpy: :func:`reduction_weights`), and the reduced loss is
+  numpy: [`reduction_weights`][duoloss.core.reduction_weights]), and the reduced loss is
   ``sum_b w_b * loss_b``: each product rounded in float64, their sum
-  *correctly rounded* (:func:`math.fsum`, so independent of any order), then
-  one rounding to the losses' dtype (:func:`weighted_sum`);
+  *correctly rounded* (`math.fsum`, so independent of any order), then
+  one rounding to the losses' dtype (`weighted_sum`);
 * the gradient returned with it is the gradient of the reduced loss for a unit
   cotangent: a kernel that takes ``grad_weights`` (``LossKernel.weighted``)
   folds ``w_b`` into its own float64 stores; else each sequence's gradient is
   multiplied by ``w_b`` (in the gradient's dtype, elementwise); the
   per-sequence gradients of an input shared by all sequences are added
-  sequentially, ``b = 0, 1, ..., N - 1`` (:func:`run_reduced`);
+  sequentially, ``b = 0, 1, ..., N - 1`` ([`run_reduced`][duoloss.core.run_reduced]);
 * subnormal gradient entries are flushed to zero, keeping their sign
-  (:func:`flush_subnormals`): XLA on CPU flushes subnormals, so a buffer must
+  (`flush_subnormals`): XLA on CPU flushes subnormals, so a buffer must
   hold none for both frameworks to receive the same bits.
 
 A frontend's backward then only multiplies by the scalar cotangent ``g``: for
@@ -49,15 +49,16 @@ def reduction_weights(reduction: str, n: int, lengths=None, *,
     * ``'mean'`` without ``lengths`` (torchaudio's RNN-T, k2):
       ``w_b = 1 / n``.
 
-    An empty batch (``n = 0``) has no weights; :func:`weighted_sum` then gives
+    An empty batch (``n = 0``) has no weights; `weighted_sum` then gives
     0 (or NaN with ``k2_mean``, k2's ``mean`` of nothing).
 
     Args:
       reduction: ``'none'``, ``'sum'`` or ``'mean'``.
       n: the batch size ``N``.
       lengths: ``(n,)`` integer lengths (numpy or anything ``np.asarray`` takes), or None.
-      k2_mean: accepted for symmetry with :func:`reduce_losses` (k2's mean has
-        weights ``1 / n``; pass no ``lengths``).
+      k2_mean: accepted for symmetry with
+        [`reduce_losses`][duoloss.core.reduce_losses] (k2's mean has weights ``1 / n``;
+        pass no ``lengths``).
     """
     if reduction == "none":
         return None
@@ -82,7 +83,7 @@ def weighted_sum(losses: np.ndarray, weights: np.ndarray, *, k2_mean: bool = Fal
     """``sum_b weights[b] * losses[b]`` as a 0-d array in ``dtype`` (default: the losses').
 
     Each product is rounded in float64 and the products are summed correctly
-    rounded (:func:`math.fsum`): the result does not depend on any summation
+    rounded (`math.fsum`): the result does not depend on any summation
     order, vector width or thread count.  Non-finite products (an infinite or
     NaN loss) give the IEEE result of their sum (``inf``, ``-inf`` or NaN),
     which is order-independent too.  ``k2_mean`` and an empty batch: NaN.
@@ -107,14 +108,14 @@ def reduce_losses(losses: np.ndarray, reduction: str, lengths=None, *,
     """The reduced loss of per-sequence ``losses`` ``(N,)``: the one reduction of every frontend.
 
     ``'none'``: ``losses`` unchanged; ``'sum'``/``'mean'``:
-    :func:`weighted_sum` with :func:`reduction_weights` (so ``'mean'`` with
+    `weighted_sum` with [`reduction_weights`][duoloss.core.reduction_weights] (so ``'mean'`` with
     ``lengths`` is ``mean_b(loss_b / max(lengths_b, 1))``, without it
     ``sum_b loss_b / N``), a 0-d array in the losses' dtype.  The ``'mean'``
     of an empty batch is 0 (NaN with ``k2_mean``, as k2's functions).
 
     The gradient that goes with it: each sequence's gradient times
-    ``reduction_weights(reduction, N, lengths)[b]`` (see :func:`run_reduced`
-    for a :class:`~duoloss.core.LossKernel`).
+    ``reduction_weights(reduction, N, lengths)[b]`` (see [`run_reduced`][duoloss.core.run_reduced]
+    for a [`LossKernel`][duoloss.core.LossKernel]).
     """
     if reduction == "none":
         return losses
@@ -146,7 +147,7 @@ def run_weighted(run: Callable, weighted: bool, batch_axes: Sequence[Optional[in
     stores when the kernel is ``weighted``, else multiplied along the batch
     axis in the gradient's dtype); a shared input's ``(N, *shape)`` gradient
     holds ``w_b * d loss_b / d x`` in row ``b`` (sum them with
-    :func:`sum_weighted`).
+    `sum_weighted`).
     """
     if weighted:
         losses, grads = run(arrays, want, grad_weights=weights, **static)
@@ -166,11 +167,11 @@ def run_weighted(run: Callable, weighted: bool, batch_axes: Sequence[Optional[in
 
 def sum_weighted(losses: np.ndarray, grads, weights: np.ndarray,
                  batch_axes: Sequence[Optional[int]], *, k2_mean: bool = False):
-    """``(sum_b w_b loss_b, gradients)`` from :func:`run_weighted`'s outputs.
+    """``(sum_b w_b loss_b, gradients)`` from `run_weighted`'s outputs.
 
-    The loss is :func:`weighted_sum`; a shared input's rows are added in order
+    The loss is `weighted_sum`; a shared input's rows are added in order
     ``b = 0, 1, ...`` (an empty batch: zeros); every gradient is
-    :func:`flush_subnormals`-ed.
+    `flush_subnormals`-ed.
     """
     out = []
     for g, axis in zip(grads, batch_axes):
@@ -189,9 +190,9 @@ def run_reduced(run: Callable, weighted: bool, batch_axes: Sequence[Optional[int
     """One core call of a loss, reduced: every frontend's forward.
 
     ``weights`` None: ``(losses (N,), per-sequence gradients)`` (the
-    :class:`~duoloss.core.LossKernel` contract), subnormals flushed.  Else
+    [`LossKernel`][duoloss.core.LossKernel] contract), subnormals flushed.  Else
     ``(sum_b w_b loss_b as a 0-d array in the losses' dtype, the gradients of
-    that sum)``: :func:`run_weighted` then :func:`sum_weighted`.
+    that sum)``: `run_weighted` then `sum_weighted`.
     """
     if weights is None:
         losses, grads = run(arrays, want, **static)

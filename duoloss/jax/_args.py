@@ -135,7 +135,13 @@ def padded_targets(targets, target_lengths, host_padded=None):
 
 
 def reduce_losses(losses, reduction: str, lengths=None, *, k2_mean: bool = False):
-    """``'none'`` (``losses``), ``'sum'``, or ``'mean'`` of ``(N,)`` losses.
+    """``'none'`` (``losses``), ``'sum'``, or ``'mean'`` of ``(N,)`` losses, in XLA.
+
+    Not bit-identical to the torch frontend (XLA picks its own order and vector
+    width): the host losses reduce in the core instead, inside their callback
+    (:func:`duoloss.jax._adapter.apply_kernel` with ``reduction=``,
+    :mod:`duoloss.core._reduce`).  This is for losses computed in XLA (the
+    device paths).
 
     ``'mean'``: with ``lengths``, each loss over its length clamped to ``>= 1``,
     then the batch mean (torch's CTC convention); without, ``sum / N``
