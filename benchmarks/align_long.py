@@ -106,7 +106,8 @@ def main(argv=None):
     p = H.parser(__doc__, names="T,L,C", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
                  rounds=1, quick_rounds=2)
     p.add_argument("--full-max-gb", type=float, default=4.0,
-                   help="run align-full only where its table fits in this many GB (default 4)")
+                   help="run align-full and loss (both hold a full table) only where the table "
+                        "fits in this many GB (default 4)")
     args = p.parse_args(argv)
     H.finish_args(args, "align_long")
     results, rows = [], []
