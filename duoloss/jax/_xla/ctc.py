@@ -33,6 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, lse3, shift_left, shift_right
 
 __all__ = ["ctc_losses"]
@@ -78,6 +79,7 @@ def _alpha(lp, skip, il, live):
     t_max = lp.shape[0]
     state = jnp.arange(lp.shape[2])
     a0 = jnp.where((state[None] < 2) & live & (il[:, None] > 0), lp[0], NEG_INF)
+    a0 = mark_varying(a0, varying_axes(lp, skip, il, live))   # a scan carry inside shard_map
 
     def step(a, xs):
         lp_t, t = xs
@@ -117,8 +119,9 @@ def _beta(lp, skip, il, tl, live):
         bh = jnp.where(last, init, jnp.where(inner & live, trans, NEG_INF))
         return bh + lp_t, bh
 
-    _, bh = jax.lax.scan(step, jnp.full((n, s_ext), NEG_INF, lp.dtype),
-                         (lp, jnp.arange(lp.shape[0], dtype=jnp.int32)), reverse=True)
+    c0 = mark_varying(jnp.full((n, s_ext), NEG_INF, lp.dtype), varying_axes(lp, skip, il, tl))
+    _, bh = jax.lax.scan(step, c0, (lp, jnp.arange(lp.shape[0], dtype=jnp.int32)),
+                         reverse=True)
     return bh
 
 
@@ -152,10 +155,9 @@ def _ctc_bwd(zero_infinity, res, g):
     bh = _beta(lp, skip, il, tl, live)
     frames = jnp.arange(lp.shape[0])[:, None, None] < il[None, :, None]
     read = frames & live[None]
-    feasible = ~(jnp.isinf(z) & (z < 0))
-    post = jnp.exp(alphas + bh - z[None, :, None])
-    scale = jnp.where(feasible & valid, -g, 0.0).astype(lp.dtype)
-    grad = jnp.where(read, post * scale[None, :, None], 0.0)
+    use = ~(jnp.isinf(z) & (z < 0)) & valid        # infeasible: zero gradient
+    post = jnp.exp(alphas + bh - jnp.where(use, z, 0.0)[None, :, None])
+    grad = jnp.where(read & use[None, :, None], post * (-g).astype(lp.dtype)[None, :, None], 0.0)
     grad = jnp.where(valid[None, :, None], grad, jnp.nan)
     return grad.astype(lp.dtype), None, None, None, None
 

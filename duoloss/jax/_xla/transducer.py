@@ -37,6 +37,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, shift_left, shift_right
 
 __all__ = ["transducer_losses"]
@@ -96,8 +97,9 @@ def _forward(em, bl, sb, start_lev):
         new = jnp.where(start_cell & (l == start_lev)[:, None], 0.0, new)
         return new, new
 
-    _, ps = jax.lax.scan(step, jnp.full((n, s1), NEG_INF, em.dtype),
-                         (em, bl, jnp.arange(em.shape[0], dtype=jnp.int32)))
+    p0 = mark_varying(jnp.full((n, s1), NEG_INF, em.dtype),    # a scan carry in shard_map
+                      varying_axes(em, bl, sb, start_lev))
+    _, ps = jax.lax.scan(step, p0, (em, bl, jnp.arange(em.shape[0], dtype=jnp.int32)))
     return ps
 
 
@@ -136,8 +138,9 @@ def _bwd(kind, res, g):
     n, s1 = em.shape[1:]
     cell = jnp.arange(s1, dtype=jnp.int32)[None]
     end_cell = cell == boundary[:, 2][:, None]
-    feasible = ~(jnp.isinf(z) & (z < 0))
-    scale = jnp.where(feasible & valid, -g.astype(z.dtype), 0.0)[:, None]
+    use = (~(jnp.isinf(z) & (z < 0)) & valid)[:, None]       # infeasible: zero gradient
+    scale = -g.astype(z.dtype)[:, None]
+    z = jnp.where(use[:, 0], z, 0.0)
     em_next = jnp.concatenate([em[1:], jnp.full_like(em[:1], NEG_INF)], axis=0)
     bl_next = jnp.concatenate([bl[1:], jnp.full_like(bl[:1], NEG_INF)], axis=0)
     p_prev = jnp.concatenate([jnp.full_like(ps[:1], NEG_INF), ps[:-1]], axis=0)
@@ -148,14 +151,15 @@ def _bwd(kind, res, g):
         q_l = jnp.where(end_cell & (l == end_lev)[:, None], 0.0, q_l)
         occ_em = jnp.exp(shift_right(pp, 1) + em_l + q_l - z[:, None])
         occ_bl = jnp.exp(pp + bl_l + q_l - z[:, None])
-        g_em = jnp.where(em_k, occ_em * scale, 0.0)
-        g_bl = jnp.where(bl_k, occ_bl * scale, 0.0)
+        g_em = jnp.where(em_k & use, occ_em * scale, 0.0)
+        g_bl = jnp.where(bl_k & use, occ_bl * scale, 0.0)
         return q_l, (g_em, g_bl)
 
     xs = (em_next, bl_next, em, bl, em_ok, bl_ok, p_prev,
           jnp.arange(em.shape[0], dtype=jnp.int32))
-    _, (g_em, g_bl) = jax.lax.scan(step, jnp.full((n, s1), NEG_INF, em.dtype), xs,
-                                   reverse=True)
+    q0 = mark_varying(jnp.full((n, s1), NEG_INF, em.dtype),
+                      varying_axes(em, bl, boundary, end_lev))
+    _, (g_em, g_bl) = jax.lax.scan(step, q0, xs, reverse=True)
     s_max = s1 - 1
     t_py = em.shape[0] - s1 if kind == "regular" else em.shape[0] - 1   # T
     t_cols = t_py + 1 if kind == "regular" else t_py
