@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, TextIO, Union,
+                    cast, overload)
 
 from duoloss.core.graph import compare as _cmp
 from duoloss.core.graph import io as _io
@@ -13,6 +14,28 @@ from duoloss.core.graph.graph import EPSILON, Graph
 from duoloss.core.graph.graph import backward as _backward
 
 _POOL: Optional[ThreadPoolExecutor] = None
+#: A path, or an open file object (text for ``savetxt``/``loadtxt``, binary for ``save``/``load``).
+PathOrFile = Union[str, "os.PathLike[str]", TextIO, Any]
+#: Symbol tables for drawing: label -> name.
+Symbols = Optional[Dict[int, str]]
+
+
+class _UnaryOp(Protocol):
+    """A graph operation on one graph, or on a list of graphs (in parallel)."""
+
+    @overload
+    def __call__(self, g: Graph) -> Graph: ...
+    @overload
+    def __call__(self, g: Sequence[Graph]) -> List[Graph]: ...
+
+
+class _BinaryOp(Protocol):
+    """A graph operation on two graphs, or on two lists of graphs (in parallel)."""
+
+    @overload
+    def __call__(self, g1: Graph, g2: Graph) -> Graph: ...
+    @overload
+    def __call__(self, g1: Sequence[Graph], g2: Sequence[Graph]) -> List[Graph]: ...
 _POOL_LOCK = threading.Lock()
 _IN_WORKER = threading.local()
 
@@ -66,8 +89,8 @@ def _is_graph_list(x) -> bool:
         or (isinstance(x, (list, tuple)) and len(x) == 0)
 
 
-def _unary(op, name):
-    def fn(g):
+def _unary(op: Callable[[Graph], Graph], name: str) -> _UnaryOp:
+    def fn(g: Graph | Sequence[Graph]) -> Graph | List[Graph]:
         if isinstance(g, Graph):
             return op(g)
         if isinstance(g, (list, tuple)):
@@ -80,11 +103,11 @@ def _unary(op, name):
     fn.__name__ = name
     fn.__qualname__ = name
     fn.__doc__ = (op.__doc__ or "") + f"\n\n    Also accepts a list of graphs and returns the list of results (computed in parallel).\n"
-    return fn
+    return cast(_UnaryOp, fn)
 
 
-def _binary(op, name):
-    def fn(g1, g2):
+def _binary(op: Callable[[Graph, Graph], Graph], name: str) -> _BinaryOp:
+    def fn(g1: Graph | Sequence[Graph], g2: Graph | Sequence[Graph]) -> Graph | List[Graph]:
         if isinstance(g1, Graph) and isinstance(g2, Graph):
             return op(g1, g2)
         if isinstance(g1, (list, tuple)) and isinstance(g2, (list, tuple)):
@@ -118,7 +141,7 @@ intersect = _binary(_ops.intersect, "intersect")
 compose = _binary(_ops.compose, "compose")
 
 
-def union(graphs):
+def union(graphs: Sequence[Graph] | Sequence[Sequence[Graph]]) -> Graph | List[Graph]:
     """Union of a list of graphs (see `duoloss.core.graph.ops.union`).
 
     A list of lists of graphs gives the list of their unions (in parallel).
@@ -128,7 +151,7 @@ def union(graphs):
     return _ops.union(graphs)
 
 
-def concat(*args):
+def concat(*args: Graph | Sequence[Graph] | Sequence[Sequence[Graph]]) -> Graph | List[Graph]:
     """``concat(g1, g2)``, ``concat([g1, g2, ...])``; lists of lists / two lists of
     graphs map over their elements (see `duoloss.core.graph.ops.concat`)."""
     if len(args) == 2 and all(isinstance(a, (list, tuple)) for a in args):
@@ -142,7 +165,8 @@ def concat(*args):
     return _ops.concat(*args)
 
 
-def remove(g, ilabel: Any = EPSILON, olabel: Optional[int] = None):
+def remove(g: Graph | Sequence[Graph], ilabel: Any = EPSILON, olabel: Optional[int] = None
+           ) -> Graph | List[Graph]:
     """Epsilon removal (see `duoloss.core.graph.ops.remove`).
 
     ``remove(graphs, labels)`` maps over a list of graphs with one label each.
@@ -169,7 +193,7 @@ def _broadcast(name: str, what: str, value, count: int) -> list:
     return list(value)
 
 
-def backward(g, grad=None, retain_graph: Any = False) -> None:
+def backward(g: Graph | Sequence[Graph], grad: Any = None, retain_graph: Any = False) -> None:
     """Accumulate gradients into every input of ``g`` (GTN's ``gtn.backward``).
 
     ``backward(g)``, ``backward(g, retain_graph)``, ``backward(g, grad)`` or
@@ -228,30 +252,31 @@ def isomorphic(first: Graph, second: Graph) -> bool:
     return _cmp.isomorphic(first, second)
 
 
-def savetxt(file_name, graph) -> None:
+def savetxt(file_name: PathOrFile, graph: Graph) -> None:
     """Write ``graph`` in GTN's text format (``savetxt(file_name, graph)``, GTN's
     order; ``savetxt(graph, file_name)`` works too).  ``file_name``: a path or a
     text file object."""
     _io.savetxt(file_name, graph)
 
 
-def loadtxt(file_name, num_nodes: Optional[int] = None, calc_grad: bool = True) -> Graph:
+def loadtxt(file_name: PathOrFile, num_nodes: Optional[int] = None, calc_grad: bool = True) -> Graph:
     """Read a graph in GTN's text format (empty start/accept lines allowed)."""
     return _io.loadtxt(file_name, num_nodes, calc_grad)
 
 
-def save(file_name, graph) -> None:
+def save(file_name: PathOrFile, graph: Graph) -> None:
     """Write ``graph`` in GTN's binary format (``save(file_name, graph)``; a path
     or a binary file object).  Labels must fit int32 there."""
     _io.save(file_name, graph)
 
 
-def load(file_name, calc_grad: bool = True) -> Graph:
+def load(file_name: PathOrFile, calc_grad: bool = True) -> Graph:
     """Read a graph in GTN's binary format (from [`save`][duoloss.gtn.save] or GTN)."""
     return _io.load(file_name, calc_grad)
 
 
-def draw(graph: Graph, file_name, isymbols=None, osymbols=None) -> str:
+def draw(graph: Graph, file_name: Union[str, "os.PathLike[str]"], isymbols: Symbols = None,
+         osymbols: Symbols = None) -> str:
     """Render with Graphviz, or write DOT text when Graphviz is missing."""
     return _io.draw(graph, file_name, isymbols, osymbols)
 
@@ -259,6 +284,6 @@ def draw(graph: Graph, file_name, isymbols=None, osymbols=None) -> str:
 write_dot = draw
 
 
-def to_dot(graph: Graph, isymbols=None, osymbols=None) -> str:
+def to_dot(graph: Graph, isymbols: Symbols = None, osymbols: Symbols = None) -> str:
     """The graph in Graphviz DOT syntax."""
     return _io.to_dot(graph, isymbols, osymbols)

@@ -11,10 +11,14 @@ from duoloss.core.losses.ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static
                                ctc_gather_worthwhile)
 
 from ._adapter import apply_kernel
+from ._xla import check_impl, use_device
+from ._xla.ctc import ctc_losses as _device_ctc_losses
 from ._args import (as_array, as_int_array, check_bool, is_concrete, is_half, padded_targets,
                     per_sequence)
 
 __all__ = ["ctc_loss", "optax_ctc_loss"]
+
+from ._args import reduce_losses as _reduce_losses  # noqa: E402  (the device path's reduction)
 
 
 def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
@@ -67,9 +71,14 @@ def _gathered(log_probs, targets, target_lengths, blank):
 
 
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,
-                zero_infinity):
+                zero_infinity, impl="auto"):
+    check_impl(fn, impl)
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+    if use_device(fn, impl, log_probs):
+        losses = _device_ctc_losses(log_probs, targets, input_lengths, target_lengths,
+                                    int(blank), bool(zero_infinity))
+        return _reduce_losses(losses, reduction, target_lengths), target_lengths, batched
     log_probs, targets, blank = _gathered(log_probs, targets, target_lengths, int(blank))
     # reduced in the core, as in the torch frontend (same bits); 'none' per sequence
     losses = apply_kernel(CTC_KERNEL, (log_probs, targets, input_lengths, target_lengths),
@@ -79,7 +88,8 @@ def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, re
 
 
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False) -> jax.Array:
+             reduction: str = "mean", zero_infinity: bool = False, *,
+             impl: str = "auto") -> jax.Array:
     r"""Connectionist Temporal Classification loss with ``torch.nn.functional.ctc_loss``'s API.
 
     Same arguments, layouts and numbers as [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss] (both
@@ -98,6 +108,10 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
       blank: index of the blank class.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (loss / clamp(target length, 1), then mean).
       zero_infinity: infeasible sequences get loss 0 and zero gradient.
+      impl: ``'auto'`` (default: the XLA device path when ``log_probs`` lives on a
+        GPU/TPU, else the host core), ``'device'`` (the XLA path anywhere: a
+        ``lax.scan`` forward-backward, no callback) or ``'host'`` (the numba core
+        through one callback); see the Devices page.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``, in ``log_probs``' dtype.
@@ -123,7 +137,7 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
     """
     losses, target_lengths, batched = _ctc_losses(
         "ctc_loss", log_probs, targets, input_lengths, target_lengths, blank, reduction,
-        zero_infinity)
+        zero_infinity, impl)
     if not batched and reduction == "none":
         return losses[0]
     return losses
@@ -146,7 +160,7 @@ def _check_right_padding(fn, arg, pad):
 
 
 def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: int = 0,
-                   log_epsilon: float = -1e5) -> jax.Array:
+                   log_epsilon: float = -1e5, impl: str = "auto") -> jax.Array:
     """Drop-in for ``optax.ctc_loss``: same signature, per-sequence losses ``(B,)``.
 
     Args:
@@ -158,6 +172,7 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
       blank_id: index of the blank class.
       log_epsilon: accepted for signature compatibility; unused (duoloss is exact
         in log space and needs no stand-in for ``log(0)``).
+      impl: ``'auto'``, ``'device'`` or ``'host'``, as in [`ctc_loss`][duoloss.jax.ctc_loss].
 
     Returns:
       ``(B,)`` losses; equal to optax's for every feasible sequence.  Like
@@ -179,6 +194,7 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
         ((1,), 1.0986)
     """
     fn = "optax_ctc_loss"
+    check_impl(fn, impl)
     logits = as_array(fn, "logits", logits)
     _v.check_ndim(fn, "logits", logits.shape, (3,), "a (B, T, K)-array")
     _v.check_dtype(fn, "logits", logits.dtype, _v.FLOAT_DTYPES, "a floating")
@@ -208,7 +224,7 @@ def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: 
     target_lengths = (labels.shape[1] - jnp.round(label_paddings.sum(axis=1))).astype(int_t)
     log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
     losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
-                               "none", False)
+                               "none", False, impl)
     if is_half(logits.dtype):
         losses = losses.astype(jnp.float32)  # as optax: float32 losses for half logits
     return losses

@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -131,7 +131,7 @@ class Graph:
         "_ilabel_sorted", "_olabel_sorted", "_topo", "__weakref__",
     )
 
-    def __init__(self, calc_grad: bool = True):
+    def __init__(self, calc_grad: bool = True) -> None:
         self._n = 0
         self._na = 0
         self._start = np.zeros(8, np.bool_)
@@ -421,7 +421,7 @@ class Graph:
         arr = self._ilabel if ilabel else self._olabel
         return arr[: self._na].tolist()
 
-    def set_weights(self, weights) -> None:
+    def set_weights(self, weights: Any) -> None:
         """Overwrite all arc weights.
 
         Args:
@@ -583,7 +583,8 @@ class Graph:
         return True
 
 
-def graph_arrays(g: Graph):
+def graph_arrays(g: Graph) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                  np.ndarray, np.ndarray]:
     """The arrays of a graph, as read-only views (no copy).
 
     Args:
