@@ -67,8 +67,8 @@ import numpy as np
 from numba import prange
 
 from .._numerics import NEG_INF as _NEG_INF
-from .._numerics import logaddexp as _lae
-from .._numerics import exp_poly, run_batch
+from .._numerics import logaddexp_fast as _lae
+from .._numerics import exp_poly, fast_exp, run_batch
 from .._spec import LossKernel
 
 __all__ = ["TDT_KERNEL", "MULTIBLANK_KERNEL", "check_tdt_args", "check_multiblank_args",
@@ -234,7 +234,7 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
                     if t + d < tb:
                         di = lab_di[k]
                         w = lab[t, u] + (dlp[t, u, di] if di >= 0 else 0.0)
-                        p = math.exp(a + w + beta[t + d, u + 1] - logz)
+                        p = fast_exp(a + w + beta[t + d, u + 1] - logz)
                         plab += p
                         if di >= 0:
                             pdur[di] += p
@@ -244,9 +244,9 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
                 w = blk[t, u, j] + (dlp[t, u, di] if di >= 0 else 0.0)
                 p = 0.0
                 if t + d < tb:
-                    p = math.exp(a + w + beta[t + d, u] - logz)
+                    p = fast_exp(a + w + beta[t + d, u] - logz)
                 elif t + d == tb and u == ub:
-                    p = math.exp(a + w - logz)
+                    p = fast_exp(a + w - logz)
                 pblk[j] = p
                 occ += p
                 if di >= 0:
