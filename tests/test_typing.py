@@ -1,7 +1,8 @@
 """The public API is fully annotated (``py.typed`` ships) and mypy accepts it as users call it.
 
-* Every public function, module ``__init__``/``forward`` of ``duoloss.torch``, ``duoloss.jax``
-  and ``duoloss.graphs`` annotates every parameter and its return value.
+* Every public function, class ``__init__``/``forward`` of ``duoloss.torch``, ``duoloss.jax``,
+  ``duoloss.graphs``, ``duoloss.gtn`` and ``duoloss.warmup`` annotates every parameter and its
+  return value.
 * ``mypy --strict`` on ``tests/typecheck/public_api.py`` (each public function called as a
   user writes it, ``assert_type`` on the results): the annotations are valid, resolve, and
   promise the documented result types; ``--strict`` makes a call to an unannotated function
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["duoloss.torch", "duoloss.jax", "duoloss.graphs"]
+MODULES = ["duoloss.torch", "duoloss.jax", "duoloss.graphs", "duoloss.gtn", "duoloss"]
 
 
 def _callables():
@@ -31,12 +32,12 @@ def _callables():
         mod = importlib.import_module(modname)
         for name in mod.__all__:
             obj = getattr(mod, name)
-            if name == "PackedGraphs":  # a NamedTuple: its fields are the annotations
+            if name == "PackedGraphs" or not callable(obj):  # a NamedTuple: its fields are the annotations
                 continue
             if inspect.isclass(obj):
                 yield f"{modname}.{name}.__init__", obj.__init__
-                if "forward" in vars(obj):
-                    yield f"{modname}.{name}.forward", obj.forward
+                yield from ((f"{modname}.{name}.{k}", v) for k, v in vars(obj).items()
+                            if inspect.isfunction(v) and not k.startswith("_"))
             else:
                 yield f"{modname}.{name}", obj
 

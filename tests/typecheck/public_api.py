@@ -12,7 +12,9 @@ import jax
 import numpy as np
 import torch
 
+import duoloss
 import duoloss.graphs as dg
+import duoloss.gtn as gtn
 import duoloss.jax as dj
 import duoloss.torch as dt
 from duoloss.gtn import Graph
@@ -90,3 +92,31 @@ g, idx = dg.asg_graph([0, 1], 2)
 assert_type(g, Graph)
 assert_type(dg.token_ngram_graph([[0, 1]], 2), Graph)
 assert_type(dg.wordpiece_graph("ab", ["a", "b", "ab"]), Graph)
+
+# --- transducer variants, spans, the joiner-side loss --------------------------------------
+tdt_logits = torch.randn(2, 6, 3, 5 + 2)
+assert_type(dt.tdt_loss(tdt_logits, tg, il, tl, blank=4, durations=[0, 1]), torch.Tensor)
+assert_type(dt.TDTLoss(4, [0, 1]).forward(tdt_logits, tg, il, tl), torch.Tensor)
+assert_type(dt.multiblank_rnnt_loss(logits, tg, il, tl, blank=4, big_blank_durations=[2]), torch.Tensor)
+assert_type(dt.MultiblankRNNTLoss(4, [2]).forward(logits, tg, il, tl), torch.Tensor)
+labels, _scores = dt.ctc_align(lp, tg, il, tl)
+assert_type(dt.token_spans(labels, lp), tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor])
+enc, pred = torch.randn(2, 6, 5), torch.randn(2, 3, 5)
+assert_type(dt.rnnt_loss_from_joiner(lambda e, p: e + p, enc, pred, tg, il, tl), torch.Tensor)
+assert_type(dj.tdt_loss(np.zeros((2, 6, 3, 7)), t, jl, jt, blank=4, durations=[0, 1]), jax.Array)
+assert_type(dj.multiblank_rnnt_loss(jlogits, t, jl, jt, blank=4, big_blank_durations=[2]), jax.Array)
+jlabels, _jscores = dj.ctc_align(x, t, jl, jt)
+assert_type(dj.token_spans(jlabels, x), tuple[jax.Array, jax.Array, jax.Array, jax.Array])
+assert_type(dj.rnnt_loss_from_joiner(lambda e, p: e + p, np.zeros((2, 6, 5)), np.zeros((2, 3, 5)), t, jl, jt),
+            jax.Array)
+
+# --- duoloss.gtn and duoloss.warmup --------------------------------------------------------
+a, b = gtn.linear_graph(2, 3), gtn.scalar_graph(1.0)
+assert_type(gtn.forward_score(a), Graph)
+assert_type(gtn.forward_score([a, a]), list[Graph])
+assert_type(gtn.compose(a, a), Graph)
+assert_type(gtn.intersect([a], [a]), list[Graph])
+gtn.backward(gtn.forward_score(a))
+assert_type(gtn.to_dot(a), str)
+assert_type(gtn.graph_arrays(a)[0], int)
+assert_type(duoloss.warmup(["ctc"], verbose=False), dict[str, float])
