@@ -231,3 +231,44 @@ def test_token_spans_bad_input():
     with pytest.raises(ValueError, match="token_spans: num_spans is required"):
         import jax
         jax.jit(dj.token_spans)(np.zeros((2, 6), np.int32), np.zeros((6, 2, 3), np.float32))
+
+
+def test_asg_checkpointed_equals_full_table_random(rng):
+    for trial in range(120):
+        t_max = int(rng.integers(1, 40))
+        n_cls = int(rng.integers(2, 5))
+        n, s = 3, int(rng.integers(1, 12))
+        em = rng.normal(size=(t_max, n, n_cls))
+        trans = rng.normal(size=(n_cls, n_cls)) if trial % 2 else None
+        start = rng.normal(size=n_cls) if trial % 3 == 0 else None
+        if trial % 4 == 1:
+            em = np.round(em)  # ties
+            trans = None if trans is None else np.round(trans)
+        elif trial % 4 == 2:
+            em[:] = 0.5  # every path ties (without transitions)
+        tg = rng.integers(0, n_cls, size=(n, s))
+        il = rng.integers(0, t_max + 1, size=n)
+        tl = rng.integers(0, s + 1, size=n)
+        full = core_align.asg_align(em, trans, tg, il, tl, start_transitions=start,
+                                    _checkpoint_cells=1 << 40)
+        ckpt = core_align.asg_align(em, trans, tg, il, tl, start_transitions=start,
+                                    _checkpoint_cells=0)
+        np.testing.assert_array_equal(ckpt[0], full[0], err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(ckpt[1], full[1], err_msg=f"trial {trial}")
+
+
+def test_asg_checkpointed_long_path_score(rng):
+    t_max, n_cls, n_lab = 300, 5, 40
+    em = rng.normal(size=(t_max, 1, n_cls))
+    trans = rng.normal(size=(n_cls, n_cls))
+    tg = np.cumsum(rng.integers(1, n_cls, size=(1, n_lab)), axis=1) % n_cls  # no repeats
+    labels, scores = core_align.asg_align(em, trans, tg, [t_max], [n_lab], _checkpoint_cells=0)
+    full = core_align.asg_align(em, trans, tg, [t_max], [n_lab], _checkpoint_cells=1 << 40)
+    np.testing.assert_array_equal(labels, full[0])
+    path = labels[0]
+    # the path spells the target, each token on >= 1 consecutive frames
+    assert [int(k) for i, k in enumerate(path) if i == 0 or k != path[i - 1]] == list(tg[0])
+    # its score, summed here: emissions + transitions between consecutive frames
+    score = em[0, 0, path[0]] + sum(em[t, 0, path[t]] + trans[path[t], path[t - 1]]
+                                    for t in range(1, t_max))
+    np.testing.assert_allclose(score, scores[0], rtol=1e-12)

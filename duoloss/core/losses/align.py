@@ -32,6 +32,14 @@ instead of storing them) and return the best path:
 The gradient of a Viterbi score w.r.t. the scores is the indicator (count) of
 the arcs on the returned path; it is not provided here.
 
+**Memory**: a sequence of more than ``CTC_CHECKPOINT_CELLS`` (CTC) or
+``ASG_CHECKPOINT_CELLS`` (ASG forced alignment) trellis cells is aligned without
+its full table: the forward keeps two rows and every ``k``-th row, and the
+backtrace recomputes each stretch of ``k`` frames from its checkpoint on the
+window of states the path can still reach (:func:`_ctc_align_checkpointed`,
+:func:`_asg_align_checkpointed`), ``O((T S)^(2/3))`` floats.  Labels, scores and
+ties are the full table's, bit for bit.
+
 **Ties** are broken deterministically: whenever two predecessors (or two final
 states) have the same score, the one with the **higher state index** wins
 (CTC: stay > advance by one > skip; the trailing blank ``2L`` over the last
@@ -295,11 +303,13 @@ def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0,
 # ASG forced alignment                                                         #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
-def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labels, scores):
+def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, checkpoint_cells,
+                   labels, scores):
     """Viterbi alignment of sequence ``b``: the target trellis of
     :func:`duoloss.core.losses.asg._asg_target_forward` in the tropical semiring;
     backtracking asks :func:`~duoloss.core.losses.asg._asg_best_target_step` again
-    instead of storing back-pointers."""
+    instead of storing back-pointers.  Above ``checkpoint_cells`` cells: the
+    bounded-memory path (:func:`_asg_align_checkpointed`), same results."""
     t_max, _, n_cls = em.shape
     input_len = in_len[b]
     target_len = tg_len[b]
@@ -316,6 +326,9 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labe
     for l in range(target_len):
         lab[l] = targets[b, l]
     stay, advance = _asg_target_weights(lab, trans, has_trans)
+    if input_len * target_len > checkpoint_cells:
+        _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels, scores)
+        return
     delta = _asg_target_forward(b, input_len, lab, stay, advance, em, start, True)
     score = delta[input_len - 1, target_len - 1]
     if score == _NEG_INF:
@@ -331,20 +344,97 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, labe
             l -= step
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_align_parallel(order, em, trans, start, has_trans, targets, in_len, tg_len, labels,
-                        scores):
-    for i in numba.prange(order.shape[0]):
-        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len, labels,
-                       scores)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _asg_tropical_row(b, t, input_len, lab, stay, advance, em, prev, cur, w_lo, w_hi):
+    """Row ``t >= 1`` of the tropical ASG target trellis on the positions
+    ``[w_lo, w_hi]`` (``cur[x - w_lo]``), positions below ``w_lo`` read as
+    ``-inf``; as :func:`duoloss.core.losses.asg._asg_target_forward` on every
+    cell the backtrace reads (the CTC comment above, with one position per
+    frame instead of two)."""
+    n_lab = lab.shape[0]
+    lo = max(0, n_lab - (input_len - t))
+    hi = min(n_lab - 1, t)
+    a = max(lo, w_lo)
+    z = min(hi, w_hi)
+    for x in range(w_lo, min(a, w_hi + 1)):
+        cur[x - w_lo] = _NEG_INF
+    for x in range(max(z + 1, w_lo), w_hi + 1):
+        cur[x - w_lo] = _NEG_INF
+    for x in range(a, z + 1):
+        i = x - w_lo
+        v, _ = _asg_best_target_step(prev[i] + stay[x],
+                                     prev[i - 1] + advance[x] if i >= 1 else _NEG_INF)
+        cur[i] = v + np.float64(em[t, b, lab[x]])
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_len, labels,
-                      scores):
+def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels, scores):
+    """:func:`_asg_align_one`'s alignment and score with checkpointed rows and a
+    windowed recomputing traceback (``0 < L <= T``): ``(T / k) L + k (k + 1)``
+    floats with ``k ~ (T L / 2)^(1/3)``."""
+    n_lab = lab.shape[0]
+    k = int((input_len * n_lab / 2.0) ** (1.0 / 3.0) + 0.5)
+    k = min(max(k, 1), input_len)
+    n_seg = (input_len + k - 1) // k
+    ckpt = np.empty((n_seg, n_lab))
+    rows = np.empty((2, n_lab))
+    row0 = rows[0]
+    for x in range(n_lab):
+        row0[x] = _NEG_INF
+    row0[0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
+    ckpt[0, :] = row0
+    for t in range(1, input_len):
+        cur = rows[t & 1]
+        _asg_tropical_row(b, t, input_len, lab, stay, advance, em, rows[(t - 1) & 1], cur, 0,
+                          n_lab - 1)
+        if t % k == 0:
+            ckpt[t // k, :] = cur
+    score = rows[(input_len - 1) & 1][n_lab - 1]
+    if score == _NEG_INF:
+        scores[b] = _NEG_INF
+        return
+    scores[b] = score
+    buf = np.empty((k, k + 1))
+    seg = -1
+    c = 0
+    w_lo = 0
+    l = n_lab - 1
+    for t in range(input_len - 1, -1, -1):
+        labels[b, t] = lab[l]
+        if t == 0:
+            break
+        j = (t - 1) // k
+        if j != seg:
+            # rows c..t-1 on the positions [l - (t - c), l]
+            seg = j
+            c = j * k
+            w_lo = max(0, l - (t - c))
+            for x in range(w_lo, l + 1):
+                buf[0, x - w_lo] = ckpt[j, x]
+            for r in range(c + 1, t):
+                _asg_tropical_row(b, r, input_len, lab, stay, advance, em, buf[r - 1 - c],
+                                  buf[r - c], w_lo, l)
+        row = buf[t - 1 - c]
+        i = l - w_lo
+        _, step = _asg_best_target_step(row[i] + stay[l],
+                                        row[i - 1] + advance[l] if l >= 1 else _NEG_INF)
+        l -= step
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _asg_align_parallel(order, em, trans, start, has_trans, targets, in_len, tg_len,
+                        checkpoint_cells, labels, scores):
+    for i in numba.prange(order.shape[0]):
+        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len,
+                       checkpoint_cells, labels, scores)
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_len,
+                      checkpoint_cells, labels, scores):
     for i in range(order.shape[0]):
-        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len, labels,
-                       scores)
+        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len,
+                       checkpoint_cells, labels, scores)
 
 
 def _asg_params(em, transitions, start_transitions):
@@ -358,8 +448,13 @@ def _asg_params(em, transitions, start_transitions):
     return has_trans, trans, start
 
 
+#: ASG sequences of more target-trellis cells (``T_b L_b``) than this are aligned in
+#: bounded memory (:func:`_asg_align_checkpointed`).
+ASG_CHECKPOINT_CELLS = 1 << 25
+
+
 def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
-              start_transitions=None):
+              start_transitions=None, _checkpoint_cells=None):
     """Viterbi ASG forced alignment of a batch.
 
     Args:
@@ -369,11 +464,14 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       target_lengths: ``(N,)`` integers in ``[0, S]``.
       start_transitions: ``(C,)`` first-token scores or ``None``.
+      _checkpoint_cells: private: the size (``T_b L_b`` cells) above which a
+        sequence takes the bounded-memory path (default
+        :data:`ASG_CHECKPOINT_CELLS`; 0 forces it, for tests).
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past the
       sequence) and ``(N,)`` best-path scores (start + transitions + emissions)
-      in the emissions' dtype.
+      in the emissions' dtype; the same, bit for bit, on both paths.
     """
     em = np.ascontiguousarray(emissions)
     dtype = em.dtype
@@ -385,8 +483,9 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
     scores = np.empty(n, np.float64)
     if n:
         cells = np.clip(il, 0, t_max) * np.clip(tl, 1, tg.shape[1] + 1)
+        limit = ASG_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         _run(_asg_align_serial, _asg_align_parallel, cells,
-             (em, trans, start, has_trans, tg, il, tl, labels, scores))
+             (em, trans, start, has_trans, tg, il, tl, limit, labels, scores))
     return labels, scores.astype(dtype, copy=False)
 
 
