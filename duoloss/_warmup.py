@@ -43,7 +43,6 @@ def _torch_calls(family: str) -> List[Callable[[str], None]]:
         lp = tensor(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
         dt.ctc_loss(lp, tg, il, tl).backward()
         dt.ctc_loss(lp, tg, il, tl, reduction="none").sum().backward()
-        dt.ctc_loss(tensor(_far_labels(), dtype), tg, il, tl).backward()
 
     def asg(dtype):
         x = tensor(_rng().standard_normal((12, 2, 6)), dtype)
@@ -120,7 +119,6 @@ def _jax_calls(family: str) -> List[Callable[[str], None]]:
     def ctc(dtype):
         lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
         run(lambda x: dj.ctc_loss(x, tg, il, tl), lp)
-        run(lambda x: dj.ctc_loss(x, tg, il, tl), jnp.asarray(_far_labels(), dtype))
 
     def asg(dtype):
         x = jnp.asarray(_rng().standard_normal((12, 2, 6)), dtype)
@@ -167,7 +165,6 @@ def _core_calls(family: str) -> List[Callable[[str], None]]:
 
     def ctc(dtype):
         core.ctc_loss_and_grad(lp(dtype), tg, il, tl)
-        core.ctc_loss_and_grad(_far_labels().astype(dtype), tg, il, tl)
 
     def asg(dtype):
         core.asg_loss_and_grad(lp(dtype), np.zeros((6, 6), dtype), tg, il, tl)
@@ -182,14 +179,6 @@ def _core_calls(family: str) -> List[Callable[[str], None]]:
 
     calls = {"ctc": ctc, "asg": asg, "graph": graph, "align": align}
     return [calls[family]] if family in calls else []
-
-
-def _far_labels(t=12, n=2, c=6):
-    """Log-probabilities whose labels lie ~700 nats below the blank: CTC's linear-space
-    pass underflows and its exact log-space kernels (compiled on first need) run."""
-    lp = np.full((t, n, c), -700.0)
-    lp[:, :, 0] = 0.0
-    return lp
 
 
 def _softmax(x):

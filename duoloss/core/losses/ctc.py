@@ -461,14 +461,14 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-             grad, pending):
+             grad):
     """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
     module docstring.
 
     Steps: validate; frame probabilities (:func:`_ctc_frame_probs`); rescaled
     forward (:func:`_ctc_forward_linear`); backward sweep with the per-frame
-    check (:func:`_ctc_backward_linear`); where linear space lost precision,
-    ``pending[b]`` is set for the exact log-space trellis (:func:`_ctc_log_space_one`).
+    check (:func:`_ctc_backward_linear`); the exact log-space trellis
+    (:func:`_ctc_log_space`) where linear space lost precision.
     """
     t_max, _, n_cls = logp.shape
     scale = gscale[b] if gscale.shape[0] > b else 1.0
@@ -506,62 +506,23 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
         if want_grad:
             _fill_rows(grad, b, 0, input_len, np.nan)
         return
-    if state == 1:
-        # Linear space lost precision: the exact log-space trellis runs after the
-        # batch (_ctc_log_space_one, in kernels compiled only when a call needs them).
-        # 1: nothing was flushed, so the forward's log Z (kept, negated, in
-        # losses[b]) is exact and only the gradient is recomputed; 2: both.
-        pending[b] = 1 if linear_loss else 2
-        losses[b] = -logz
-        return
-    _ctc_finish(b, logz, input_len, zero_inf, want_grad, losses, grad)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_finish(b, logz, input_len, zero_inf, want_grad, losses, grad):
-    if logz == -np.inf:
-        losses[b] = 0.0 if zero_inf else np.inf
-        if want_grad:
-            _fill_rows(grad, b, 0, input_len, 0.0)
-        return
-    losses[b] = -logz
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_log_space_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                       losses, grad, pending):
-    """Sequence ``b``, marked in ``pending`` by ``_ctc_one``, exactly in log space (the
-    same steps, in the same order, as if ``_ctc_one`` had run them itself)."""
-    scale = gscale[b] if gscale.shape[0] > b else 1.0
-    input_len = in_len[b]
-    lab, skip = ctc_states(targets, b, tg_len[b], blank)
-    if pending[b] == 1:
-        logz = -losses[b]
+    if state == 1 and linear_loss:
+        # Nothing was flushed, so the forward's log Z is exact; only the
+        # gradient's sweep lost precision: recompute the gradient alone.
         _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
-    else:
+    elif state == 1:
         logz = _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
         if logz != logz:
             losses[b] = np.nan
             if want_grad:
                 _fill_rows(grad, b, 0, input_len, np.nan)
             return
-    _ctc_finish(b, logz, input_len, zero_inf, want_grad, losses, grad)
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_log_space_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                            losses, grad, pending, idx):
-    for i in numba.prange(idx.shape[0]):
-        _ctc_log_space_one(idx[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
-                           gscale, losses, grad, pending)
-
-
-@numba.njit(cache=True, nogil=True)
-def _ctc_log_space_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                          losses, grad, pending, idx):
-    for i in range(idx.shape[0]):
-        _ctc_log_space_one(idx[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
-                           gscale, losses, grad, pending)
+    if logz == -np.inf:
+        losses[b] = 0.0 if zero_inf else np.inf
+        if want_grad:
+            _fill_rows(grad, b, 0, input_len, 0.0)
+        return
+    losses[b] = -logz
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -576,11 +537,10 @@ def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_in
         lb = min(max(tg_len[b], 0), targets.shape[1])
         cost[b] = -tb * (2 * lb + 1)
     order = np.argsort(cost)
-    pending = np.zeros(n, np.int8)
     for i in numba.prange(n):
         _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                 losses, grad, pending)
-    return losses, grad, pending
+                 losses, grad)
+    return losses, grad
 
 
 @numba.njit(cache=True, nogil=True)
@@ -588,11 +548,10 @@ def _ctc_batch_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
     n = logp.shape[1]
     losses = np.empty(n)
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
-    pending = np.zeros(n, np.int8)
     for b in range(n):
         _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-                 grad, pending)
-    return losses, grad, pending
+                 grad)
+    return losses, grad
 
 
 def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
@@ -639,14 +598,8 @@ def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blan
     gscale = (_NO_SCALE if grad_weights is None
               else np.ascontiguousarray(grad_weights, dtype=np.float64).reshape(n))
     args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale)
-    losses, grad, pending = run_batch(_ctc_batch_serial, _ctc_batch_parallel, n,
-                                      logp.shape[0] * (2 * tg.shape[1] + 1) * n,
-                                      _PARALLEL_MIN_CELLS, args)
-    idx = np.flatnonzero(pending)
-    if idx.size:  # the log-space kernels compile when a call first needs them
-        cells = int((np.minimum(il[idx], logp.shape[0]) * (2 * tg.shape[1] + 1)).sum())
-        run_batch(_ctc_log_space_serial, _ctc_log_space_parallel, idx.size, cells,
-                  _PARALLEL_MIN_CELLS, args + (losses, grad, pending, idx))
+    losses, grad = run_batch(_ctc_batch_serial, _ctc_batch_parallel, n,
+                             logp.shape[0] * (2 * tg.shape[1] + 1) * n, _PARALLEL_MIN_CELLS, args)
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 
