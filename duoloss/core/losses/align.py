@@ -466,7 +466,7 @@ def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
       start_transitions: ``(C,)`` first-token scores or ``None``.
       _checkpoint_cells: private: the size (``T_b L_b`` cells) above which a
         sequence takes the bounded-memory path (default
-        :data:`ASG_CHECKPOINT_CELLS`; 0 forces it, for tests).
+        `ASG_CHECKPOINT_CELLS`; 0 forces it, for tests).
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame tokens (``-1`` past the
