@@ -246,6 +246,19 @@ def test_infeasible_and_nan():
     assert np.isnan(loss[2]) and np.isnan(g[2]).any()
 
 
+def test_impl_seam():
+    logits, targets, il, tl = _case(9)
+    for f, x in ((dt.multiblank_rnnt_loss, torch.tensor(logits)),
+                 (dj.multiblank_rnnt_loss, jnp.asarray(logits))):
+        tg = torch.tensor(targets) if f is dt.multiblank_rnnt_loss else targets
+        with pytest.raises(NotImplementedError, match="multiblank_rnnt_loss: impl='device'"):
+            f(x, tg, tuple(il), tuple(tl), 5, [2], impl="device")
+        np.testing.assert_array_equal(np.asarray(f(x, tg, tuple(il), tuple(tl), 5, [2],
+                                                   impl="host", reduction="none")),
+                                      np.asarray(f(x, tg, tuple(il), tuple(tl), 5, [2],
+                                                   reduction="none")))
+
+
 @pytest.fixture
 def no_kernel(monkeypatch):
     def boom(*a, **k):

@@ -504,6 +504,27 @@ def test_bad_arguments(kw, err, match, no_kernel):
             frontend.tdt_loss(x, tg, tuple(int(i) for i in il), tuple(tl), **args)
 
 
+@pytest.mark.parametrize("frontend", ["torch", "jax"])
+def test_impl_seam(frontend, no_kernel):
+    logits, targets, il, tl = _case(20)
+    f = dt.tdt_loss if frontend == "torch" else dj.tdt_loss
+    x = torch.tensor(logits) if frontend == "torch" else jnp.asarray(logits)
+    tg = torch.tensor(targets) if frontend == "torch" else targets
+    with pytest.raises(NotImplementedError, match="tdt_loss: impl='device' is not available"):
+        f(x, tg, tuple(il), tuple(tl), 3, [0, 1, 2], impl="device")
+    with pytest.raises(ValueError, match="tdt_loss: argument 'impl' must be one of"):
+        f(x, tg, tuple(il), tuple(tl), 3, [0, 1, 2], impl="gpu")
+
+
+def test_impl_host_is_auto():
+    logits, targets, il, tl = _case(21)
+    a, _ = _torch(logits, targets, il, tl, 3, (0, 1, 2), impl="host")
+    b, _ = _torch(logits, targets, il, tl, 3, (0, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(NotImplementedError, match="TDTLoss: impl='device'"):
+        dt.TDTLoss(3, [0, 1], impl="device")
+
+
 def test_module_validates_at_construction():
     with pytest.raises(ValueError, match="TDTLoss: argument 'durations' must hold distinct"):
         dt.TDTLoss(3, [1, 1])

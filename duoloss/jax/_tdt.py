@@ -13,8 +13,8 @@ import jax
 from jax.typing import ArrayLike
 
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
-                                     check_multiblank_args, check_tdt_args,
-                                     durations_key)
+                                     check_host_impl, check_multiblank_args,
+                                     check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel
 from ._args import as_array, as_int_array, is_concrete
@@ -33,7 +33,8 @@ def _arrays(fn, logits, targets, logit_lengths, target_lengths):
 def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
              target_lengths: ArrayLike, blank: int, durations: Sequence[int], *,
              reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
-             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> jax.Array:
+             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0,
+             impl: str = "auto") -> jax.Array:
     r"""Token-and-Duration Transducer loss for JAX; see [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
 
     Same arguments, maths and numbers as the torch function (one core), as a
@@ -65,6 +66,9 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
       clamp: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       sigma: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       omega: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss] (the expectation of NeMo's random choice).
+      impl: ``'auto'`` (default) or ``'host'``: the numba core through one
+        callback; ``'device'`` raises ``NotImplementedError`` (no XLA path for
+        this loss yet).
 
     Returns:
       The reduced loss, or ``(N,)`` losses.
@@ -93,6 +97,7 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
     """
     fn = "tdt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
+    check_host_impl(fn, impl)
     logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
                                                 target_lengths)
     blank, durs = check_tdt_args(fn, logits, targets, il, tl, blank, durations,
@@ -107,8 +112,8 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
 def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
                          target_lengths: ArrayLike, blank: int, big_blank_durations: Sequence[int],
                          *, reduction: Literal["none", "sum", "mean"] = "mean",
-                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0
-                         ) -> jax.Array:
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
+                         impl: str = "auto") -> jax.Array:
     r"""Multi-blank RNN-T loss for JAX; see [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
 
     ``logits`` ``(N, T, U + 1, V)``, $\ell = \log\operatorname{softmax}(x)
@@ -133,6 +138,7 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
       fastemit_lambda: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       clamp: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       sigma: as in [`duoloss.torch.multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      impl: as in [`tdt_loss`][duoloss.jax.tdt_loss].
 
     Returns:
       The reduced loss, or ``(N,)`` losses.
@@ -158,6 +164,7 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
     """
     fn = "multiblank_rnnt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
+    check_host_impl(fn, impl)
     logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
                                                 target_lengths)
     blank, big = check_multiblank_args(fn, logits, targets, il, tl, blank, big_blank_durations,

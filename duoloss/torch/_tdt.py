@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
-                                     check_multiblank_args, check_tdt_args,
-                                     durations_key)
+                                     check_host_impl, check_multiblank_args,
+                                     check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_tensor, int_array, int_tensor
@@ -56,7 +56,8 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
              logit_lengths: torch.Tensor | Sequence[int],
              target_lengths: torch.Tensor | Sequence[int], blank: int, durations: Sequence[int], *,
              reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
-             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> torch.Tensor:
+             clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0,
+             impl: str = "auto") -> torch.Tensor:
     r"""Token-and-Duration Transducer loss (Xu et al. 2023), NeMo's ``TDTLossNumba``.
 
     ``N`` sequences, ``T`` padded frames, ``U`` padded target length, ``V``
@@ -106,6 +107,10 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
         RNN-T loss with probability ``omega`` instead of TDT for the whole
         batch; duoloss returns the expectation ``(1 - omega) * tdt + omega *
         rnnt`` (the same expected loss and gradient, the same number on every call).
+      impl: ``'auto'`` (default) or ``'host'``: the numba core (CUDA tensors
+        make one round trip through the host); ``'device'`` raises
+        ``NotImplementedError`` (no device kernel for this loss yet; see the
+        Devices page for the losses that have one).
 
     Returns:
       The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
@@ -143,6 +148,7 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
     """
     fn = "tdt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
+    check_host_impl(fn, impl)
 
     def check(tg, il, tl, concrete):
         return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
@@ -160,8 +166,8 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
                          target_lengths: torch.Tensor | Sequence[int], blank: int,
                          big_blank_durations: Sequence[int], *,
                          reduction: Literal["none", "sum", "mean"] = "mean",
-                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0
-                         ) -> torch.Tensor:
+                         fastemit_lambda: float = 0.0, clamp: float = -1.0, sigma: float = 0.0,
+                         impl: str = "auto") -> torch.Tensor:
     r"""Multi-blank RNN-T loss (Xu et al. 2022), NeMo's ``MultiblankRNNTLossNumba``.
 
     ``logits`` ``(N, T, U + 1, V)`` with $\ell_{t,u} =
@@ -191,6 +197,7 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
       fastemit_lambda: as in [`tdt_loss`][duoloss.torch.tdt_loss] (here on the gradient w.r.t. every logit).
       clamp: as in [`tdt_loss`][duoloss.torch.tdt_loss] (here on the gradient w.r.t. every logit).
       sigma: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      impl: as in [`tdt_loss`][duoloss.torch.tdt_loss].
 
     Returns:
       The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
@@ -220,6 +227,7 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
     """
     fn = "multiblank_rnnt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
+    check_host_impl(fn, impl)
 
     def check(tg, il, tl, concrete):
         return check_multiblank_args(fn, logits, tg, il, tl, blank, big_blank_durations,
@@ -243,6 +251,7 @@ class TDTLoss(torch.nn.Module):
       clamp: as in [`tdt_loss`][duoloss.torch.tdt_loss].
       sigma: as in [`tdt_loss`][duoloss.torch.tdt_loss].
       omega: as in [`tdt_loss`][duoloss.torch.tdt_loss].
+      impl: as in [`tdt_loss`][duoloss.torch.tdt_loss].
 
     Examples:
         >>> import torch
@@ -255,10 +264,12 @@ class TDTLoss(torch.nn.Module):
 
     def __init__(self, blank: int, durations: Sequence[int], *,
                  reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
-                 clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0) -> None:
+                 clamp: float = -1.0, sigma: float = 0.0, omega: float = 0.0,
+                 impl: str = "auto") -> None:
         super().__init__()
         from duoloss.core.losses.tdt import check_tdt_durations
         check_duration_options("TDTLoss", reduction, clamp, fastemit_lambda, sigma, omega)
+        self.impl = check_host_impl("TDTLoss", impl)
         self.blank = blank
         self.durations = list(check_tdt_durations("TDTLoss", durations))
         self.reduction = reduction
@@ -273,7 +284,7 @@ class TDTLoss(torch.nn.Module):
         return tdt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
                         self.durations, reduction=self.reduction,
                         fastemit_lambda=self.fastemit_lambda, clamp=self.clamp, sigma=self.sigma,
-                        omega=self.omega)
+                        omega=self.omega, impl=self.impl)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, durations={self.durations}, reduction={self.reduction!r}, "
@@ -291,6 +302,7 @@ class MultiblankRNNTLoss(torch.nn.Module):
       fastemit_lambda: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       clamp: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
       sigma: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
+      impl: as in [`multiblank_rnnt_loss`][duoloss.torch.multiblank_rnnt_loss].
 
     Examples:
         >>> import torch
@@ -304,10 +316,11 @@ class MultiblankRNNTLoss(torch.nn.Module):
 
     def __init__(self, blank: int, big_blank_durations: Sequence[int], *,
                  reduction: Literal["none", "sum", "mean"] = "mean", fastemit_lambda: float = 0.0,
-                 clamp: float = -1.0, sigma: float = 0.0) -> None:
+                 clamp: float = -1.0, sigma: float = 0.0, impl: str = "auto") -> None:
         super().__init__()
         from duoloss.core.losses.tdt import check_big_blank_durations
         check_duration_options("MultiblankRNNTLoss", reduction, clamp, fastemit_lambda, sigma)
+        self.impl = check_host_impl("MultiblankRNNTLoss", impl)
         self.blank = blank
         self.big_blank_durations = list(check_big_blank_durations("MultiblankRNNTLoss",
                                                                   big_blank_durations))
@@ -322,7 +335,7 @@ class MultiblankRNNTLoss(torch.nn.Module):
         return multiblank_rnnt_loss(logits, targets, logit_lengths, target_lengths, self.blank,
                                     self.big_blank_durations, reduction=self.reduction,
                                     fastemit_lambda=self.fastemit_lambda, clamp=self.clamp,
-                                    sigma=self.sigma)
+                                    sigma=self.sigma, impl=self.impl)
 
     def extra_repr(self) -> str:
         return (f"blank={self.blank}, big_blank_durations={self.big_blank_durations}, "

@@ -72,7 +72,7 @@ from .._numerics import exp_poly, fast_exp, run_batch
 from .._spec import LossKernel
 
 __all__ = ["TDT_KERNEL", "MULTIBLANK_KERNEL", "check_tdt_args", "check_multiblank_args",
-           "check_duration_options", "durations_key", "tdt_loss_and_grad",
+           "check_duration_options", "check_host_impl", "durations_key", "tdt_loss_and_grad",
            "multiblank_loss_and_grad"]
 
 _PARALLEL_MIN_CELLS = 20_000
@@ -506,6 +506,25 @@ def check_big_blank_durations(fn, durations):
         raise ValueError(f"{fn}: argument 'big_blank_durations' must hold ints >= 1, "
                          f"got {list(d)}")
     return d
+
+
+#: The accepted values of the frontends' ``impl`` keyword.
+IMPLS = ("auto", "host", "device")
+
+
+def check_host_impl(fn, impl):
+    """``impl`` (``'auto'``/``'host'``); ``'device'`` raises ``NotImplementedError``:
+    these losses have no device kernel yet (the seam: the frontends' one
+    ``apply_kernel`` call)."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host', 'device', "
+                         f"got {impl!r}")
+    if impl == "device":
+        raise NotImplementedError(
+            f"{fn}: impl='device' is not available: this loss has no device kernel yet; use "
+            f"impl='auto' or 'host' (the numba core; accelerator inputs make one round trip "
+            f"through the host)")
+    return impl
 
 
 def check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega=0.0):
