@@ -10,6 +10,9 @@ from duoloss.core import _validate as _v
 from duoloss.core.losses.ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
                                ctc_gather_worthwhile)
 
+from duoloss._xp import JaxOps
+from duoloss._xp import ctc as _xp_ctc
+
 from ._adapter import apply_kernel
 from ._xla import check_impl, use_device
 from ._xla.ctc import ctc_losses as _device_ctc_losses
@@ -49,6 +52,8 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
     targets = padded_targets(targets, target_lengths, padded)
     return log_probs, targets, input_lengths, target_lengths, batched
 
+_xp = JaxOps()  # duoloss._xp's array vocabulary for jax.numpy
+
 
 def _gathered(log_probs, targets, target_lengths, blank):
     """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
@@ -58,16 +63,8 @@ def _gathered(log_probs, targets, target_lengths, blank):
     s = targets.shape[1]
     if not ctc_gather_worthwhile(t_max, n, n_cls, s):
         return log_probs, targets, blank
-    valid = jnp.arange(s)[None, :] < target_lengths[:, None]
-    labels = jnp.where(valid, targets, blank)
-    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
-    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
-    first = jnp.argmax(same, axis=2) if s else jnp.zeros((n, 0), labels.dtype)
-    column_targets = jnp.where(bad, -1, first + 1).astype(targets.dtype)
-    columns = jnp.concatenate([jnp.full((n, 1), blank, labels.dtype),
-                               jnp.clip(labels, 0, n_cls - 1)], axis=1)
-    index = jnp.broadcast_to(columns[None], (t_max, n, s + 1))
-    return jnp.take_along_axis(log_probs, index, axis=2), column_targets, 0
+    columns, column_targets = _xp_ctc.gather_plan(_xp, targets, target_lengths, n_cls, blank)
+    return _xp_ctc.gathered(_xp, log_probs, columns), column_targets, 0
 
 
 def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,

@@ -1,9 +1,12 @@
 """k2's simple and pruned RNN-T losses for JAX, with the names, arguments and numbers
 of :mod:`duoloss.torch._rnnt_k2` (itself a drop-in for k2's functions).
 
-``(px, py)`` are built with ``jax.numpy`` (differentiable); the recursion runs in
-duoloss's transducer core through one host callback (``jit``, ``grad``, ``vmap``
-and ``shard_map`` work as for every duoloss loss).  Arguments that set output
+``(px, py)``, the pruning ranges and the pruned joiner inputs come from
+:mod:`duoloss._xp.k2`, the same code as the torch frontend's, run on
+``jax.numpy`` (differentiable; this module keeps only argument checks and the
+``custom_vjp`` wiring); the recursion runs in duoloss's transducer core
+through one host callback (``jit``, ``grad``, ``vmap`` and ``shard_map`` work
+as for every duoloss loss).  Arguments that set output
 shapes (``s_range``, ``termination_symbol``, ``rnnt_type``, ``reduction``,
 ``return_grad``) are static Python values.
 """
@@ -17,6 +20,8 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 import numpy as np
 
+from duoloss._xp import k2 as _maths
+from duoloss._xp import JaxOps
 from duoloss.core.losses import rnnt_k2 as _k
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
@@ -34,6 +39,9 @@ __all__ = [
     "rnnt_loss_simple",
     "rnnt_loss_smoothed",
 ]
+
+
+_xp = JaxOps()  # the array vocabulary of duoloss._xp, for jax.numpy
 
 
 def _array(fn, arg, x):
@@ -58,17 +66,7 @@ def _boundary(fn, boundary, b, s, t, rnnt_type):
 
 
 def _finish_px(px, py, boundary, rnnt_type, delay_penalty):
-    b, s, t0 = px.shape
-    if rnnt_type == "regular":
-        col = jnp.arange(t0)[None, None, :]
-        px = jnp.where(col == boundary[:, 3].reshape(b, 1, 1), -jnp.inf, px)
-    elif rnnt_type == "constrained":
-        px = px + py[:, 1:, :]
-    if delay_penalty > 0.0:
-        offset = (boundary[:, 3].astype(px.dtype) - 1) / 2
-        penalty = offset.reshape(b, 1, 1) - jnp.arange(t0, dtype=px.dtype)
-        px = px + (penalty * delay_penalty).astype(px.dtype)
-    return px
+    return _maths.finish_px(_xp, px, py, boundary, rnnt_type, delay_penalty)
 
 
 def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
@@ -84,44 +82,7 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     if is_concrete(symbols):
         _k.check_symbols_values(fn, _host(symbols), c)
     boundary = _boundary(fn, boundary, b, s, t, rnnt_type)
-
-    am_max = jax.lax.stop_gradient(am.max(axis=2, keepdims=True))
-    lm_max = jax.lax.stop_gradient(lm.max(axis=2, keepdims=True))
-    am_max = jnp.where(jnp.isfinite(am_max), am_max, 0)
-    lm_max = jnp.where(jnp.isfinite(lm_max), lm_max, 0)
-    am_probs = jnp.exp(am - am_max)
-    lm_probs = jnp.exp(lm - lm_max)
-    tiny = jnp.finfo(am.dtype).tiny
-    prod = jnp.matmul(lm_probs, jnp.swapaxes(am_probs, 1, 2))
-    log_z = jnp.log(prod + tiny) + lm_max + jnp.swapaxes(am_max, 1, 2)
-
-    px_am = jnp.take_along_axis(jnp.swapaxes(am, 1, 2), symbols[:, :, None], axis=1,
-                                mode="clip")  # (B, S, T)
-    px_lm = jnp.take_along_axis(lm[:, :s], symbols[:, :, None], axis=2, mode="clip")
-    px = px_am + px_lm - log_z[:, :s, :]
-    py_am = am[:, None, :, termination_symbol]
-    py_lm = lm[:, :, termination_symbol, None]
-    py = py_am + py_lm - log_z
-    if scales is not None:
-        lm_scale, am_scale = scales
-        lm_sum = lm_probs.sum(axis=2, keepdims=True)
-        lm_only_norm = jnp.log(lm_sum) + lm_max
-        unigram = (lm_probs / lm_sum).mean(axis=(0, 1)) + tiny
-        am_only_norm = (jnp.log(jnp.matmul(am_probs, unigram))[:, None, :]
-                        + jnp.swapaxes(am_max, 1, 2))
-        log_unigram = jnp.log(unigram)
-        px_am_only = px_am + jnp.take(log_unigram, symbols, mode="clip")[:, :, None] \
-            - am_only_norm
-        px_lm_only = px_lm - lm_only_norm[:, :s]
-        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
-        py_lm_only = py_lm - lm_only_norm
-        combined = 1.0 - lm_scale - am_scale
-        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
-        am_scale = am_scale if am_scale != 0.0 else 1e-20
-        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
-        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
-    if rnnt_type == "regular":
-        px = jnp.concatenate([px, jnp.full((b, s, 1), -jnp.inf, px.dtype)], axis=2)
+    px, py = _maths.simple_logprobs(_xp, lm, am, symbols, termination_symbol, rnnt_type, scales)
     return px, py, boundary
 
 
@@ -262,19 +223,7 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
         _k.check_symbols_values(fn, _host(symbols), c)
         _k.check_ranges_values(fn, _host(ranges), s)
     boundary = _boundary(fn, boundary, b, s, t, rnnt_type)
-    sym = jnp.concatenate([symbols, jnp.full((b, 1), termination_symbol, symbols.dtype)], 1)
-    pruned_sym = jnp.take_along_axis(sym[:, None, :], ranges, axis=2, mode="clip")  # (B,T,r)
-    log_z = jax.nn.logsumexp(logits, axis=3)
-    px_r = jnp.take_along_axis(logits, pruned_sym[..., None], axis=3, mode="clip")[..., 0]
-    px_r = px_r - log_z
-    py_r = logits[..., termination_symbol] - log_z
-    bi = jnp.arange(b)[:, None, None]
-    ti = jnp.arange(t)[None, :, None]
-    ninf = jnp.full((b, t, s + 1), -jnp.inf, logits.dtype)
-    px = jnp.swapaxes(ninf.at[bi, ti, ranges].set(px_r, mode="drop")[:, :, :s], 1, 2)
-    py = jnp.swapaxes(ninf.at[bi, ti, ranges].set(py_r, mode="drop"), 1, 2)
-    if rnnt_type == "regular":
-        px = jnp.concatenate([px, jnp.full((b, s, 1), -jnp.inf, px.dtype)], axis=2)
+    px, py = _maths.pruned_logprobs(_xp, logits, symbols, ranges, termination_symbol, rnnt_type)
     return px, py, boundary
 
 
@@ -326,10 +275,6 @@ def rnnt_loss_pruned(logits: ArrayLike, symbols: ArrayLike, ranges: ArrayLike,
                          use_device(fn, impl, logits))
 
 
-def _lower_bound_reversed(x):
-    return jax.lax.cummin(x, axis=x.ndim - 1, reverse=True)
-
-
 def get_rnnt_prune_ranges(px_grad: ArrayLike, py_grad: ArrayLike, boundary: ArrayLike, s_range: int
                           ) -> jax.Array:
     """k2's pruning ranges ``(B, T, s_range)``; see [`duoloss.torch.get_rnnt_prune_ranges`][duoloss.torch.get_rnnt_prune_ranges].
@@ -359,23 +304,7 @@ def get_rnnt_prune_ranges(px_grad: ArrayLike, py_grad: ArrayLike, boundary: Arra
     if host_b is not None:
         _k.check_boundary_values(fn, host_b, s, t, "regular" if regular else "modified")
     s_range = _k.prune_s_range(fn, int(s_range), s, regular, host_b)
-    n_win = s + 1 - s_range + 1
-    blk = py_grad[:, 0:n_win, :]
-    for k in range(1, s_range):
-        blk = blk + py_grad[:, k:k + n_win, :]
-    px_pad = jnp.concatenate([jnp.zeros((b, 1, px_grad.shape[2]), px_grad.dtype), px_grad], 1)
-    final = blk - px_pad[:, :n_win, :t]
-    s_begin = jnp.argmax(final, axis=1)
-    idt = s_begin.dtype
-    frames = jnp.arange(t, dtype=idt)[None, :]
-    mask = frames < (boundary[:, 3:4].astype(idt) - 1)
-    pad = jnp.maximum(boundary[:, 2:3].astype(idt) - s_range + 1, 0)
-    s_begin = jnp.where(mask, s_begin, pad)
-    step = (s_range if regular else 2) - 1
-    s_begin = _lower_bound_reversed(s_begin)
-    shifted = jnp.maximum(_lower_bound_reversed(step * frames - s_begin), 0)
-    s_begin = step * frames - shifted
-    return s_begin[:, :, None] + jnp.arange(s_range, dtype=idt)
+    return _maths.prune_ranges(_xp, px_grad, py_grad, boundary, s_range, regular)
 
 
 def do_rnnt_pruning(am: ArrayLike, lm: ArrayLike, ranges: ArrayLike) -> Tuple[jax.Array, jax.Array]:
@@ -397,7 +326,4 @@ def do_rnnt_pruning(am: ArrayLike, lm: ArrayLike, ranges: ArrayLike) -> Tuple[ja
     _k.check_pruning_static(fn, am.shape, lm.shape, ranges.shape, ranges.dtype)
     if is_concrete(ranges):
         _k.check_ranges_values(fn, _host(ranges), int(lm.shape[1]) - 1)
-    b, t, r = ranges.shape
-    am_pruned = jnp.broadcast_to(am[:, :, None, :], (b, t, r, am.shape[2]))
-    lm_pruned = lm[jnp.arange(b)[:, None, None], ranges]
-    return am_pruned, lm_pruned
+    return _maths.do_pruning(_xp, am, lm, ranges)

@@ -7,6 +7,8 @@ import torch
 
 from duoloss.core._validate import check_int_scalar as _check_int_scalar
 from duoloss.core._validate import check_reduction as _check_reduction
+from duoloss._xp import ctc as _xp_ctc
+from duoloss._xp import TorchOps
 from duoloss.core.losses.ctc import (CTC_KERNEL, _first_invalid, check_ctc_static, check_ctc_values,
                                ctc_gather_plan, ctc_gather_worthwhile)
 
@@ -18,21 +20,7 @@ from ._triton import check_impl, ctc_device, resolve_impl
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
-
-def _gather_plan_traced(targets, target_lengths, n_cls, blank):
-    """:func:`duoloss.core.losses.ctc.ctc_gather_plan` in torch ops, for values that
-    cannot be read (torch.compile tracing, vmap)."""
-    n, s = targets.shape
-    valid = torch.arange(s, device=targets.device)[None, :] < target_lengths[:, None]
-    labels = torch.where(valid, targets, blank)
-    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
-    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
-    first = (torch.argmax(same.to(torch.int8), dim=2) if s
-             else torch.zeros((n, 0), dtype=torch.int64, device=targets.device))
-    column_targets = torch.where(bad, -1, first + 1)
-    columns = torch.cat([torch.full((n, 1), blank, dtype=torch.int64, device=targets.device),
-                         labels.clamp(0, n_cls - 1)], dim=1)
-    return columns, column_targets
+_xp = TorchOps()  # duoloss._xp's array vocabulary for torch
 
 
 def _gathered(log_probs, targets, target_lengths, blank):
@@ -47,10 +35,10 @@ def _gathered(log_probs, targets, target_lengths, blank):
     if isinstance(targets, np.ndarray):
         columns, column_targets = ctc_gather_plan(targets, target_lengths, n_cls, blank)
         columns = torch.from_numpy(columns).to(log_probs.device)
-    else:
-        columns, column_targets = _gather_plan_traced(targets, target_lengths, n_cls, blank)
-    index = columns.unsqueeze(0).expand(t_max, n, s + 1)
-    return log_probs.gather(2, index), column_targets, 0
+    else:  # values that cannot be read (torch.compile tracing, vmap): the plan in torch ops
+        columns, column_targets = _xp_ctc.gather_plan(_xp, targets, target_lengths, n_cls,
+                                                      blank)
+    return _xp_ctc.gathered(_xp, log_probs, columns), column_targets, 0
 
 
 def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, reduction,

@@ -3,10 +3,12 @@
 
 Same names, argument order, shapes, maths and reductions as k2, so an icefall
 recipe ports by changing the import.  The log-probabilities ``(px, py)`` of the
-recursion are built with torch operations (autograd flows through them to
-``lm``/``am``/``logits``); the recursion itself, its gradient and the
-occupation probabilities run in duoloss's transducer core, the same code as
-:func:`duoloss.jax.rnnt_loss_pruned`.
+recursion, the pruning ranges and the pruned joiner inputs come from
+:mod:`duoloss._xp.k2` (the same code as the JAX frontend's) run on torch
+operations, so autograd flows through them to ``lm``/``am``/``logits``; this
+module keeps only argument checks and the autograd wiring.  The recursion
+itself, its gradient and the occupation probabilities run in duoloss's
+transducer core, the same code as :func:`duoloss.jax.rnnt_loss_pruned`.
 
 Typical pruned training step (icefall's ``Transducer.forward``)::
 
@@ -24,6 +26,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from duoloss._xp import k2 as _maths
+from duoloss._xp import TorchOps
 from duoloss.core.losses import rnnt_k2 as _k
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
@@ -42,6 +46,8 @@ __all__ = [
     "rnnt_loss_smoothed",
 ]
 
+_xp = TorchOps()  # the array vocabulary of duoloss._xp, for torch
+
 
 def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
     """The ``(B, 4)`` int64 boundary (``[0, 0, S, T]`` rows when None), checked."""
@@ -59,21 +65,9 @@ def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
 
 
 def _finish_px(px, py, boundary, rnnt_type, delay_penalty, t):
-    """k2's common tail: -inf at each regular sequence's t_end, constrained's
-    forced blank, the delay penalty."""
-    b, s, t0 = px.shape
-    if rnnt_type == "regular":
-        # px[b, :, t_end[b]] = -inf: no symbol on the one-past-the-last frame
-        col = torch.arange(t0, device=px.device)[None, None, :]
-        end = boundary[:, 3].reshape(b, 1, 1)
-        px = px.masked_fill(col == end, float("-inf"))
-    elif rnnt_type == "constrained":
-        px = px + py[:, 1:, :]
-    if delay_penalty > 0.0:
-        offset = (boundary[:, 3].to(px.dtype) - 1) / 2
-        penalty = offset.reshape(b, 1, 1) - torch.arange(t0, device=px.device, dtype=px.dtype)
-        px = px + penalty * delay_penalty
-    return px
+    """k2's common tail (:func:`duoloss._xp.k2.finish_px`): -inf at each regular
+    sequence's t_end, constrained's forced blank, the delay penalty."""
+    return _maths.finish_px(_xp, px, py, boundary, rnnt_type, delay_penalty)
 
 
 def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
@@ -130,48 +124,7 @@ def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundar
     if is_concrete(symbols):
         _k.check_symbols_values(fn, to_numpy(symbols), c)
     boundary = _boundary(fn, boundary, b, s, t, am.device, rnnt_type, True)
-    symbols = symbols.to(torch.int64)
-
-    am_max = am.detach().amax(dim=2, keepdim=True)  # (B, T, 1)
-    lm_max = lm.detach().amax(dim=2, keepdim=True)  # (B, S+1, 1)
-    # an all -inf row would give nan; any finite shift works
-    am_max = torch.where(torch.isfinite(am_max), am_max, torch.zeros_like(am_max))
-    lm_max = torch.where(torch.isfinite(lm_max), lm_max, torch.zeros_like(lm_max))
-    am_probs = (am - am_max).exp()
-    lm_probs = (lm - lm_max).exp()
-    tiny = torch.finfo(am.dtype).tiny
-    prod = torch.matmul(lm_probs, am_probs.transpose(1, 2))  # (B, S+1, T)
-    log_z = (prod + tiny).log() + lm_max + am_max.transpose(1, 2)
-
-    px_am = torch.gather(am.transpose(1, 2), 1, symbols[:, :, None].expand(b, s, t))
-    px_lm = torch.gather(lm[:, :s], 2, symbols[:, :, None])  # (B, S, 1)
-    px = px_am + px_lm - log_z[:, :s, :]  # (B, S, T)
-    py_am = am[:, None, :, termination_symbol]  # (B, 1, T)
-    py_lm = lm[:, :, termination_symbol, None]  # (B, S+1, 1)
-    py = py_am + py_lm - log_z
-    if scales is not None:
-        lm_scale, am_scale = scales
-        # LM alone: lm's own softmax (no frame dependence)
-        lm_sum = lm_probs.sum(dim=2, keepdim=True)  # (B, S+1, 1)
-        lm_only_norm = lm_sum.log() + lm_max
-        # AM alone: am combined with the unigram (lm's softmax averaged over batch and
-        # positions, padding included, as k2)
-        unigram = (lm_probs / lm_sum).mean(dim=(0, 1)) + tiny  # (C,)
-        am_only_norm = (torch.matmul(am_probs, unigram)[:, None, :].log()
-                        + am_max.transpose(1, 2))  # (B, 1, T)
-        log_unigram = unigram.log()
-        px_am_only = px_am + log_unigram[symbols][:, :, None] - am_only_norm
-        px_lm_only = px_lm - lm_only_norm[:, :s]
-        py_am_only = py_am + log_unigram[termination_symbol] - am_only_norm
-        py_lm_only = py_lm - lm_only_norm
-        combined = 1.0 - lm_scale - am_scale
-        # k2: exact zeros would turn -inf * 0 into nan
-        lm_scale = lm_scale if lm_scale != 0.0 else 1e-20
-        am_scale = am_scale if am_scale != 0.0 else 1e-20
-        px = px * combined + px_lm_only * lm_scale + px_am_only * am_scale
-        py = py * combined + py_lm_only * lm_scale + py_am_only * am_scale
-    if rnnt_type == "regular":
-        px = torch.cat([px, px.new_full((b, s, 1), float("-inf"))], dim=2)
+    px, py = _maths.simple_logprobs(_xp, lm, am, symbols, termination_symbol, rnnt_type, scales)
     return px, py, boundary
 
 
@@ -369,20 +322,8 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
         _k.check_symbols_values(fn, to_numpy(symbols), c)
         _k.check_ranges_values(fn, to_numpy(ranges), s)
     boundary = _boundary(fn, boundary, b, s, t, logits.device, rnnt_type, True)
-    ranges = ranges.to(torch.int64)
-    sym = torch.cat([symbols.to(torch.int64),
-                     symbols.new_full((b, 1), termination_symbol, dtype=torch.int64)], dim=1)
-    pruned_sym = torch.gather(sym[:, None, :].expand(b, t, s + 1), 2, ranges)  # (B, T, r)
-    log_z = torch.logsumexp(logits, dim=3)  # (B, T, r)
-    px_r = torch.gather(logits, 3, pruned_sym[..., None]).squeeze(3) - log_z
-    py_r = logits[..., termination_symbol] - log_z
-    # scatter the frame's s_range values to their positions; -inf elsewhere
-    ninf = logits.new_full((b, t, s + 1), float("-inf"))
-    px = ninf.scatter(2, ranges, px_r)[:, :, :s].transpose(1, 2)  # (B, S, T)
-    py = ninf.scatter(2, ranges, py_r).transpose(1, 2)  # (B, S+1, T)
-    if rnnt_type == "regular":
-        px = torch.cat([px, px.new_full((b, s, 1), float("-inf"))], dim=2)
-    return px.contiguous(), py.contiguous(), boundary
+    px, py = _maths.pruned_logprobs(_xp, logits, symbols, ranges, termination_symbol, rnnt_type)
+    return px, py, boundary
 
 
 def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.Tensor,
@@ -439,11 +380,6 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     return _reduce(losses, reduction)
 
 
-def _lower_bound_reversed(x):
-    """``x[i] = min(x[i:])`` along the last axis: the largest non-decreasing lower bound."""
-    return torch.flip(torch.cummin(torch.flip(x, (-1,)), dim=-1).values, (-1,))
-
-
 def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary: torch.Tensor,
                           s_range: int) -> torch.Tensor:
     """Per frame, the ``s_range`` consecutive symbol positions to keep (k2's algorithm).
@@ -490,24 +426,8 @@ def get_rnnt_prune_ranges(px_grad: torch.Tensor, py_grad: torch.Tensor, boundary
     if host_b is not None:
         _k.check_boundary_values(fn, host_b, s, t, "regular" if regular else "modified")
     s_range = _k.prune_s_range(fn, int(s_range), s, regular, host_b)
-    boundary = boundary.to(torch.int64)
-    s1 = s + 1
-    n_win = s1 - s_range + 1
-    blk = py_grad[:, 0:n_win, :]
-    for k in range(1, s_range):
-        blk = blk + py_grad[:, k:k + n_win, :]
-    px_pad = torch.cat([px_grad.new_zeros((b, 1, px_grad.shape[2])), px_grad], dim=1)
-    final = blk - px_pad[:, :n_win, :t]
-    s_begin = torch.argmax(final, dim=1)  # (B, T), first maximum
-    frames = torch.arange(t, device=px_grad.device)[None, :]
-    mask = frames < (boundary[:, 3:4] - 1)
-    pad = torch.clamp(boundary[:, 2:3] - s_range + 1, min=0)
-    s_begin = torch.where(mask, s_begin, pad)
-    step = (s_range if regular else 2) - 1
-    s_begin = _lower_bound_reversed(s_begin)
-    shifted = torch.clamp(_lower_bound_reversed(step * frames - s_begin), min=0)
-    s_begin = step * frames - shifted
-    return s_begin[:, :, None] + torch.arange(s_range, device=px_grad.device)
+    return _maths.prune_ranges(_xp, px_grad, py_grad, boundary.to(torch.int64), s_range,
+                               regular)
 
 
 def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
@@ -536,9 +456,4 @@ def do_rnnt_pruning(am: torch.Tensor, lm: torch.Tensor, ranges: torch.Tensor
     _k.check_pruning_static(fn, am.shape, lm.shape, ranges.shape, ranges.dtype)
     if is_concrete(ranges):
         _k.check_ranges_values(fn, to_numpy(ranges), int(lm.shape[1]) - 1)
-    b, t, r = ranges.shape
-    d = lm.shape[2]
-    am_pruned = am[:, :, None, :].expand(b, t, r, am.shape[2])
-    idx = ranges.to(torch.int64).reshape(b, t * r, 1).expand(b, t * r, d)
-    lm_pruned = torch.gather(lm, 1, idx).reshape(b, t, r, d)
-    return am_pruned, lm_pruned
+    return _maths.do_pruning(_xp, am, lm, ranges)

@@ -774,7 +774,8 @@ def ctc_gather_worthwhile(t_max: int, n: int, n_cls: int, s: int) -> bool:
 
 
 def ctc_gather_plan(targets: np.ndarray, target_lengths: np.ndarray, n_cls: int, blank: int):
-    """Host version: ``(columns (N, S+1), column_targets (N, S))`` int64.
+    """Host version (numpy) of :func:`duoloss._xp.ctc.gather_plan`:
+    ``(columns (N, S+1), column_targets (N, S))`` int64.
 
     ``columns[b]`` lists the classes to gather (blank first, then the target's
     labels in order; padding reads the blank); ``column_targets[b, i]`` is the
@@ -782,13 +783,7 @@ def ctc_gather_plan(targets: np.ndarray, target_lengths: np.ndarray, n_cls: int,
     that is out of range or the blank (the kernel then returns NaN for that
     sequence, as it would on the full tensor).
     """
-    n, s = targets.shape
-    valid = np.arange(s)[None, :] < target_lengths[:, None]
-    labels = np.where(valid, targets, blank)
-    bad = valid & ((labels < 0) | (labels >= n_cls) | (labels == blank))
-    same = (labels[:, :, None] == labels[:, None, :]) & valid[:, None, :]
-    first = np.argmax(same, axis=2) if s else np.zeros((n, 0), np.int64)
-    column_targets = np.where(bad, -1, first + 1).astype(np.int64)
-    columns = np.concatenate([np.full((n, 1), blank, np.int64),
-                              np.clip(labels, 0, n_cls - 1).astype(np.int64)], axis=1)
-    return columns, column_targets
+    from duoloss._xp import NumpyOps, ctc  # one copy of the plan for every frontend
+
+    return ctc.gather_plan(NumpyOps, np.asarray(targets).astype(np.int64, copy=False),
+                           np.asarray(target_lengths), n_cls, blank)
