@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from duoloss._xp import ctc as _xp_ctc
+from duoloss._xp import TorchOps
+
 from .._weights import reduction_weights
 from . import _ops
 
 __all__ = ["ctc_device", "reduce_batch", "reduce_weighted", "rnnt_device_tail"]
 
 _HALF = (torch.float16, torch.bfloat16)
+_XP = TorchOps()  # duoloss._xp's array vocabulary for torch
 
 
 def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
@@ -45,15 +49,15 @@ def ctc_device(lp: torch.Tensor, targets, input_lengths, target_lengths, blank: 
     tg = torch.as_tensor(targets).to(device=dev, dtype=torch.int64)
     il = torch.as_tensor(input_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
     tl = torch.as_tensor(target_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
-    t_max, n, n_cls = lp.shape
-    s = tg.shape[1]
-    in_len = torch.arange(s, device=dev)[None, :] < tl[:, None]
-    labels = torch.where(in_len, tg, blank)
-    bad = (in_len & ((labels < 0) | (labels >= n_cls) | (labels == blank))).any(dim=1)
-    columns = torch.cat([torch.full((n, 1), blank, dtype=torch.int64, device=dev),
-                         labels.clamp(0, n_cls - 1)], dim=1)
-    gathered = lp.gather(2, columns.unsqueeze(0).expand(t_max, n, s + 1))
-    losses = _ops.ctc(gathered, labels, torch.where(bad, -1, il), tl, bool(zero_infinity))
+    # the host path's gather plan (duoloss._xp.ctc): column 0 the blank, column
+    # 1 + i label i; column_targets name each label by the column of its first
+    # occurrence (equal labels, equal columns: the kernel's skip rule compares
+    # them), -1 for an invalid label (that sequence's loss is NaN)
+    columns, column_targets = _xp_ctc.gather_plan(_XP, tg, tl, lp.shape[2], blank)
+    bad = (column_targets < 0).any(dim=1)
+    gathered = _xp_ctc.gathered(_XP, lp, columns)
+    losses = _ops.ctc(gathered, column_targets, torch.where(bad, -1, il), tl,
+                      bool(zero_infinity))
     out = reduce_weighted(losses, reduction_weights(reduction, tl))
     return out if out_dtype is None else out.to(out_dtype)
 
