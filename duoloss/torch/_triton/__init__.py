@@ -105,7 +105,8 @@ def ctc_losses(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: to
     """``(N,)`` CTC losses on the gathered lattice, differentiable w.r.t. ``lp``.
 
     ``lp`` ``(T, N, S + 1)`` (column 0 the blank, column ``1 + i`` label ``i``);
-    ``targets`` ``(N, S)`` int64 (the labels, only compared for the skip rule);
+    ``targets`` ``(N, S)`` int64, only compared with each other for the skip rule
+    (labels, or the gather plan's first-occurrence columns);
     ``il``/``tl`` ``(N,)`` int64 on the same device.  Invalid rows (lengths out
     of range) get NaN.
     """
