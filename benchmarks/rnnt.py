@@ -29,9 +29,10 @@ Also printed: the bytes that duoloss moves to and from the host per call
 
 ``--joiner`` times instead the full loss from a joiner, forward + backward w.r.t. the
 joiner's parameters, ``encoder_out`` and ``predictor_out`` (float32; joiner
-``Linear(H, V)(tanh(enc + pred))`` with ``H = --hidden``): ``duoloss.torch.rnnt_loss`` on
+``Linear(H, V)(tanh(enc + pred))`` with ``H = --hidden``): ``rnnt_loss`` on
 ``joiner(enc[:, :, None], pred[:, None])`` against ``rnnt_loss_from_joiner`` (chunked,
-recomputing backward).  Each implementation runs in a fresh process (``--rounds`` calls
+recomputing backward), in torch (eager autograd) and JAX (``jit(value_and_grad)``, the
+compiling call untimed; ``--joiner-frameworks`` picks).  Each implementation runs in a fresh process (``--rounds`` calls
 after one warm-up call on a tiny input) so that its peak resident set size
 (``ru_maxrss``) is its own; default size ``16,500,100,500``.
 
@@ -213,12 +214,63 @@ def bench(n, t, u, v, rounds, skip, label="", notes=None):
 
 
 JOINER_SIZES = [(16, 500, 100, 500)]
-JOINER_IMPLS = ("rnnt_loss(joiner(enc, pred))", "rnnt_loss_from_joiner")
+JOINER_IMPLS = ("torch rnnt_loss(joiner(enc, pred))", "torch rnnt_loss_from_joiner",
+                "jax rnnt_loss(joiner(enc, pred))", "jax rnnt_loss_from_joiner")
+
+
+def _rss_now():
+    with open("/proc/self/statm") as f:  # resident pages now
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def joiner_child_jax(impl, n, t, u, v, hidden, rounds, chunk_size):
+    """The JAX pair: ``jit(value_and_grad)`` w.r.t. the joiner's parameters (closed over),
+    ``enc`` and ``pred``; the first call (compilation at this shape) is not timed."""
+    import json
+    import resource
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    import duoloss.jax as dj
+
+    rng = np.random.default_rng(1)
+    params = (jnp.asarray(0.1 * rng.standard_normal((hidden, v), dtype=np.float32)),
+              jnp.zeros(v, jnp.float32))
+    enc = jnp.asarray(rng.standard_normal((n, t, hidden), dtype=np.float32))
+    pred = jnp.asarray(rng.standard_normal((n, u + 1, hidden), dtype=np.float32))
+    tg = rng.integers(1, v, (n, u))
+    il = np.full(n, t)
+    il[::2] = max(1, t - t // 5)
+    tl = np.full(n, u)
+    tl[1::2] = max(0, u - u // 4)
+
+    def loss(p, e, q):
+        def joiner(a, c):
+            return jnp.tanh(a + c) @ p[0] + p[1]
+        if impl == 2:
+            return dj.rnnt_loss(joiner(e[:, :, None], q[:, None]), tg, il, tl, blank=0)
+        return dj.rnnt_loss_from_joiner(joiner, e, q, tg, il, tl, blank=0, chunk_size=chunk_size)
+
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    before = _rss_now()
+    jax.block_until_ready(f(params, enc, pred))  # compile (not timed)
+    seconds, out = [], None
+    for _ in range(rounds):
+        start = time.perf_counter()
+        out = jax.block_until_ready(f(params, enc, pred))
+        seconds.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": seconds, "loss": float(out[0]), "peak_bytes": peak,
+                      "before_bytes": before}))
 
 
 def joiner_child(impl, n, t, u, v, hidden, rounds, chunk_size):
     """One implementation in this (fresh) process: prints a JSON line with per-call
     seconds, the loss and the peak RSS."""
+    if impl >= 2:
+        return joiner_child_jax(impl, n, t, u, v, hidden, rounds, chunk_size)
     import json
     import resource
     import time
@@ -255,8 +307,7 @@ def joiner_child(impl, n, t, u, v, hidden, rounds, chunk_size):
 
     call(*inputs(2, 6, 3))  # compile (not timed)
     args = inputs(n, t, u)
-    with open("/proc/self/statm") as f:  # resident pages before the first call
-        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    before = _rss_now()  # before the first call
     seconds, loss = [], None
     for _ in range(rounds):
         for x in (args[0], args[1], *head.parameters()):
@@ -279,6 +330,8 @@ def joiner_main(a):
     for i, size in enumerate(sizes):
         runs = {}
         for k, name in enumerate(JOINER_IMPLS):
+            if name.split()[0] not in a.joiner_frameworks:
+                continue
             H.progress(f"{H.size_label(i, len(sizes))}{name}: fresh process, {a.rounds} calls")
             cmd = [sys.executable, "-m", "benchmarks.rnnt", "--joiner-child", str(k),
                    ",".join(map(str, size)), str(a.hidden), str(a.rounds), str(a.chunk_size)]
@@ -289,30 +342,36 @@ def joiner_main(a):
                 raise SystemExit(f"rnnt --joiner child failed:\n{proc.stderr[-3000:]}")
             runs[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         H.progress_done()
-        base, ours = (runs[x] for x in JOINER_IMPLS)
-        per = [b / c for b, c in zip(ours["seconds"], base["seconds"])]
-        ratio = {"num": JOINER_IMPLS[1], "den": JOINER_IMPLS[0],
-                 "median": statistics.median(per), "q25": min(per), "q75": max(per),
-                 "min": min(per), "max": max(per), "rounds": per}
+        own = {name: r["peak_bytes"] - r["before_bytes"] for name, r in runs.items()}
+        ratios, extra = [], {"hidden": a.hidden, "chunk_size": a.chunk_size,
+                             "rss_before_call_bytes": {k: r["before_bytes"]
+                                                       for k, r in runs.items()}}
+        for whole, chunked in ((JOINER_IMPLS[0], JOINER_IMPLS[1]),
+                               (JOINER_IMPLS[2], JOINER_IMPLS[3])):
+            if whole not in runs:
+                continue
+            base, ours = runs[whole], runs[chunked]
+            per = [b / c for b, c in zip(ours["seconds"], base["seconds"])]
+            ratios.append({"num": chunked, "den": whole, "median": statistics.median(per),
+                           "q25": min(per), "q75": max(per), "min": min(per), "max": max(per),
+                           "rounds": per})
+            extra[f"peak_rss_ratio {whole.split()[0]}"] = base["peak_bytes"] / ours["peak_bytes"]
+            extra[f"own_peak_ratio {whole.split()[0]}"] = own[whole] / max(own[chunked], 1)
+            for name, r in ((whole, base), (chunked, ours)):
+                rows.append([H.format_size(size), name,
+                             H.fmt_ms(1e3 * statistics.median(r["seconds"])),
+                             f"{r['peak_bytes'] / 2**20:.0f}", f"{own[name] / 2**20:.0f}",
+                             f"{r['loss']:.6g}"])
+            rows.append([H.format_size(size), f"{whole.split()[0]}: from_joiner / whole",
+                         f"{ratios[-1]['median']:.2f}x",
+                         f"1/{base['peak_bytes'] / ours['peak_bytes']:.2f}",
+                         f"1/{own[whole] / max(own[chunked], 1):.2f}", ""])
         impls = {name: {"median_ms": 1e3 * statistics.median(r["seconds"]),
                         "rounds_ms": [1e3 * x for x in r["seconds"]],
                         "peak_rss_bytes": r["peak_bytes"], "loss": r["loss"]}
                  for name, r in runs.items()}
-        results.append({"size": list(size), "case": "joiner", "impls": impls, "ratios": [ratio],
-                        "extra": {"hidden": a.hidden, "chunk_size": a.chunk_size,
-                                  "memory_ratio": base["peak_bytes"] / ours["peak_bytes"],
-                                  "rss_before_call_bytes": {k: r["before_bytes"]
-                                                            for k, r in runs.items()}}})
-        own = {name: r["peak_bytes"] - r["before_bytes"] for name, r in runs.items()}
-        for name, r in runs.items():
-            rows.append([H.format_size(size), name,
-                         H.fmt_ms(1e3 * statistics.median(r["seconds"])),
-                         f"{r['peak_bytes'] / 2**20:.0f}", f"{own[name] / 2**20:.0f}",
-                         f"{r['loss']:.6g}"])
-        rows.append([H.format_size(size), "ratio (whole / from_joiner)",
-                     f"{1 / ratio['median']:.2f}x",
-                     f"{base['peak_bytes'] / ours['peak_bytes']:.2f}x",
-                     f"{own[JOINER_IMPLS[0]] / max(own[JOINER_IMPLS[1]], 1):.2f}x", ""])
+        results.append({"size": list(size), "case": "joiner", "impls": impls, "ratios": ratios,
+                        "extra": extra})
     text = (f"RNN-T from a joiner Linear({a.hidden}, V)(tanh(enc + pred)), float32, fwd+bwd "
             f"w.r.t. joiner parameters, enc, pred; median ms over {a.rounds} calls in one fresh "
             f"process per implementation; peak RSS of that process, and the calls' own peak "
@@ -341,6 +400,8 @@ def main(argv=None):
                     help="time rnnt_loss_from_joiner against rnnt_loss on the whole joiner "
                          "output instead (peak memory per implementation in a fresh process)")
     ap.add_argument("--hidden", type=int, default=64, help="--joiner: the joiner's width H")
+    ap.add_argument("--joiner-frameworks", default="torch,jax",
+                    help="--joiner: which frontends to time (default torch,jax)")
     ap.add_argument("--chunk-size", type=int, default=None,
                     help="--joiner: rnnt_loss_from_joiner's chunk_size (default: its own)")
     a = H.finish_args(ap.parse_args(argv), "rnnt")
