@@ -161,8 +161,8 @@ def ctc_graph(targets: Sequence[int] | Sequence[Sequence[int]], blank: int = 0,
       weights are 0 and ``olabel == ilabel``.
 
     Raises:
-      TypeError/ValueError: non-integer targets, negative ids, ``blank`` inside a
-        target.
+      TypeError/ValueError: non-integer (or bool) targets, negative ids, ``blank``
+        inside a target, a target needing more than ``2**28`` arcs.
 
     Examples:
         >>> from duoloss.graphs import ctc_graph
@@ -225,6 +225,10 @@ def ctc_topo(num_classes: int, blank: int = 0, modified: bool = False) -> Graph:
 
     Returns:
       A ``Graph`` (weights 0).
+
+    Raises:
+      TypeError/ValueError: a non-integer (or bool) ``num_classes`` / ``blank``, or a
+        topology of more than ``2**28`` arcs (``C > 16384`` standard).
 
     Examples:
         >>> from duoloss.graphs import ctc_topo

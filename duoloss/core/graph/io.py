@@ -68,7 +68,10 @@ def from_text(text: str, num_nodes: Optional[int] = None, *, calc_grad: bool = T
       calc_grad: of the new graph.
 
     Raises:
-      ValueError: malformed text (names the line), ids out of range.
+      ValueError: malformed text (names the line), node ids outside ``[0, 2**28)``
+        (names the line) or labels outside ``[-1, 2**63 - 1]``, ``num_nodes``
+        below ``1 + max id`` or above ``2**28``.
+      TypeError: ``num_nodes`` is not an int.
     """
     if not isinstance(text, str):
         raise TypeError(f"loadtxt: text must be str, got {type(text).__name__}")
