@@ -155,6 +155,8 @@ def test_loadtxt_num_nodes_and_binary_header_are_bounded():
     (lambda: dt.ASGLoss(3, learn_start="no"), TypeError, "ASGLoss: argument 'learn_start' must be a bool"),
     (lambda: dt.GraphLoss(normalize=1), TypeError, "GraphLoss: argument 'normalize' must be a bool"),
     (lambda: dt.GraphLoss(zero_infinity=None), TypeError, "GraphLoss: argument 'zero_infinity' must be a bool"),
+    (lambda: dt.TDTLoss(blank=2.0, durations=[0, 1]), TypeError, "TDTLoss: argument 'blank' must be an int, got float"),
+    (lambda: dt.MultiblankRNNTLoss(blank="a", big_blank_durations=[2]), TypeError, "MultiblankRNNTLoss: argument 'blank' must be an int, got str"),
 ])
 def test_module_constructors_validate_what_calls_would(make, exc, msg):
     with pytest.raises(exc) as err:

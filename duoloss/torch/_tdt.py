@@ -13,6 +13,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
+from duoloss.core._validate import check_int_type as _check_int_type
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
                                      check_host_impl, check_multiblank_args,
                                      check_tdt_args, durations_key)
@@ -270,6 +271,7 @@ class TDTLoss(torch.nn.Module):
         from duoloss.core.losses.tdt import check_tdt_durations
         check_duration_options("TDTLoss", reduction, clamp, fastemit_lambda, sigma, omega)
         self.impl = check_host_impl("TDTLoss", impl)
+        _check_int_type("TDTLoss", "blank", blank)  # its range needs the logits' V
         self.blank = blank
         self.durations = list(check_tdt_durations("TDTLoss", durations))
         self.reduction = reduction
@@ -321,6 +323,7 @@ class MultiblankRNNTLoss(torch.nn.Module):
         from duoloss.core.losses.tdt import check_big_blank_durations
         check_duration_options("MultiblankRNNTLoss", reduction, clamp, fastemit_lambda, sigma)
         self.impl = check_host_impl("MultiblankRNNTLoss", impl)
+        _check_int_type("MultiblankRNNTLoss", "blank", blank)  # its range needs the logits' V
         self.blank = blank
         self.big_blank_durations = list(check_big_blank_durations("MultiblankRNNTLoss",
                                                                   big_blank_durations))
