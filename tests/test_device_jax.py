@@ -101,6 +101,19 @@ def test_ctc_device_reductions_and_zero_infinity_equal_host(reduction, zero_infi
         assert_close(gd, gh, np.float64)
 
 
+def test_ctc_large_vocabulary_gradient_equals_host():
+    """Above 512 classes the label gather's backward is a scatter-add, not a one-hot matmul."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(8)
+        lp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((5, 3, 600))), axis=-1)
+        tg = jnp.asarray([[7, 420], [599, 599], [3, 3]])   # repeats of the last class
+        il, tl = jnp.asarray([5, 4, 2]), jnp.asarray([2, 2, 1])
+        (_, lh), gh = _CTC_VG(lp, tg, il, tl, impl="host")
+        (_, ld), gd = _CTC_VG(lp, tg, il, tl, impl="device")
+        assert_close(ld, lh, np.float64, 10.0)
+        assert_close(gd, gh, np.float64)
+
+
 def test_ctc_single_alignment_closed_form():
     """T == S and no repeats: one alignment, loss = -sum of its log-probs, gradient -onehot."""
     with jax.enable_x64(True):

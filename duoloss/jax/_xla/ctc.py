@@ -66,12 +66,49 @@ def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
     ext = jnp.concatenate([ext, jnp.full((n, 1), blank, jnp.int32)], axis=1)   # (N, S')
     skip = jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
     skip = skip & (jnp.arange(2 * s_max + 1) % 2 == 1)[None]
-    lp = jnp.take_along_axis(lp_all, jnp.broadcast_to(ext[None], (t_max, n, 2 * s_max + 1)),
-                             axis=2)
+    # the extended lattice: blank column (a slice: its transpose is cheap) interleaved with
+    # the label columns (a gather whose transpose is _take_labels' own backward)
+    lp_blank = jnp.broadcast_to(lp_all[:, :, blank][:, :, None], (t_max, n, s_max + 1))
+    lp_lab = _take_labels(lp_all, labels)
+    lp = jnp.stack([lp_blank[:, :, :s_max], lp_lab], axis=3).reshape(t_max, n, 2 * s_max)
+    lp = jnp.concatenate([lp, lp_blank[:, :, s_max:]], axis=2)                  # (T, N, S')
     il_c = jnp.where(valid, il, 0)
     tl_c = jnp.where(valid, tl, 0)
     losses = _ctc_core(lp, skip, il_c, tl_c, valid, bool(zero_infinity))
     return losses.astype(dtype)
+
+
+#: Up to this many classes the label gather's backward is a one-hot contraction (a
+#: matmul: ``C`` multiply-adds per entry, fast everywhere); above, a scatter-add.
+_ONE_HOT_MAX_CLASSES = 512
+
+
+@jax.custom_vjp
+def _take_labels(x, labels):
+    """``x[t, n, labels[n, s]]``: ``(T, N, C), (N, S) -> (T, N, S)`` (labels in ``[0, C)``)."""
+    return jnp.take_along_axis(x, jnp.broadcast_to(labels[None], (x.shape[0],) + labels.shape),
+                               axis=2)
+
+
+def _take_labels_fwd(x, labels):
+    return _take_labels(x, labels), (labels, jnp.zeros((0, x.shape[2]), x.dtype))
+
+
+def _take_labels_bwd(res, g):
+    labels, tag = res                       # tag: x's dtype and class count, no data
+    n_cls = tag.shape[1]
+    if n_cls <= _ONE_HOT_MAX_CLASSES:
+        onehot = jax.nn.one_hot(labels, n_cls, dtype=g.dtype)                  # (N, S, C)
+        dx = jnp.einsum("tns,nsc->tnc", g, onehot, precision=jax.lax.Precision.HIGHEST)
+    else:
+        t_max, n = g.shape[:2]
+        dx = jnp.zeros((t_max, n, n_cls), g.dtype).at[
+            jnp.arange(t_max)[:, None, None], jnp.arange(n)[None, :, None],
+            labels[None]].add(g)
+    return dx.astype(tag.dtype), None
+
+
+_take_labels.defvjp(_take_labels_fwd, _take_labels_bwd)
 
 
 def _alpha(lp, skip, il, live):
