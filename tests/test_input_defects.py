@@ -188,6 +188,11 @@ def test_batch_first_log_probs_get_a_layout_hint():
     with pytest.raises(ValueError, match=r"^asg_loss: argument 'targets' .*emissions of shape "
                                          r"\(4, 20, 6\) looks batch-first"):
         dt.asg_loss(lp, torch.zeros(C, C), tg, il, tl)
+    from duoloss.graphs import ctc_graph
+    graphs = [ctc_graph([1, 2])] * N
+    with pytest.raises(ValueError, match=r"^graph_loss: argument 'input_lengths' .*emissions of "
+                                         r"shape \(4, 20, 6\) looks batch-first"):
+        dt.graph_loss(lp, graphs, il)
     # no hint where the first axis is not the batch size: a plain mismatch
     with pytest.raises(ValueError) as err:
         dt.ctc_loss(torch.randn(T, N, C).log_softmax(-1), tg[:3], il, tl)

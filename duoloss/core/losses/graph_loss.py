@@ -746,7 +746,9 @@ def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_i
     v.check_dtype(fn, "input_lengths", input_lengths.dtype, v.INT_DTYPES, "an integer")
     if int(input_lengths.shape[0]) != n:
         raise ValueError(f"{fn}: argument 'input_lengths' must be an (N,)-array with N = {n}, "
-                         f"got shape {v.shape_str(input_lengths.shape)}")
+                         f"got shape {v.shape_str(input_lengths.shape)}"
+                         + v.batch_first_hint(emissions.shape, input_lengths.shape[0],
+                                              "emissions"))
     n_w = 0
     if weights is not None:
         v.check_ndim(fn, "weights", weights.shape, (1,), "a (K,)-array of arc weights")
@@ -772,7 +774,8 @@ def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_i
                              f"got None")
         if isinstance(graphs, (list, tuple)) and len(graphs) != n:
             raise ValueError(f"{fn}: argument 'graphs' must hold N = {n} graphs (one per "
-                             f"sequence of emissions), got {len(graphs)}")
+                             f"sequence of emissions), got {len(graphs)}"
+                             + v.batch_first_hint(emissions.shape, len(graphs), "emissions"))
         try:
             packed = pack_graphs(graphs, arc_weight_index)
         except (TypeError, ValueError) as err:  # re-raise under this function's name
