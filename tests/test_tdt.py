@@ -542,3 +542,21 @@ def test_durations_order_and_itertools_agree():
         permuted = np.concatenate([logits[..., :4], logits[..., 4:][..., p]], axis=-1)
         out, _ = _torch(permuted, targets, il, tl, 3, tuple((0, 1, 3)[i] for i in p))
         np.testing.assert_allclose(out, base, rtol=1e-13)
+
+
+def test_parallel_batch_equals_one_sequence_at_a_time():
+    """A batch big enough for the parallel kernel (>= 20,000 lattice cells) gives
+    each sequence the bits of its own serial call."""
+    logits, targets, il, tl = _case(22, n=4, t=60, u=89, v=4, durations=(0, 1, 2),
+                                    il=[60, 41, 60, 7], tl=[30, 89, 0, 5], dtype=np.float32)
+    assert logits.shape[0] * logits.shape[1] * logits.shape[2] >= core_tdt._PARALLEL_MIN_CELLS
+    for omega in (0.0, 0.5):
+        loss, g = core_tdt.tdt_loss_and_grad(logits, targets, il, tl, blank=3,
+                                             durations=(0, 1, 2), sigma=0.05, omega=omega)
+        for b in range(4):
+            lb, gb = core_tdt.tdt_loss_and_grad(logits[b:b + 1], targets[b:b + 1], il[b:b + 1],
+                                                tl[b:b + 1], blank=3, durations=(0, 1, 2),
+                                                sigma=0.05, omega=omega)
+            np.testing.assert_array_equal(loss[b:b + 1], lb)
+            np.testing.assert_array_equal(g[b:b + 1], gb)
+    assert np.isfinite(loss).all() and g.any()
