@@ -112,23 +112,31 @@ def test_reduction_weights_numpy_and_tensor_agree_with_the_formula():
     assert _weights.reduction_weights("none", tl) is None
 
 
-def test_weigh_host_against_explicit_sums():
+def test_core_weighting_against_explicit_sums():
+    """The reduction every path runs (duoloss.core._reduce, which replaced _weights.weigh_host)."""
+    from duoloss.core._reduce import run_weighted, sum_weighted
+
     rng = np.random.default_rng(0)
     n = 4
     w = rng.uniform(0.1, 2.0, n)
     losses = rng.normal(size=n).astype(np.float32)
     batched = rng.normal(size=(5, n, 3)).astype(np.float32)  # batch axis 1
     shared = rng.normal(size=(n, 3, 3)).astype(np.float32)   # (N, *shape)
-    total, (gb, gs, none) = _weights.weigh_host(losses, (batched.copy(), shared.copy(), None),
-                                                w, (1, None, 0))
+    axes = (1, None, 0)
+
+    def run(arrays, want, grad_weights=None):
+        return losses.copy(), (batched.copy(), shared.copy(), None)
+
+    weighted = run_weighted(run, False, axes, (), (True,) * 3, w, {})
+    total, (gb, gs, none) = sum_weighted(*weighted, w, axes)
     assert none is None and total.dtype == np.float32 and total.shape == ()
     np.testing.assert_allclose(total, sum(w[b] * float(losses[b]) for b in range(n)), rtol=1e-6)
     for b in range(n):
         np.testing.assert_allclose(gb[:, b], w[b] * batched[:, b], rtol=1e-6)
     np.testing.assert_allclose(gs, sum(w[b] * shared[b] for b in range(n)), rtol=1e-5)
-    # prescaled: the kernel already weighted; shared gradients are only summed
-    _, (pb, ps, _) = _weights.weigh_host(losses, (batched.copy(), shared.copy(), None), w,
-                                         (1, None, 0), prescaled=True)
+    # a weighted kernel (grad_weights): its gradients are final; shared ones are only summed
+    _, (pb, ps, _) = sum_weighted(*run_weighted(run, True, axes, (), (True,) * 3, w, {}),
+                                  w, axes)
     np.testing.assert_array_equal(pb, batched)
     np.testing.assert_allclose(ps, shared.sum(axis=0), rtol=1e-6)
 
