@@ -30,6 +30,7 @@ import math
 from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["REDUCTIONS", "flush_subnormals", "reduce_losses", "reduction_weights",
            "run_reduced", "run_weighted", "sum_weighted", "weighted_sum"]
@@ -38,7 +39,7 @@ __all__ = ["REDUCTIONS", "flush_subnormals", "reduce_losses", "reduction_weights
 REDUCTIONS = ("none", "sum", "mean")
 
 
-def reduction_weights(reduction: str, n: int, lengths=None, *,
+def reduction_weights(reduction: str, n: int, lengths: npt.ArrayLike | None = None, *,
                       k2_mean: bool = False) -> Optional[np.ndarray]:
     """Per-sequence weights ``w`` ``(n,)`` float64 of a batch reduction (None for ``'none'``).
 
@@ -103,7 +104,7 @@ def weighted_sum(losses: np.ndarray, weights: np.ndarray, *, k2_mean: bool = Fal
     return np.array(total, dtype)
 
 
-def reduce_losses(losses: np.ndarray, reduction: str, lengths=None, *,
+def reduce_losses(losses: np.ndarray, reduction: str, lengths: npt.ArrayLike | None = None, *,
                   k2_mean: bool = False) -> np.ndarray:
     """The reduced loss of per-sequence ``losses`` ``(N,)``: the one reduction of every frontend.
 
@@ -184,8 +185,9 @@ def sum_weighted(losses: np.ndarray, grads, weights: np.ndarray,
     return weighted_sum(losses, weights, k2_mean=k2_mean), tuple(out)
 
 
-def run_reduced(run: Callable, weighted: bool, batch_axes: Sequence[Optional[int]], arrays,
-                want, weights: Optional[np.ndarray], static: dict, *, k2_mean: bool = False
+def run_reduced(run: Callable, weighted: bool, batch_axes: Sequence[Optional[int]],
+                arrays: Sequence[np.ndarray], want: Sequence[bool], weights: Optional[np.ndarray],
+                static: dict, *, k2_mean: bool = False
                 ) -> Tuple[np.ndarray, Tuple[Optional[np.ndarray], ...]]:
     """One core call of a loss, reduced: every frontend's forward.
 

@@ -64,12 +64,13 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
 from .asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
 from .ctc import ctc_states
 from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
-from .graph_loss import _frames_forward, _load_graph
+from .graph_loss import PackedGraphs, _frames_forward, _load_graph
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import run_batch, sequence_ok
 
@@ -264,8 +265,9 @@ def _int_buffers(targets, input_lengths, target_lengths, n):
 CTC_CHECKPOINT_CELLS = 1 << 25
 
 
-def ctc_align(log_probs, targets, input_lengths, target_lengths, *, blank=0,
-              _checkpoint_cells=None):
+def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: npt.ArrayLike,
+              target_lengths: npt.ArrayLike, *, blank: int = 0, _checkpoint_cells: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """Viterbi CTC forced alignment of a batch.
 
     Args:
@@ -453,8 +455,10 @@ def _asg_params(em, transitions, start_transitions):
 ASG_CHECKPOINT_CELLS = 1 << 25
 
 
-def asg_align(emissions, transitions, targets, input_lengths, target_lengths, *,
-              start_transitions=None, _checkpoint_cells=None):
+def asg_align(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt.ArrayLike,
+              input_lengths: npt.ArrayLike, target_lengths: npt.ArrayLike, *,
+              start_transitions: npt.ArrayLike | None = None, _checkpoint_cells: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """Viterbi ASG forced alignment of a batch.
 
     Args:
@@ -532,7 +536,8 @@ def _asg_viterbi_parallel(order, em, trans, start, has_trans, in_len, labels, sc
         _asg_viterbi_one(order[i], em, trans, start, has_trans, in_len, labels, scores)
 
 
-def asg_viterbi(emissions, transitions, input_lengths, *, start_transitions=None):
+def asg_viterbi(emissions: npt.ArrayLike, transitions: npt.ArrayLike, input_lengths: npt.ArrayLike,
+                *, start_transitions: npt.ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Best unconstrained ASG labelling (Viterbi decoding) of a batch.
 
     Args:
@@ -624,7 +629,8 @@ def _graph_align_parallel(order, em, theta, in_len, node_off, arc_off, src, dst,
                          start, accept, widx, labels, arcs, scores)
 
 
-def graph_align(emissions, packed, input_lengths, *, weights=None):
+def graph_align(emissions: npt.ArrayLike, packed: PackedGraphs, input_lengths: npt.ArrayLike, *,
+                weights: npt.ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Viterbi alignment of each sequence to its target graph.
 
     Args:

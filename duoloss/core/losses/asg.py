@@ -81,6 +81,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 # NB: the kernels inline these; numba's on-disk cache is keyed on this file's
 # mtime only, so touch it after editing _numerics.py.
@@ -934,9 +935,12 @@ def _asg_batch_serial(em, trans, start, targets, in_len, tg_len, has_trans, want
                  has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st)
 
 
-def asg_loss_and_grad(emissions, transitions, targets, input_lengths, target_lengths, *,
-                      start_transitions=None, want_grad=(True, True, True),
-                      zero_infinity=False):
+def asg_loss_and_grad(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt.ArrayLike,
+                      input_lengths: npt.ArrayLike, target_lengths: npt.ArrayLike, *,
+                      start_transitions: npt.ArrayLike | None = None,
+                      want_grad: bool | tuple[bool, bool, bool] = (True, True, True),
+                      zero_infinity: bool = False
+                      ) -> tuple[np.ndarray, tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
     """Per-sequence ASG losses and their gradients (see the module docstring).
 
     Args:

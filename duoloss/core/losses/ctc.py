@@ -69,6 +69,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
@@ -570,8 +571,11 @@ def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndar
 _NO_SCALE = np.zeros(0)
 
 
-def ctc_loss_and_grad(log_probs, targets, input_lengths, target_lengths, *, blank=0,
-                      want_grad=True, zero_infinity=False, grad_weights=None):
+def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
+                      input_lengths: npt.ArrayLike, target_lengths: npt.ArrayLike, *,
+                      blank: int = 0, want_grad: bool = True, zero_infinity: bool = False,
+                      grad_weights: npt.ArrayLike | None = None
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-sequence CTC losses and their gradient w.r.t. ``log_probs``.
 
     Args:

@@ -79,6 +79,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from typing import Any, NamedTuple, Sequence
 
@@ -861,8 +862,11 @@ def _has_eps_cycle(v_n, src, dst, lab):
                       np.ascontiguousarray(lab, np.int64), perm) < 0
 
 
-def graph_loss_and_grad(emissions, packed, input_lengths, *, weights=None, normalize=False,
-                        want_grad=(True, True), zero_infinity=False):
+def graph_loss_and_grad(emissions: npt.ArrayLike, packed: PackedGraphs,
+                        input_lengths: npt.ArrayLike, *, weights: npt.ArrayLike | None = None,
+                        normalize: bool = False, want_grad: bool | tuple[bool, bool] = (True, True),
+                        zero_infinity: bool = False
+                        ) -> tuple[np.ndarray, tuple[np.ndarray | None, np.ndarray | None]]:
     """Per-sequence graph losses and gradients (see the module docstring).
 
     Args:

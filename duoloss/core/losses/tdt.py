@@ -64,6 +64,8 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
+from typing import Sequence
 from numba import prange
 
 from .._numerics import NEG_INF as _NEG_INF
@@ -352,9 +354,12 @@ def _parse(key):
     return tuple(int(d) for d in key[1:].split("_")) if len(key) > 1 else ()
 
 
-def tdt_loss_and_grad(logits, targets, logit_lengths, target_lengths, *, blank, durations,
-                      sigma=0.0, fastemit_lambda=0.0, clamp=-1.0, omega=0.0, want_grad=True,
-                      grad_weights=None):
+def tdt_loss_and_grad(logits: npt.ArrayLike, targets: npt.ArrayLike, logit_lengths: npt.ArrayLike,
+                      target_lengths: npt.ArrayLike, *, blank: int, durations: Sequence[int],
+                      sigma: float = 0.0, fastemit_lambda: float = 0.0, clamp: float = -1.0,
+                      omega: float = 0.0, want_grad: bool = True,
+                      grad_weights: npt.ArrayLike | None = None
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-sequence TDT losses and their gradients w.r.t. ``logits`` (NeMo's semantics).
 
     Args:
@@ -406,9 +411,12 @@ def tdt_loss_and_grad(logits, targets, logit_lengths, target_lengths, *, blank, 
     return losses.astype(dtype), (g.astype(dtype, copy=False) if want_grad else None)
 
 
-def multiblank_loss_and_grad(logits, targets, logit_lengths, target_lengths, *, blank,
-                             big_blank_durations, sigma=0.0, fastemit_lambda=0.0, clamp=-1.0,
-                             want_grad=True, grad_weights=None):
+def multiblank_loss_and_grad(logits: npt.ArrayLike, targets: npt.ArrayLike,
+                             logit_lengths: npt.ArrayLike, target_lengths: npt.ArrayLike, *,
+                             blank: int, big_blank_durations: Sequence[int], sigma: float = 0.0,
+                             fastemit_lambda: float = 0.0, clamp: float = -1.0,
+                             want_grad: bool = True, grad_weights: npt.ArrayLike | None = None
+                             ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-sequence multi-blank RNN-T losses and gradients w.r.t. ``logits``
     ``(N, T, U + 1, V)`` (NeMo's semantics; big blank ``i`` at ``blank - 1 - i``;
     ``grad_weights`` as in [`tdt_loss_and_grad`][duoloss.core.tdt_loss_and_grad]).

@@ -98,6 +98,7 @@ import math
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 # NB: the kernels inline fast_exp; numba's on-disk cache is keyed on this
 # file's mtime only, so touch it after editing _numerics.py.
@@ -520,8 +521,11 @@ def _prepare(fn, px, py, boundary, rnnt_type):
             np.ascontiguousarray(bd), modified)
 
 
-def transducer_loss_and_grad(px, py, boundary=None, *, rnnt_type="regular",
-                             want_grad=(True, True), _log_space=False):
+def transducer_loss_and_grad(px: npt.ArrayLike, py: npt.ArrayLike,
+                             boundary: npt.ArrayLike | None = None, *, rnnt_type: str = "regular",
+                             want_grad: bool | tuple[bool, bool] = (True, True),
+                             _log_space: bool = False
+                             ) -> tuple[np.ndarray, tuple[np.ndarray | None, np.ndarray | None]]:
     """Per-sequence transducer losses ``-p[s_end, t_end]`` and their gradients.
 
     Args:
@@ -623,7 +627,8 @@ def _viterbi_serial(px, py, bd, modified, scores, frames):
         _viterbi_one(b, px, py, bd, modified, scores, frames)
 
 
-def transducer_viterbi(px, py, boundary=None, rnnt_type="regular"):
+def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.ArrayLike | None = None,
+                       rnnt_type: str = "regular") -> tuple[np.ndarray, np.ndarray]:
     """Best path through the transducer lattice (max instead of logaddexp).
 
     Args: as [`transducer_loss_and_grad`][duoloss.core.transducer_loss_and_grad].
