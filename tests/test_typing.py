@@ -1,7 +1,7 @@
 """The public API is fully annotated (``py.typed`` ships) and mypy accepts it as users call it.
 
 * Every public function, class ``__init__``/``forward`` of ``duoloss.torch``, ``duoloss.jax``,
-  ``duoloss.graphs``, ``duoloss.gtn`` and ``duoloss.warmup`` annotates every parameter and its
+  ``duoloss.graphs``, ``duoloss.gtn``, ``duoloss.core`` and ``duoloss.warmup`` annotates every parameter and its
   return value.
 * ``mypy --strict`` on ``tests/typecheck/public_api.py`` (each public function called as a
   user writes it, ``assert_type`` on the results): the annotations are valid, resolve, and
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["duoloss.torch", "duoloss.jax", "duoloss.graphs", "duoloss.gtn", "duoloss"]
+MODULES = ["duoloss.torch", "duoloss.jax", "duoloss.graphs", "duoloss.gtn", "duoloss.core", "duoloss"]
 
 
 def _callables():

@@ -120,3 +120,11 @@ gtn.backward(gtn.forward_score(a))
 assert_type(gtn.to_dot(a), str)
 assert_type(gtn.graph_arrays(a)[0], int)
 assert_type(duoloss.warmup(["ctc"], verbose=False), dict[str, float])
+
+# --- duoloss.core (numpy in, numpy out) ----------------------------------------------------
+import duoloss.core as dc  # noqa: E402
+
+core_losses, core_grad = dc.ctc_loss_and_grad(x.astype(np.float64), t, jl, jt)
+assert_type(core_losses, np.ndarray)
+assert_type(core_grad, np.ndarray | None)
+assert_type(dc.transducer_viterbi(np.zeros((1, 2, 4)), np.zeros((1, 3, 3))), tuple[np.ndarray, np.ndarray])
