@@ -1,9 +1,9 @@
-"""The array vocabulary of :mod:`duoloss._xp`: one small namespace per framework.
+"""The array vocabulary of `duoloss._xp`: one small namespace per framework.
 
 Each namespace is a class whose static methods are the only array operations
-the framework-free algorithms (:mod:`duoloss._xp.k2`, :mod:`duoloss._xp.ctc`)
+the framework-free algorithms (`duoloss._xp.k2`, `duoloss._xp.ctc`)
 call, with numpy's names and argument conventions (``axis=``, ``keepdims=``).
-A namespace imports its framework lazily (:func:`namespace_of` looks at the
+A namespace imports its framework lazily (`namespace_of` looks at the
 array's type), so importing this module imports neither torch nor JAX.
 
 What each operation means (``x`` an array of the namespace's framework):

@@ -3,10 +3,10 @@
 With a large vocabulary, the CTC recursion reads only the blank and each
 sequence's own labels; the frontends gather those columns of ``log_probs`` on
 the input's device and hand the kernel a ``(T, N, S+1)`` array instead of
-``(T, N, C)`` (see :mod:`duoloss.core.losses.ctc`, "the gathered crossing").
+``(T, N, C)`` (see `duoloss.core.losses.ctc`, "the gathered crossing").
 The core's host version (numpy), the torch frontend's traced version
 (``torch.compile``, ``torch.func``) and the JAX frontend all call
-:func:`gather_plan`; ``xp`` is the namespace of :mod:`duoloss._xp._backend`.
+`gather_plan`; ``xp`` is the namespace of `duoloss._xp._backend`.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 r"""k2's lattice builders and pruning, written once for every framework.
 
-Every function takes the array namespace ``xp`` (:mod:`duoloss._xp._backend`)
+Every function takes the array namespace ``xp`` (`duoloss._xp._backend`)
 first and arrays of that framework, already validated and coerced by the
 frontend (``duoloss.torch._rnnt_k2``, ``duoloss.jax._rnnt_k2``); autograd (torch)
 and tracing (JAX) flow through the operations.  Conventions are k2's: ``B``
@@ -8,15 +8,15 @@ batch, ``T`` frames, ``S`` symbols, ``C`` classes, ``boundary`` rows
 ``[s_begin, t_begin, s_end, t_end]``; ``px`` ``(B, S, T+1)`` ('regular') or
 ``(B, S, T)``, ``py`` ``(B, S+1, T)``.
 
-* :func:`simple_logprobs` — ``(px, py)`` of the additive joiner (optionally
-  k2's LM-only / AM-only smoothing), before :func:`finish_px`;
-* :func:`pruned_logprobs` — ``(px, py)`` of pruned joiner logits, before
-  :func:`finish_px`;
-* :func:`finish_px` — k2's tail: ``-inf`` at each regular sequence's ``t_end``,
+* `simple_logprobs` — ``(px, py)`` of the additive joiner (optionally
+  k2's LM-only / AM-only smoothing), before `finish_px`;
+* `pruned_logprobs` — ``(px, py)`` of pruned joiner logits, before
+  `finish_px`;
+* `finish_px` — k2's tail: ``-inf`` at each regular sequence's ``t_end``,
   constrained's forced blank, the delay penalty;
-* :func:`prune_ranges` — k2's ``get_rnnt_prune_ranges`` after its ``s_range``
+* `prune_ranges` — k2's ``get_rnnt_prune_ranges`` after its ``s_range``
   adjustment;
-* :func:`do_pruning` — k2's ``do_rnnt_pruning``.
+* `do_pruning` — k2's ``do_rnnt_pruning``.
 """
 from __future__ import annotations
 

@@ -6,14 +6,14 @@
   ``CHECK_TOL`` (relative tolerance of the per-frame "posteriors sum to one"
   check); ``OK`` / ``FALLBACK`` / ``NAN``, the status codes of one
   forward-backward pass.
-* **Log-add**: :func:`logaddexp` (the C library's ``exp``/``log1p``; ``-inf`` is
-  the identity, NaN propagates) and :func:`logaddexp_fast` (the same with
-  :func:`fast_exp`; the transducer lattice's inner loop).
-* **Fast exp**: :func:`fast_exp` / :func:`exp_core`, below; :func:`exp_poly`,
+* **Log-add**: `logaddexp` (the C library's ``exp``/``log1p``; ``-inf`` is
+  the identity, NaN propagates) and `logaddexp_fast` (the same with
+  `fast_exp`; the transducer lattice's inner loop).
+* **Fast exp**: `fast_exp` / `exp_core`, below; `exp_poly`,
   table-free and branch-free for ``x <= 0.5``, so that loops over arrays of
-  exponentials vectorise (about 1 ulp); :func:`log_poly`, its counterpart for
+  exponentials vectorise (about 1 ulp); `log_poly`, its counterpart for
   ``log`` of positive normal numbers.
-* **Batch driver**: :func:`run_batch` picks a kernel's serial or ``prange``
+* **Batch driver**: `run_batch` picks a kernel's serial or ``prange``
   variant by the batch's cell count, under the threading guard, with chunk
   size 1 (the kernels order sequences longest first, so threads balance).
 
@@ -23,14 +23,14 @@ An inlinable ``exp`` for the numba kernels (float64, about 0.5 ulp).
 Without Intel SVML, ``math.exp`` / ``np.exp`` on scalars inside a numba kernel is
 a call into the C library: ~7 ns, and much more inside the score kernels, whose
 exponentials sit on a dependency chain (node after node) interleaved with
-unpredictable branches.  :func:`fast_exp` is short, branch-free in its range and
+unpredictable branches.  `fast_exp` is short, branch-free in its range and
 inlined by LLVM:
 
 * ``x = (32 k + j) ln2/32 + r`` with ``|r| <= ln2/64`` (the shift trick rounds
   ``x * 32/ln2`` to an integer; ``ln2/32`` is split into a high part with
   trailing zeros, so ``n * _L_HI`` is exact, and a low part);
 * ``exp(x) = 2**k * 2**(j/32) * exp(r)``: ``2**(j/32)`` from a 32-entry table
-  held as a float64 plus its rounding error (computed with :mod:`decimal` at
+  held as a float64 plus its rounding error (computed with `decimal` at
   import), ``exp(r) - 1`` by its degree-6 Taylor polynomial (truncation error
   below ``4e-18``), and ``2**k`` built from its bits.
 
@@ -186,7 +186,7 @@ def exp_poly(x):
     """``exp(x)`` for ``x <= 0.5``: 0 below -708, NaN for NaN (about 1 ulp).
 
     No table and no branch (selects only), so a loop over an array of these
-    vectorises, unlike :func:`exp_core`'s table lookups: ``x = k ln2 + r`` with
+    vectorises, unlike `exp_core`'s table lookups: ``x = k ln2 + r`` with
     ``|r| <= ln2/2`` by the shift trick, ``exp(r)`` by its degree-13 Taylor
     polynomial (Horner), ``2**k`` from its bits.
     """
@@ -268,7 +268,7 @@ def logaddexp(a, b):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def logaddexp_fast(a, b):
-    """``log(exp(a) + exp(b))`` with :func:`fast_exp`; ``-inf`` is the identity, NaN propagates."""
+    """``log(exp(a) + exp(b))`` with `fast_exp`; ``-inf`` is the identity, NaN propagates."""
     if a < b:
         a, b = b, a
     if b == NEG_INF:
@@ -303,7 +303,7 @@ def run_batch(serial, parallel, n, cells, min_cells, args):
     ``n`` is the number of sequences and ``cells`` the batch's total work
     (trellis or lattice cells); one sequence, or fewer than ``min_cells`` cells,
     run serially (the thread launch costs more than it saves).  The parallel
-    variant runs under :func:`~._threading.parallel_guard` (fork safety, the
+    variant runs under `parallel_guard` (fork safety, the
     workqueue lock) with numba's chunk size 1.
     """
     both = _compile_both and n > 0

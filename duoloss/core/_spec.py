@@ -1,7 +1,7 @@
 """The contract between a core loss and the framework frontends.
 
 A core loss is a plain function on numpy buffers.  A frontend (``duoloss.torch``,
-``duoloss.jax``) only needs a :class:`LossKernel` describing it to build an
+``duoloss.jax``) only needs a `LossKernel` describing it to build an
 autograd function / ``custom_vjp`` around it; no frontend knows the maths.
 
 Conventions
@@ -33,7 +33,7 @@ Conventions
 * ``run`` never raises for values that can only be known at run time (labels,
   lengths): an invalid sequence gets a NaN loss and NaN gradient.  Everything
   checkable up front is checked by the frontend *before* calling ``run`` with
-  the validators in :mod:`duoloss.core._validate`.
+  the validators in `duoloss.core._validate`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Turns a core :class:`~duoloss.core.LossKernel` into a JAX ``custom_vjp``.
+"""Turns a core `LossKernel` into a JAX ``custom_vjp``.
 
 * The primal is one ``jax.pure_callback`` computing only the losses.
 * The forward rule is one callback returning the losses *and* the gradients of
@@ -10,7 +10,7 @@
   once.  Only when an input shared by all sequences (e.g. a transition matrix)
   is itself vmapped does the host loop over the vmapped instances.
 * Inside ``jax.shard_map`` the callback outputs are marked as varying over the
-  inputs' mesh axes (:mod:`duoloss.jax._sharding`), so ``check_vma=True`` (the
+  inputs' mesh axes (`duoloss.jax._sharding`), so ``check_vma=True`` (the
   default) works.
 * Outputs are declared in the inputs' dtypes, so float32 stays float32 whether
   ``jax_enable_x64`` is on or off, and float64 works when it is on.
@@ -89,7 +89,7 @@ def _pack_operands(kernel: LossKernel, arrays, batch_axes=None):
 
 
 def _unpack_operands(layout, operands):
-    """Host views of the inputs packed by :func:`_pack_operands`, leading
+    """Host views of the inputs packed by `_pack_operands`, leading
     (vmapped) axes of the operands kept."""
     bufs = [np.asarray(o) for o in operands]
     out = []
@@ -412,7 +412,7 @@ def apply_kernel(kernel: LossKernel, arrays: Sequence[jax.Array], *, reduction: 
     """Losses of ``kernel`` as a differentiable JAX function: per sequence ``(N,)``, or reduced.
 
     ``reduction`` ``'sum'``/``'mean'``: the core reduces in the callback
-    (:func:`duoloss.core._reduce.run_reduced`, with
+    (`duoloss.core._reduce.run_reduced`, with
     ``reduction_weights(reduction, N, lengths)``; ``k2_mean``: the mean of an
     empty batch is NaN), the same function the torch frontend calls, so the
     reduced loss and its gradient are bit-identical to torch's; the backward
@@ -523,7 +523,7 @@ def host_call(fn, specs, *arrays):
 
     For results that carry no gradient (Viterbi alignments): the inputs pass
     through ``stop_gradient``, reach ``fn`` as numpy arrays with float16/bfloat16
-    as float32 (:func:`~duoloss.jax._args.host_floats`), and ``fn``'s results are
+    as float32 (`host_floats`), and ``fn``'s results are
     cast to the declared ``specs`` (a tuple of ``jax.ShapeDtypeStruct``).  Under
     ``vmap`` the host runs once per instance (``vmap_method="sequential"``).
     """

@@ -1,6 +1,6 @@
 """Viterbi forced alignment for JAX: ``ctc_align``, ``asg_align``, ``asg_viterbi``.
 
-Each is one ``jax.pure_callback`` into :mod:`duoloss.core.losses.align`; it works under
+Each is one ``jax.pure_callback`` into `duoloss.core.losses.align`; it works under
 ``jit`` and ``vmap`` (sequentially), and its outputs carry no gradient (the
 inputs are passed through ``stop_gradient``).
 """

@@ -3,23 +3,23 @@
 Every public JAX function turns its arguments into ``jax.Array``s with the
 helpers here, so the accepted types, the traced-versus-concrete split and the
 error texts are the same in every loss (the texts also match the torch
-frontend's but for the array type's name; :mod:`duoloss.core._validate` builds
+frontend's but for the array type's name; `duoloss.core._validate` builds
 them).  Shapes, dtypes and values are checked by the core's ``check_*``
 functions, which the frontends call on the coerced arrays.
 
-* :func:`as_array` / :func:`as_int_array`: an argument as a ``jax.Array``, or a
+* `as_array` / `as_int_array`: an argument as a ``jax.Array``, or a
   ``TypeError`` naming the function and the argument.
-* :func:`per_sequence`: the scalar lengths of a one-sequence batch as ``(1,)``.
-* :func:`is_concrete`: whether values can be read on the host (eager call) or
+* `per_sequence`: the scalar lengths of a one-sequence batch as ``(1,)``.
+* `is_concrete`: whether values can be read on the host (eager call) or
   are traced (``jit``, ``vmap``...), in which case only static checks run.
-* :func:`check_bool`: a ``bool`` option.
-* :func:`padded_targets`: the padded targets layout, from the core's host
+* `check_bool`: a ``bool`` option.
+* `padded_targets`: the padded targets layout, from the core's host
   padding (concrete values) or in jnp (traced).
-* :func:`reduce_losses`: ``'none'``/``'sum'``/``'mean'`` of per-sequence losses.
-* :data:`HALF_DTYPES`, :func:`is_half`, :func:`host_floats`: float16/bfloat16,
+* `reduce_losses`: ``'none'``/``'sum'``/``'mean'`` of per-sequence losses.
+* `HALF_DTYPES`, `is_half`, `host_floats`: float16/bfloat16,
   which the kernels never see (they take float32 or float64);
-  :func:`first_floating`: the dtype that sets a loss's dtype.
-* :func:`index_dtype`: the integer dtype of index outputs (int64 with
+  `first_floating`: the dtype that sets a loss's dtype.
+* `index_dtype`: the integer dtype of index outputs (int64 with
   ``jax_enable_x64``, else int32).
 """
 from __future__ import annotations
@@ -139,8 +139,8 @@ def reduce_losses(losses, reduction: str, lengths=None, *, k2_mean: bool = False
 
     Not bit-identical to the torch frontend (XLA picks its own order and vector
     width): the host losses reduce in the core instead, inside their callback
-    (:func:`duoloss.jax._adapter.apply_kernel` with ``reduction=``,
-    :mod:`duoloss.core._reduce`).  This is for losses computed in XLA (the
+    (`duoloss.jax._adapter.apply_kernel` with ``reduction=``,
+    `duoloss.core._reduce`).  This is for losses computed in XLA (the
     device paths).
 
     ``'mean'``: with ``lengths``, each loss over its length clamped to ``>= 1``,

@@ -58,7 +58,7 @@ _xp = JaxOps()  # duoloss._xp's array vocabulary for jax.numpy
 def _gathered(log_probs, targets, target_lengths, blank):
     """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
     the columns each sequence reads, gathered here in jnp on the input's device
-    (see :mod:`duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged."""
+    (see `duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged."""
     t_max, n, n_cls = log_probs.shape
     s = targets.shape[1]
     if not ctc_gather_worthwhile(t_max, n, n_cls, s):

@@ -127,7 +127,7 @@ def prepare_graphs(fn, emissions, graphs, input_lengths, weights, arc_weight_ind
 
 
 def device_graphs(graphs):
-    """A :class:`PackedGraphs` -> of jax arrays, and whether its values are concrete."""
+    """A `PackedGraphs` -> of jax arrays, and whether its values are concrete."""
     if isinstance(graphs, PackedGraphs):
         graphs = PackedGraphs(*(jnp.asarray(x) for x in graphs))
         return graphs, is_concrete(*graphs)

@@ -4,7 +4,7 @@ The normaliser (``logsumexp``) and the gathers of the target and blank
 log-probabilities are jnp code on the input's device, with one fused custom
 backward (softmax times the per-cell cotangent plus the two one-hot terms); one
 ``pure_callback`` carries only the two lattices ``(N, U, T + 1)`` and
-``(N, U + 1, T)`` to the core recursion (:mod:`duoloss.core.losses.transducer`).
+``(N, U + 1, T)`` to the core recursion (`duoloss.core.losses.transducer`).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _log_probs_gather(x, idx, blank):
     ``x`` ``(N, T, U + 1, V)``, ``idx`` ``(N, U)`` target labels already clipped
     to ``[0, V)``.  Returns ``px = logp[:, :, :U, idx]`` ``(N, T, U)`` and
     ``py = logp[..., blank]`` ``(N, T, U + 1)`` with ``logp = (x - m) - ls``
-    (:func:`_normaliser`);
+    (`_normaliser`);
     the full-size ``logp`` is never stored.
 
     Backward: with ``c = -(g_px + g_py)`` per cell, ``d x = softmax(x) * c +
@@ -81,7 +81,7 @@ def _log_probs_gather(x, idx, blank):
 
 
 def _logsumexp(x):
-    """``logsumexp`` over the last axis: ``m + ls`` of :func:`_normaliser`."""
+    """``logsumexp`` over the last axis: ``m + ls`` of `_normaliser`."""
     m, ls = _normaliser(x)
     return m + ls
 
@@ -91,7 +91,7 @@ def _normaliser(x):
 
     In one pass over ``x`` when every row
     allows it: the *unshifted* exponentials (clamped above) summed, as the
-    core's joiner kernels do (:func:`duoloss.core.losses.joiner._forward_block`):
+    core's joiner kernels do (`duoloss.core.losses.joiner._forward_block`):
     exact to the dtype's rounding when each row's normaliser lies in
     ``[-16, 80]`` (float32; ``[-500, 690]`` for float64).  Any other row (NaN,
     ``inf``, very large or very negative logits) takes ``jax.nn.logsumexp``

@@ -2,7 +2,7 @@
 
 The joiner runs on chunks of frames inside a ``lax.scan`` whose body is
 ``jax.checkpoint``-ed: the forward keeps of each chunk only the two lattice values
-per cell (:func:`duoloss.jax._rnnt._lattice`), the transducer recursion runs once on
+per cell (`duoloss.jax._rnnt._lattice`), the transducer recursion runs once on
 the whole lattice, and the backward recomputes one chunk per scan step, so the
 ``(N, T, U + 1, V)`` joiner output and its gradient never exist at once.  The joiner
 is any traceable function; gradients reach whatever it closes over (e.g. the

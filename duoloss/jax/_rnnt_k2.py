@@ -1,8 +1,8 @@
 """k2's simple and pruned RNN-T losses for JAX, with the names, arguments and numbers
-of :mod:`duoloss.torch._rnnt_k2` (itself a drop-in for k2's functions).
+of `duoloss.torch._rnnt_k2` (itself a drop-in for k2's functions).
 
 ``(px, py)``, the pruning ranges and the pruned joiner inputs come from
-:mod:`duoloss._xp.k2`, the same code as the torch frontend's, run on
+`duoloss._xp.k2`, the same code as the torch frontend's, run on
 ``jax.numpy`` (differentiable; this module keeps only argument checks and the
 ``custom_vjp`` wiring); the recursion runs in duoloss's transducer core
 through one host callback (``jit``, ``grad``, ``vmap`` and ``shard_map`` work

@@ -3,7 +3,7 @@
 **Explicit meshes** (``AxisType.Explicit``, the default of ``jax.make_mesh`` in
 recent JAX): an array's type carries its sharding, and a ``pure_callback``
 output carries none, so a ``custom_vjp`` gradient would not match a sharded
-input's type.  :func:`explicit_batch_sharding` reads the types; the adapter
+input's type.  `explicit_batch_sharding` reads the types; the adapter
 then runs the loss under ``shard_map`` over the batch (one callback per shard,
 no gather), or gathers first when inputs are sharded along other axes.
 

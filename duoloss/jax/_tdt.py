@@ -1,9 +1,9 @@
 """Duration transducers for JAX: ``tdt_loss`` and ``multiblank_rnnt_loss``
-(NeMo's semantics; same arguments and numbers as :mod:`duoloss.torch`).
+(NeMo's semantics; same arguments and numbers as `duoloss.torch`).
 
-Thin: argument checks (:mod:`duoloss.core.losses.tdt`), then the whole loss
+Thin: argument checks (`duoloss.core.losses.tdt`), then the whole loss
 and its gradient w.r.t. the logits in one host callback
-(:func:`duoloss.jax._adapter.apply_kernel`).
+(`duoloss.jax._adapter.apply_kernel`).
 """
 from __future__ import annotations
 

@@ -1,26 +1,26 @@
-"""Turns a core :class:`~duoloss.core.LossKernel` into a torch autograd function.
+"""Turns a core `LossKernel` into a torch autograd function.
 
 The forward runs the core once on host numpy views of the inputs (CUDA tensors
 make one round trip through the host) and, when a gradient is needed, keeps the
 per-sequence gradients it returns; the backward only scales them by the
 upstream gradient.  A batch reduction given as per-sequence weights is folded
 into the same autograd node (one node per loss call); the weighting and the
-scaling are :mod:`duoloss.torch._weights`, shared by every path.
+scaling are `duoloss.torch._weights`, shared by every path.
 
-Two paths, chosen per call by :func:`apply_kernel`:
+Two paths, chosen per call by `apply_kernel`:
 
-* eager code and ``torch.func`` transforms: :class:`_KernelFunction`, one
+* eager code and ``torch.func`` transforms: `_KernelFunction`, one
   ``torch.autograd.Function`` in ``setup_context`` form (so ``torch.func.grad``
   and ``vjp`` work) with a ``vmap`` rule that folds the vmapped dimension into
   the batch axis: one core call per ``torch.func.vmap``, nested ones included.
   Plain eager calls skip ``Function.apply``'s Python layer (on tiny batches the
   per-call overhead is what is left to measure);
 * while ``torch.compile`` traces: the ``duoloss::kernel_loss`` custom operator
-  (:mod:`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
+  (`duoloss.torch._ops`), which dynamo and AOTAutograd trace through with
   no graph break.  (The custom operator is not used eagerly: ``torch.func.grad``
   rejects custom operators with ``register_autograd``, pytorch#168393.)  Both
-  share the host forward (:func:`~duoloss.torch._ops.run_on_host`) and the
-  ``vmap`` rule (:func:`~duoloss.torch._ops.vmap_fold`).
+  share the host forward (`run_on_host`) and the
+  ``vmap`` rule (`vmap_fold`).
 
 On every path the gradient is first order only: differentiating it again
 (``create_graph=True`` then a second ``grad``, ``torch.func.grad`` of ``grad``,
@@ -30,7 +30,7 @@ inputs run the kernels on float32 copies (float64 inside) and return the loss
 in the input dtype; under ``torch.autocast`` the loss is float32, as for
 ``F.ctc_loss`` (on autocast's float32 list).
 
-Private torch APIs: only through :mod:`duoloss.torch._private`.
+Private torch APIs: only through `duoloss.torch._private`.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def torchscript_error(fn: str) -> RuntimeError:
 
 
 def check_not_torchscript(fn: str) -> None:
-    """Raise :func:`torchscript_error` while ``torch.jit.trace`` runs."""
+    """Raise `torchscript_error` while ``torch.jit.trace`` runs."""
     # (dynamo cannot trace is_tracing; under torch.compile it is never true)
     if not torch.compiler.is_compiling() and torch.jit.is_tracing():
         raise torchscript_error(fn)
@@ -77,7 +77,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     Works inside ``torch.func`` transforms (``grad``, ``vjp``: the values of
     the tensor at the innermost level); raises a ``TypeError`` for a tensor
     batched by ``torch.func.vmap`` or traced by ``torch.compile``, whose values
-    are unknown here (check :func:`is_concrete` first).
+    are unknown here (check `is_concrete` first).
     """
     if _transforms_active():
         if _is_batched(t):
@@ -170,7 +170,7 @@ def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, in
 
     While grad mode is on (a ``create_graph=True`` backward, or a ``torch.func``
     transform, whose backward always builds a graph) each gradient is a
-    :class:`_GradientNode` linked to its input, so differentiating it raises.
+    `_GradientNode` linked to its input, so differentiating it raises.
     """
     graph = torch.is_grad_enabled()
     result = []
@@ -239,7 +239,7 @@ class _KernelFunction(torch.autograd.Function):
     second time".
 
     NB: the gradient is not differentiable: a backward that builds a graph
-    returns it through :class:`_GradientNode`, whose own backward raises, and
+    returns it through `_GradientNode`, whose own backward raises, and
     forward mode (``jvp``) raises too.
     """
 
@@ -289,7 +289,7 @@ class _KernelFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, kernel, static, want, weights, *tensors):
-        """``torch.func.vmap`` rule: :func:`~duoloss.torch._ops.vmap_fold`."""
+        """``torch.func.vmap`` rule: `vmap_fold`."""
         outs, dims = vmap_fold(
             info.batch_size, in_dims[4:], in_dims[3], kernel.batch_axes, want, weights, tensors,
             lambda w, args: _KernelFunction.apply(kernel, static, want, w, *args))
@@ -403,13 +403,13 @@ def autocast_inputs(*tensors):
 
 def apply_kernel_eager(kernel: LossKernel, tensors: Sequence, want: Tuple[bool, ...], weights,
                        static: dict) -> Optional[torch.Tensor]:
-    """:func:`apply_kernel` for a frontend's common case, with the bookkeeping
+    """`apply_kernel` for a frontend's common case, with the bookkeeping
     done by the caller: ``want`` (which inputs get a gradient) precomputed and
     ``static`` a dict of the kernel's keyword arguments.
 
     Only for plain eager calls (not compiling, no ``torch.func`` transform
     active); returns None for anything else, and the caller then uses
-    :func:`apply_kernel`.
+    `apply_kernel`.
     """
     if (torch.compiler.is_compiling() or _transforms_active()
             or _half_dtype(tensors) is not None):

@@ -5,10 +5,10 @@ tensor types, bools, devices, integer lengths in the forms ``F.ctc_loss``
 accepts (a tensor, a tuple/list of ints or of 0-d integer tensors, an int or a
 0-d tensor for a batch of one), and the traced forms of the same when the
 values cannot be read on the host (``torch.compile`` tracing, a
-``torch.func.vmap`` over them: :func:`duoloss.torch._adapter.is_concrete`).
+``torch.func.vmap`` over them: `duoloss.torch._adapter.is_concrete`).
 The messages name the function, the argument, what was expected and what came
 (``tests/bad_inputs.py`` pins them); the value checks of each loss live in its
-core module (:mod:`duoloss.core._validate` and the loss's ``check_*``).
+core module (`duoloss.core._validate` and the loss's ``check_*``).
 """
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ def int_tensor(fn: str, arg: str, x, device) -> torch.Tensor:
 
 def int_lengths(fn: str, arg: str, x, data: torch.Tensor, traced: bool = False):
     """Per-sequence lengths for the ``(T, N, ...)`` input ``data``: a host array
-    (:func:`int_array`), or with ``traced`` a tensor on ``data``'s device
-    (:func:`int_tensor`); a scalar becomes ``(1,)`` when ``N = 1``."""
+    (`int_array`), or with ``traced`` a tensor on ``data``'s device
+    (`int_tensor`); a scalar becomes ``(1,)`` when ``N = 1``."""
     if traced:
         return per_sequence(int_tensor(fn, arg, x, data.device), data)
     return per_sequence(int_array(fn, arg, x), data)
@@ -128,7 +128,7 @@ def padded_targets_traced(targets: torch.Tensor, target_lengths: torch.Tensor) -
 
 
 def host_graphs(graphs):
-    """A :class:`PackedGraphs` of tensors -> of numpy arrays; anything else unchanged."""
+    """A `PackedGraphs` of tensors -> of numpy arrays; anything else unchanged."""
     if isinstance(graphs, PackedGraphs):
         return PackedGraphs(*(to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
                               for x in graphs))

@@ -26,7 +26,7 @@ _xp = TorchOps()  # duoloss._xp's array vocabulary for torch
 def _gathered(log_probs, targets, target_lengths, blank):
     """``(log_probs, targets, blank)`` for the kernel: with a large vocabulary only
     the columns each sequence reads, gathered here on the input's device (see
-    :mod:`duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged.
+    `duoloss.core.losses.ctc`, "the gathered crossing"); else unchanged.
     ``targets``/``target_lengths``: host int64 arrays, or tensors when traced."""
     t_max, n, n_cls = log_probs.shape
     s = targets.shape[1]

@@ -1,12 +1,12 @@
 """The RNN-T lattices on CPU tensors as two ``torch.library`` operators.
 
 ``duoloss::transducer_log_probs`` and its backward run
-:func:`duoloss.core.losses.joiner.transducer_log_probs` (the normaliser, the
+`duoloss.core.losses.joiner.transducer_log_probs` (the normaliser, the
 gathers and the core's lattice layout in one pass) on zero-copy views of CPU
 tensors: eager code, ``torch.func`` transforms (the vmap rules fold the vmapped
 dimension into the batch) and ``torch.compile`` (fake rules) all run the same
 kernels, so every path gives the same bits.  Tensors on other devices use the
-framework formula in :mod:`duoloss.torch._rnnt`.
+framework formula in `duoloss.torch._rnnt`.
 
 Shapes: ``x`` ``(N, T, U + 1, V)``, ``targets`` ``(N, U)``, lengths ``(N,)``,
 ``px`` ``(N, U, T + 1)``, ``py`` ``(N, U + 1, T)``, ``lse`` ``(N, T, U + 1)``.
@@ -47,7 +47,7 @@ def _batched(args, in_dims, size):
 def lattice_forward(x: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor,
                     blank: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(px (N, U, T + 1), py (N, U + 1, T), lse (N, T, U + 1))`` from ``x``
-    ``(N, T, U + 1, V)`` (see :func:`duoloss.core.losses.joiner.transducer_log_probs`):
+    ``(N, T, U + 1, V)`` (see `duoloss.core.losses.joiner.transducer_log_probs`):
     the normaliser, the gathers, the transposes to the core's layout and the
     ``-inf`` past each sequence's frames in one pass."""
     px, py, lse = transducer_log_probs(_view(x, x.shape), _view(targets, targets.shape),
@@ -66,7 +66,7 @@ def _lattice_fake(x, targets, il, tl, blank):
 def lattice_backward(x: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor,
                      il: torch.Tensor, tl: torch.Tensor, g_px: torch.Tensor, g_py: torch.Tensor,
                      blank: int) -> torch.Tensor:
-    """The gradient w.r.t. ``x`` of :func:`lattice_forward`'s ``px``/``py``."""
+    """The gradient w.r.t. ``x`` of `lattice_forward`'s ``px``/``py``."""
     out = transducer_log_probs_grad(_view(x, x.shape), _view(lse, lse.shape),
                                     _view(targets, targets.shape), _view(il, -1), _view(tl, -1),
                                     blank, _view(g_px, g_px.shape), _view(g_py, g_py.shape))

@@ -1,6 +1,6 @@
 """One ``torch.library`` custom operator for every core loss: what ``torch.compile`` sees.
 
-``duoloss::kernel_loss`` runs any :class:`~duoloss.core.LossKernel` on host
+``duoloss::kernel_loss`` runs any `LossKernel` on host
 buffers.  The kernel travels as a *string* (``"module:qualname"`` of its
 ``run`` function) and its static arguments as a JSON string, so the operator
 is registered once, at import, under a deterministic name, and every loss
@@ -14,7 +14,7 @@ core call.
 
 Eager code and ``torch.func`` transforms do *not* go through this operator (a
 ``custom_op`` with ``register_autograd`` fails under ``torch.func.grad``,
-pytorch#168393); :mod:`duoloss.torch._adapter` picks the path.
+pytorch#168393); `duoloss.torch._adapter` picks the path.
 
 Schema::
 
@@ -87,7 +87,7 @@ def _resolve(run_id: str):
 def static_json(kernel: LossKernel, static: dict) -> str:
     """The static arguments as a JSON object string (bool/int/float/str/None values).
 
-    Written by hand rather than with :func:`json.dumps`, which dynamo cannot trace.
+    Written by hand rather than with `json.dumps`, which dynamo cannot trace.
     """
     parts = ['"' + _WEIGHTED_KEY + '": true'] if kernel.weighted else []
     for key in sorted(static):
@@ -135,9 +135,9 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
                 weights: Optional[np.ndarray], static: dict):
     """One core call on host arrays: ``(losses, grads)``, every path's forward.
 
-    :func:`duoloss.core._reduce.run_reduced` (the JAX frontend calls the same):
+    `duoloss.core._reduce.run_reduced` (the JAX frontend calls the same):
     ``grads`` has one entry per input (None where not wanted: the
-    :class:`~duoloss.core.LossKernel` contract), subnormals flushed.  With
+    `LossKernel` contract), subnormals flushed.  With
     ``weights`` (float64 ``(N,)``) the losses are reduced to ``sum_b w_b
     loss_b`` (correctly rounded, in no framework's order) and the gradients are
     those of that sum; a kernel that takes ``grad_weights`` (``weighted``)
@@ -268,7 +268,7 @@ def fold(x, d: Optional[int], axis: Optional[int], m: int):
 
 
 def unfold(g: torch.Tensor, axis: Optional[int], m: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`fold` on a gradient, with the vmapped dimension first."""
+    """Inverse of `fold` on a gradient, with the vmapped dimension first."""
     if axis is None:  # (m * n, *shape) per-sequence gradients of a shared input
         return g.reshape(m, n, *g.shape[1:])
     g = g.reshape(*g.shape[:axis], m, n, *g.shape[axis + 1:])

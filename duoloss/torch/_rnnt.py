@@ -3,12 +3,12 @@
 The joiner output never crosses to another device: the normaliser
 (``log_softmax`` as a ``logsumexp``) and the gathers of the target and blank
 log-probabilities run where the logits live (CPU: the core's one-pass kernels
-on zero-copy views, :mod:`duoloss.torch._joiner`; GPU: torch ops), and only the
+on zero-copy views, `duoloss.torch._joiner`; GPU: torch ops), and only the
 two ``(N, U(+1), T(+1))`` lattices cross to the host for the core recursion
-(:mod:`duoloss.core.losses.transducer`); one custom backward
-(:class:`_LogProbGather`) takes their gradients back through the gathers and
+(`duoloss.core.losses.transducer`); one custom backward
+(`_LogProbGather`) takes their gradients back through the gathers and
 the normaliser.  A reduced loss of CPU logits in plain eager mode (a training
-step) skips the crossing altogether: :class:`_FusedRNNT` runs the whole loss
+step) skips the crossing altogether: `_FusedRNNT` runs the whole loss
 and its gradient one sequence at a time in the core, with the same numbers.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class _ScaleGrad(torch.autograd.Function):
 
 
 class _LatticeGrad(torch.autograd.Function):
-    """The CPU backward of :class:`_LatticeLogProbs` as a node of its own: run
+    """The CPU backward of `_LatticeLogProbs` as a node of its own: run
     inside ``forward`` it sees plain tensors under every ``torch.func``
     transform, and differentiating it raises (no second derivatives)."""
 
@@ -93,9 +93,9 @@ class _LatticeGrad(torch.autograd.Function):
 
 class _LatticeLogProbs(torch.autograd.Function):
     """CPU tensors: ``(px (N, U, T + 1), py (N, U + 1, T))`` straight from the
-    logits in one pass each way (:func:`duoloss.torch._joiner.lattice_forward`):
-    what :class:`_LogProbGather` and the transposes, pads and masks of
-    :func:`_lattice` compute, without their intermediate tensors."""
+    logits in one pass each way (`duoloss.torch._joiner.lattice_forward`):
+    what `_LogProbGather` and the transposes, pads and masks of
+    `_lattice` compute, without their intermediate tensors."""
 
     generate_vmap_rule = True
 
@@ -120,12 +120,12 @@ class _LatticeLogProbs(torch.autograd.Function):
 class _FusedRNNT(torch.autograd.Function):
     """The reduced (``'sum'``/``'mean'``) loss of CPU logits in plain eager mode,
     computed one sequence at a time with its gradient
-    (:func:`duoloss.core.losses.joiner.rnnt_loss_from_logits`): each sequence's
+    (`duoloss.core.losses.joiner.rnnt_loss_from_logits`): each sequence's
     logits are read from memory once, and the gradient for the cotangent that
     ``loss.backward()`` sends (1) is ready before the backward.
 
-    Same numbers as the general path (:class:`_LatticeLogProbs`, the lattice
-    kernel reduced by the core, :mod:`duoloss.core._reduce`): the loss is the
+    Same numbers as the general path (`_LatticeLogProbs`, the lattice
+    kernel reduced by the core, `duoloss.core._reduce`): the loss is the
     core's correctly rounded weighted sum, and the gradient is computed for the
     per-sequence cotangent the core applies (the weight ``1`` or ``1 / N``
     rounded to the logits' dtype, subnormal products flushed).  Any other
@@ -180,7 +180,7 @@ def _weights(reduction, n):
 
 
 def _fusable(logits, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
-    """Whether :class:`_FusedRNNT` takes the call (a reduced loss of CPU
+    """Whether `_FusedRNNT` takes the call (a reduced loss of CPU
     float32/float64 logits that need a gradient, in plain eager mode, at least
     one sequence per numba thread, no FastEmit or delay penalty).
 
@@ -207,7 +207,7 @@ class _LogProbGather(torch.autograd.Function):
     ``c = -(g_px + g_py)`` per cell: ``d x = softmax(x) * c + onehot-scatter(g)``.
 
     The path of tensors the CPU operators do not take (GPU; CPU tensors take
-    :class:`_LatticeLogProbs`): torch ops on the input's device, the backward
+    `_LatticeLogProbs`): torch ops on the input's device, the backward
     recomputing the softmax in one pass.  The softmax term is exactly 0 in
     cells with ``c = 0`` (no ``0 * NaN``).
     """

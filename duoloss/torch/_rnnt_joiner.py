@@ -4,9 +4,9 @@
 ``(N, T, U + 1, V)`` joiner output, its gradient and the joiner's own activations
 of that size.  Here the joiner runs on chunks of frames; of each chunk only the
 two lattice values per cell are kept (``px``: the next label's log-probability,
-``py``: the blank's, exactly as :func:`duoloss.torch._rnnt._lattice` forms them),
+``py``: the blank's, exactly as `duoloss.torch._rnnt._lattice` forms them),
 the transducer recursion runs once on the whole ``(N, U(+1), T(+1))`` lattice
-(:mod:`duoloss.core.losses.transducer`), and each chunk is a
+(`duoloss.core.losses.transducer`), and each chunk is a
 ``torch.utils.checkpoint`` region: the backward recomputes the chunk's joiner
 output and pushes ``d loss / d px, py`` through ``log_softmax``, the gathers and
 the joiner, one chunk at a time, into whatever the joiner used (its parameters,

@@ -4,11 +4,11 @@
 Same names, argument order, shapes, maths and reductions as k2, so an icefall
 recipe ports by changing the import.  The log-probabilities ``(px, py)`` of the
 recursion, the pruning ranges and the pruned joiner inputs come from
-:mod:`duoloss._xp.k2` (the same code as the JAX frontend's) run on torch
+`duoloss._xp.k2` (the same code as the JAX frontend's) run on torch
 operations, so autograd flows through them to ``lm``/``am``/``logits``; this
 module keeps only argument checks and the autograd wiring.  The recursion
 itself, its gradient and the occupation probabilities run in duoloss's
-transducer core, the same code as :func:`duoloss.jax.rnnt_loss_pruned`.
+transducer core, the same code as `duoloss.jax.rnnt_loss_pruned`.
 
 Typical pruned training step (icefall's ``Transducer.forward``)::
 
@@ -65,7 +65,7 @@ def _boundary(fn, boundary, b, s, t, device, rnnt_type, check_values):
 
 
 def _finish_px(px, py, boundary, rnnt_type, delay_penalty, t):
-    """k2's common tail (:func:`duoloss._xp.k2.finish_px`): -inf at each regular
+    """k2's common tail (`duoloss._xp.k2.finish_px`): -inf at each regular
     sequence's t_end, constrained's forced blank, the delay penalty."""
     return _maths.finish_px(_xp, px, py, boundary, rnnt_type, delay_penalty)
 
@@ -112,7 +112,7 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
 def _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type, boundary,
                      delay_penalty=0.0, reduction="mean", scales=None):
     """``(px, py, boundary)`` of the additive joiner; with ``scales = (lm_only_scale,
-    am_only_scale)`` k2's smoothed interpolation (see :func:`rnnt_loss_smoothed`)."""
+    am_only_scale)`` k2's smoothed interpolation (see `rnnt_loss_smoothed`)."""
     for arg, x in (("lm", lm), ("am", am), ("symbols", symbols)):
         check_tensor(fn, arg, x)
     b, s, t, c = _k.check_simple_static(fn, lm.shape, lm.dtype, am.shape, am.dtype,

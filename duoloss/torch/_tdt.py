@@ -1,9 +1,9 @@
 """Duration transducers for PyTorch: ``tdt_loss`` / ``TDTLoss`` and
 ``multiblank_rnnt_loss`` / ``MultiblankRNNTLoss`` (NeMo's semantics).
 
-Thin: argument checks (:mod:`duoloss.core.losses.tdt`), then the whole loss
+Thin: argument checks (`duoloss.core.losses.tdt`), then the whole loss
 and its gradient w.r.t. the logits in one core call
-(:func:`duoloss.torch._adapter.apply_kernel`).  Host only: CUDA tensors make
+(`duoloss.torch._adapter.apply_kernel`).  Host only: CUDA tensors make
 one round trip through the host (no device kernel yet).
 """
 from __future__ import annotations

@@ -5,16 +5,16 @@ Every path of the frontend (the eager / ``torch.func`` autograd Function, the
 rule) reduces and differentiates with the helpers here, so they give the same
 numbers:
 
-* a batch reduction is a weight vector ``w`` (:func:`reduction_weights`); the
+* a batch reduction is a weight vector ``w`` (`reduction_weights`); the
   loss is ``sum_b w_b loss_b`` and the per-sequence gradients are weighted in
-  the same core call (:func:`duoloss.core._reduce.run_reduced`, which the JAX
+  the same core call (`duoloss.core._reduce.run_reduced`, which the JAX
   frontend calls too: one fixed-order float64 reduction for both), so a
   reduced loss is one autograd node;
 * a backward only scales the saved gradients by the cotangent
-  (:func:`scale_cotangent`), flushing subnormal products to zero as XLA does
+  (`scale_cotangent`), flushing subnormal products to zero as XLA does
   (a cotangent of exactly 1 returns the core's bits);
 * under ``vmap`` the weights of each instance apply to its own row
-  (:func:`weigh_batched`).
+  (`weigh_batched`).
 """
 from __future__ import annotations
 

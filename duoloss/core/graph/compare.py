@@ -144,7 +144,7 @@ def rand_equivalent(g1: Graph, g2: Graph, num_samples: int = 1000, tol: float = 
                     max_length: int = 1000, rng: Optional[np.random.Generator] = None) -> bool:
     """Randomised test that two graphs have the same weighted language.
 
-    Samples ``num_samples`` paths from each graph (:func:`~duoloss.core.graph.ops.sample`),
+    Samples ``num_samples`` paths from each graph (`sample`),
     and checks that both graphs give the path's label pair (epsilons removed)
     the same log-semiring weight within ``tol`` (relative to ``max(1, |w|)``).
 

@@ -1,7 +1,7 @@
 """Composition (and intersection) of two graphs: the state-pair table, label
 matching, epsilon handling and the emission of the composed graph's arrays.
 
-Same conventions as :mod:`duoloss.core.graph.scores` (module-level
+Same conventions as `duoloss.core.graph.scores` (module-level
 ``@numba.njit(cache=True, nogil=True)`` kernels on validated arrays, problems
 reported through a status code).
 """
@@ -170,7 +170,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
       ``(status, ns, na, nstart, n_out, m_out, topo)``: the explored and trimmed
       sizes, and whether every arc goes to a later state (then the result's node
       ids are a topological order and its arcs are grouped by source);
-      :func:`compose_emit` then writes the result (so the caller can allocate its
+      `compose_emit` then writes the result (so the caller can allocate its
       arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
       it (``-1``: that side did not move).
 
@@ -619,9 +619,9 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
 def compose_emit(ns, na, nstart, n_out, m_out, accept1, accept2, oil1, w1, ool2, w2,
                  state_cap, arc_cap, cap, ws, out_src, out_dst, out_a1, out_a2, out_il,
                  out_ol, out_w, out_start, out_accept):
-    """Second half of :func:`compose_kernel`: write the trimmed result into
+    """Second half of `compose_kernel`: write the trimmed result into
     caller-owned arrays (``m_out`` arcs, ``n_out`` nodes), reading the explored
-    states and arcs that :func:`compose_kernel` left in ``ws``.  Returns 0, or 2
+    states and arcs that `compose_kernel` left in ``ws``.  Returns 0, or 2
     when a buffer is too small (nothing is written then)."""
     if (out_src.shape[0] < m_out or out_dst.shape[0] < m_out or out_a1.shape[0] < m_out
             or out_a2.shape[0] < m_out or out_il.shape[0] < m_out or out_ol.shape[0] < m_out

@@ -1,12 +1,12 @@
 """Array-backed weighted finite-state graphs with reverse-mode differentiation.
 
 This module is the data structure of the graph engine (``duoloss.gtn`` is its
-public face).  A :class:`Graph` is a weighted finite-state acceptor or
+public face).  A `Graph` is a weighted finite-state acceptor or
 transducer stored as flat numpy arrays:
 
 * nodes ``0 .. num_nodes-1`` with boolean ``start`` / ``accept`` flags;
 * arcs ``0 .. num_arcs-1`` in creation order, each with ``src``, ``dst``,
-  ``ilabel``, ``olabel`` (``int64``; :data:`EPSILON` ``= -1`` is the empty label)
+  ``ilabel``, ``olabel`` (``int64``; `EPSILON` ``= -1`` is the empty label)
   and a ``float32`` ``weight``.
 
 Arc *indices* are stable: every gradient is an array in arc order.  Graphs carry
@@ -15,15 +15,15 @@ no initial or final weights: a path's score is the sum of its arc weights
 
 Automatic differentiation follows GTN (Hannun et al., 2020): an operation's
 output graph remembers its input graphs and a *gradient function*; calling
-:func:`backward` on a result walks that record in reverse topological order and
+`backward` on a result walks that record in reverse topological order and
 *accumulates* ``d output / d arc weight`` into the ``grad`` of every graph built
 with ``calc_grad=True``.
 
 Interface for other duoloss modules (stable):
 
-* :func:`graph_arrays` ``(g) -> (num_nodes, src, dst, ilabel, olabel, weight,
+* `graph_arrays` ``(g) -> (num_nodes, src, dst, ilabel, olabel, weight,
   start, accept)`` returns read-only views of a graph's arrays (no copy);
-* :meth:`Graph.from_arrays` builds a graph from such arrays (one copy, validated).
+* `Graph.from_arrays` builds a graph from such arrays (one copy, validated).
 
 NB: this module never imports torch or jax.
 
@@ -535,7 +535,7 @@ class Graph:
         self._grad_lazy = None
 
     def _materialize_grad(self) -> None:
-        """Turn a gradient kept by reference (see :meth:`_add_grad`) into float32."""
+        """Turn a gradient kept by reference (see `_add_grad`) into float32."""
         with _GRAD_LOCK:
             lazy = self._grad_lazy
             if lazy is not None:
@@ -545,7 +545,7 @@ class Graph:
     def _add_grad(self, delta: np.ndarray, owned: bool = False) -> None:
         """Accumulate ``delta`` (float32 storage, as GTN).
 
-        ``owned=True`` (from :func:`backward`: an array no one modifies later)
+        ``owned=True`` (from `backward`: an array no one modifies later)
         lets the first gradient be kept by reference and converted to float32
         only when it is read or added to: most intermediate graphs' gradients
         are never read.

@@ -1,4 +1,4 @@
-"""Text and DOT formats for :class:`~duoloss.core.graph.graph.Graph`.
+"""Text and DOT formats for `Graph`.
 
 GTN's text format::
 
@@ -10,14 +10,14 @@ Weights are written with the shortest decimal that round-trips the float32
 value (GTN writes 6 significant digits, which loses precision).  The node count
 is not stored: it is one more than the largest id mentioned, unless given.
 
-GTN's binary format (:func:`save` / :func:`load`), all little-endian::
+GTN's binary format (`save` / `load`), all little-endian::
 
     int32  num_nodes, num_arcs, num_start, num_accept
     int32  start node ids [num_start], accept node ids [num_accept]
     int32  src, dst, ilabel, olabel   (one quadruple per arc, in arc order)
     float32 weights [num_arcs]
 
-NB: the binary format stores int32, so :func:`save` accepts only graphs whose
+NB: the binary format stores int32, so `save` accepts only graphs whose
 labels and sizes fit (labels in ``[-1, 2**31 - 1]``); the text format keeps any
 label.
 """
@@ -200,7 +200,7 @@ def save(file_name: Union[str, os.PathLike, io.BufferedIOBase], graph: Graph) ->
 
     Raises:
       ValueError: a label, node id or count does not fit int32 (the format's
-        storage; use :func:`savetxt` for larger labels).
+        storage; use `savetxt` for larger labels).
     """
     file_name, g = _file_and_graph("save", file_name, graph)
     n, A = g._n, g._na
@@ -227,7 +227,7 @@ def save(file_name: Union[str, os.PathLike, io.BufferedIOBase], graph: Graph) ->
 
 
 def load(file_name: Union[str, os.PathLike, io.BufferedIOBase], calc_grad: bool = True) -> Graph:
-    """Read a graph written by :func:`save` or by GTN's ``gtn.save``.
+    """Read a graph written by `save` or by GTN's ``gtn.save``.
 
     Raises:
       ValueError: the data is truncated or holds out-of-range ids or labels.

@@ -1,7 +1,7 @@
-"""Differentiable operations on :class:`~duoloss.core.graph.graph.Graph`.
+"""Differentiable operations on `Graph`.
 
 Every operation returns a new graph.  When an input has ``calc_grad=True`` the
-output records its inputs and a gradient function; :func:`~._graph.backward`
+output records its inputs and a gradient function; `backward`
 uses it to push ``d output / d output-arc-weight`` back to the inputs' arcs.
 
 Semirings:
@@ -12,7 +12,7 @@ Semirings:
   the arc.
 * **tropical** (``viterbi_score``, ``viterbi_path``): alternatives combine with
   ``max``.  The gradient is the indicator (use count) of the arcs of the best
-  path found (ties: see :func:`viterbi_score`).
+  path found (ties: see `viterbi_score`).
 
 NB: all scores are defined on the *useful* part of a graph (arcs on some
 start -> accept path); a cycle there makes the path set infinite and raises
@@ -331,7 +331,7 @@ _POOL_SLOTS = 48      # recycled buffers kept per thread and dtype
 
 
 def _free_refs() -> int:
-    """Reference count of an unused pooled buffer as seen in :func:`_pooled`."""
+    """Reference count of an unused pooled buffer as seen in `_pooled`."""
     pool = [np.empty(1)]
     for i in range(len(pool)):
         buf = pool[i]
@@ -622,7 +622,7 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
     the node accepts) or follows an out-arc, all choices equally likely; it is
     retried when it reaches a dead end.  Returns the empty graph if ``g`` has no
     accepting path or no path is found within ``max_length`` arcs (after 100
-    attempts).  Gradient as :func:`viterbi_path`.
+    attempts).  Gradient as `viterbi_path`.
     """
     max_length = _int_arg("sample", "max_length", max_length)
     if max_length < 0:
@@ -653,7 +653,7 @@ def sample(g: Graph, max_length: int = 1000, rng: Optional[np.random.Generator] 
 
 # --------------------------------------------------------------- remove (eps)
 def _removable_closure(u, n, order_from_u, out_ptr, out_idx, e_dst, e_w):
-    """``(alpha, seen)`` of node ``u`` for :func:`remove`: ``alpha[v]`` is the
+    """``(alpha, seen)`` of node ``u`` for `remove`: ``alpha[v]`` is the
     ``logsumexp`` of the removable paths ``u -> v`` (``v = n``: the virtual
     final node behind every accept node), ``seen[v]`` whether there is one.
     ``order_from_u`` is the removable arcs' topological order from ``u`` on."""
@@ -674,7 +674,7 @@ def _removable_closure(u, n, order_from_u, out_ptr, out_idx, e_dst, e_w):
 
 def _removable_closure_backward(alpha, seen, s, order_from_u, out_ptr, out_idx, e_dst, e_w,
                                 e_idx, grad):
-    """Backward of :func:`_removable_closure`: ``s[v]`` holds the incoming
+    """Backward of `_removable_closure`: ``s[v]`` holds the incoming
     gradient of ``alpha[v]`` and becomes the total gradient; each removable
     arc's share (its posterior on the paths ``u -> v``) is added to ``grad``."""
     for y in order_from_u[::-1]:
@@ -694,7 +694,7 @@ def _removable_closure_backward(alpha, seen, s, order_from_u, out_ptr, out_idx, 
 
 
 def _remove_rows(out, final_rho, st, kept_ids, newid, il, ol, il_rm, ol_rm, n):
-    """The arcs and nodes of :func:`remove`'s result, from the re-rooted arcs
+    """The arcs and nodes of `remove`'s result, from the re-rooted arcs
     ``out`` (``(u, x, a, weight, u, v)``: kept node ``u`` reaches ``v`` through
     removable arcs, then real arc ``a = v -> x``) and the final weights
     ``final_rho`` (``None``: a plain accept node).

@@ -128,8 +128,8 @@ def _node_scores(order, reverse, useful_arc, ptr, idx, far_end, weight, is_end, 
                  tropical):
     """Scores of the useful nodes in topological order, in either semiring.
 
-    The one recursion behind :func:`log_forward`, :func:`log_backward` and
-    :func:`max_forward`.  Node ``v`` is visited in ``order`` (backwards when
+    The one recursion behind `log_forward`, `log_backward` and
+    `max_forward`.  Node ``v`` is visited in ``order`` (backwards when
     ``reverse``); its arcs are ``idx[ptr[v]:ptr[v+1]]`` (useful ones only) and
     the node at their far end is ``far_end[a]``:
 
@@ -182,7 +182,7 @@ def log_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n
     ``alpha[v] = log( [v is start] + sum_{a: u -> v} exp(alpha[u] + w_a) )`` over
     useful arcs, in topological order; the score is ``logsumexp`` of ``alpha``
     over accept nodes.  Returns ``(score, alpha)`` (float64).  Shares its
-    recursion with :func:`max_forward` and :func:`log_backward` (:func:`_node_scores`).
+    recursion with `max_forward` and `log_backward` (`_node_scores`).
     """
     alpha = np.full(n, _NEG_INF)
     _node_scores(order, False, useful_arc, in_ptr, in_idx, src, weight, start, alpha,
@@ -218,7 +218,7 @@ def log_backward(order, useful_arc, out_ptr, out_idx, src, dst, weight, accept, 
     that a path drawn with probability ``exp(path weight - score)`` uses ``a``.
     Arcs on no path, or whose paths all weigh ``-inf``, get exactly 0 (never NaN).
     If the score is NaN or ``+inf`` the useful arcs get NaN.  ``beta`` is
-    :func:`_node_scores` on the reversed graph.
+    `_node_scores` on the reversed graph.
     """
     m = src.shape[0]
     grad = np.zeros(m, np.float64)
@@ -252,7 +252,7 @@ def max_forward(order, useful_arc, in_ptr, in_idx, src, weight, start, accept, n
     first maximum (empty path first, then incoming arcs in arc order; accept
     nodes: the lowest id).  NaN arc weights never win.  ``best_accept`` is ``-1``
     when no path has a score above ``-inf``.  The recursion is
-    :func:`log_forward`'s in the tropical semiring (:func:`_node_scores`).
+    `log_forward`'s in the tropical semiring (`_node_scores`).
     """
     best = np.full(n, _NEG_INF)
     back = np.full(n, -1, np.int64)
@@ -294,7 +294,7 @@ def trace_back(best_acc, back, src, max_len):
 
 @numba.njit(cache=True, nogil=True)
 def csr_into(n, keys, ptr, idx):
-    """:func:`csr` writing into caller-owned ``ptr`` (``>= n+1``) and ``idx`` (``>= m``)."""
+    """`csr` writing into caller-owned ``ptr`` (``>= n+1``) and ``idx`` (``>= m``)."""
     m = keys.shape[0]
     for i in range(n + 1):
         ptr[i] = 0
@@ -313,10 +313,10 @@ def csr_into(n, keys, ptr, idx):
 
 @numba.njit(cache=True, nogil=True)
 def _order_all_nodes(n, src, dst, scratch):
-    """Arc adjacency and a topological order of *all* nodes, for :func:`log_forward_fast`.
+    """Arc adjacency and a topological order of *all* nodes, for `log_forward_fast`.
 
     Out-arcs by a counting sort (skipped when the arcs are already sorted by
-    source) and in-arcs into ``scratch`` (:func:`csr_into`); Kahn's algorithm,
+    source) and in-arcs into ``scratch`` (`csr_into`); Kahn's algorithm,
     skipped when every arc goes to a higher node id (e.g. results of
     compose/intersect with a linear graph).
 
@@ -378,13 +378,13 @@ def _order_all_nodes(n, src, dst, scratch):
 def log_forward_fast(n, src, dst, weight, start, accept, scratch):
     """Fused topological sort and log-semiring forward pass over the whole graph.
 
-    Kahn's algorithm orders *all* nodes (:func:`_order_all_nodes`); an arc whose
+    Kahn's algorithm orders *all* nodes (`_order_all_nodes`); an arc whose
     source has ``alpha = -inf`` (not accessible, or only through ``-inf`` arcs)
     is skipped, so unreachable parts cannot leak NaN or ``+inf`` into the
     score.  One ``exp`` per arc (none for each node's best arc) and one ``log``
     per node.  A specialised log-semiring kernel (no tropical twin): it is the
     whole-graph fast path of ``forward_score`` and skipping the best arc's
-    ``exp`` is what :func:`_node_scores` does not do.
+    ``exp`` is what `_node_scores` does not do.
 
     ``scratch`` is a caller-owned int64 buffer of at least ``2 * n + m + 1``
     entries (in-arc index and in-degrees; reused across calls).
@@ -459,7 +459,7 @@ def log_forward_fast(n, src, dst, weight, start, accept, scratch):
 
 @numba.njit(cache=True, nogil=True)
 def log_backward_fast(order, out_ptr, out_idx, dst, weight, accept, alpha, score, beta):
-    """Arc posteriors for :func:`log_forward_fast` (same maths as :func:`log_backward`).
+    """Arc posteriors for `log_forward_fast` (same maths as `log_backward`).
 
     The backward scores ``beta`` and the posteriors come from one pass in reverse
     topological order: with ``x_a = w_a + beta[v]`` and ``m_u = max_a x_a``,
@@ -541,7 +541,7 @@ _RENORM = 1e30  # scaled sums above this are folded into their offset (keeps the
 
 @numba.njit(cache=True, nogil=True)
 def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.float32)):
-    """:func:`log_forward_fast` for a graph that :func:`is_sorted_dag` accepts.
+    """`log_forward_fast` for a graph that `is_sorted_dag` accepts.
 
     Arcs are pushed in order (sequential memory access, no CSR).  Each node's
     forward score is kept as an offset and a scaled sum,
@@ -550,20 +550,20 @@ def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.
     ``y > mx[v]``, rescales ``sm[v]`` by ``exp(mx[v] - y)`` and moves the offset
     to ``y``.  So each arc costs one exponential of a non-positive number and no
     node needs a logarithm (``sm`` is folded into ``mx`` only if it exceeds
-    ``1e30``).  The exponential is branch-free (:func:`~._numerics.exp_core`;
+    ``1e30``).  The exponential is branch-free (`exp_core`;
     its argument is clamped at -708, below which the term is smaller than the
     rounding error of the sum ``>= 1`` it joins).  Arcs leaving a node with
     ``alpha = -inf`` are skipped and NaN / infinite weights take a slow path,
-    with the same semantics as :func:`log_forward_fast`.
+    with the same semantics as `log_forward_fast`.
 
     ``wcopy``: when it has one entry per arc, the weights are copied into it on
     the way (for the gradient, which must not see later ``set_weights``).
 
     Returns ``(score, mx, sm)``; NaN scores are marked by ``sm = NaN``.
 
-    Kept specialised, beside :func:`_node_scores`: on the intersection of a CTC
+    Kept specialised, beside `_node_scores`: on the intersection of a CTC
     graph (80 labels) with 400 frames (51k nodes, 127k arcs) it took 1.1 ms,
-    against 2.7 ms for :func:`log_forward` after :func:`dag_prepare`.
+    against 2.7 ms for `log_forward` after `dag_prepare`.
     """
     m = src.shape[0]
     if wcopy.shape[0] == m:
@@ -633,8 +633,8 @@ def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.
 
 @numba.njit(cache=True, nogil=True)
 def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
-    """:func:`log_backward_sorted`, node by node (handles every special value
-    exactly as :func:`log_backward_fast`; used when a NaN or ``+inf`` appears).
+    """`log_backward_sorted`, node by node (handles every special value
+    exactly as `log_backward_fast`; used when a NaN or ``+inf`` appears).
 
     Backward scores are kept like the forward ones, ``beta[u] = mb[u] +
     log(sb[u])`` (caller-owned float64 scratch buffers ``mb``, ``sb`` of at least
@@ -705,8 +705,8 @@ def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
 
 @numba.njit(cache=True, nogil=True)
 def _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
-    """:func:`log_backward_fast` for a graph that :func:`is_sorted_dag` accepts,
-    from :func:`log_forward_sorted`'s ``(score, mx, sm)``.
+    """`log_backward_fast` for a graph that `is_sorted_dag` accepts,
+    from `log_forward_sorted`'s ``(score, mx, sm)``.
 
     Posteriors are propagated backwards instead of backward scores: the node
     posterior ``gamma[v] = exp(alpha[v] + beta[v] - score)`` (the probability
@@ -722,7 +722,7 @@ def _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
 
     Arcs on no path, or only on ``-inf`` paths, get 0; a NaN or ``+inf`` score
     gives NaN everywhere.  A NaN or ``+inf`` weight anywhere hands over to
-    :func:`_log_backward_sorted_nodes`, which follows :func:`log_backward_fast`
+    `_log_backward_sorted_nodes`, which follows `log_backward_fast`
     exactly there.
     """
     m = dst.shape[0]
@@ -758,7 +758,7 @@ def _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
 
 @numba.njit(cache=True, nogil=True)
 def log_backward_sorted(src, dst, weight, accept, mx, sm, score, mb, sb, gscale=1.0):
-    """The posteriors of :func:`_posteriors_sorted` times ``gscale`` (the incoming
+    """The posteriors of `_posteriors_sorted` times ``gscale`` (the incoming
     gradient; the same as multiplying afterwards, NaN / inf included)."""
     grad = _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb)
     if gscale != 1.0:
@@ -781,7 +781,7 @@ def scatter_add(index, values, size):
 
 @numba.njit(cache=True, nogil=True)
 def linear_arrays(M, N):
-    """Arc arrays of :func:`~duoloss.core.graph.ops.linear_graph`: arc ``t*N + c`` is ``t -> t+1``
+    """Arc arrays of `linear_graph`: arc ``t*N + c`` is ``t -> t+1``
     labelled ``c`` with weight 0."""
     A = M * N
     src = np.empty(A, np.int64)

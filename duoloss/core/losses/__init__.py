@@ -1,2 +1,2 @@
 """The loss families (CTC, ASG, graph losses, transducers) and their aligners: each
-module holds its kernels, its :class:`~duoloss.core.LossKernel` and its validation."""
+module holds its kernels, its `LossKernel` and its validation."""

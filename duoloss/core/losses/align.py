@@ -16,17 +16,17 @@ instead of storing them) and return the best path:
         + a(s' \to s)\right), \qquad
     \text{score}_b = \max_{s \in \text{final}} \delta_{T_b - 1}(s).
 
-* CTC (:func:`ctc_align`): states are the ``2L+1`` blank/label states of the
-  CTC acceptor, :math:`w_t(s) = \log p_t(z_s)`, no arc weights.  The frame
+* CTC (`ctc_align`): states are the ``2L+1`` blank/label states of the
+  CTC acceptor, $w_t(s) = \log p_t(z_s)$, no arc weights.  The frame
   labels include the blank, like ``torchaudio.functional.forced_align``.
-* ASG (:func:`asg_align`): states are the ``L`` target positions (each token
-  spans >= 1 frame), :math:`w_t(l) = e_t(y_l)`, arc weights are the
-  transitions (:math:`A_{y_l y_l}` to stay, :math:`A_{y_l y_{l-1}}` to
-  advance) and the start score :math:`s_{y_1}` at the first frame.
-* ASG decoding (:func:`asg_viterbi`): the best *unconstrained* labelling
+* ASG (`asg_align`): states are the ``L`` target positions (each token
+  spans >= 1 frame), $w_t(l) = e_t(y_l)$, arc weights are the
+  transitions ($A_{y_l y_l}$ to stay, $A_{y_l y_{l-1}}$ to
+  advance) and the start score $s_{y_1}$ at the first frame.
+* ASG decoding (`asg_viterbi`): the best *unconstrained* labelling
   (GTN's ``viterbi_path(compose(E, Trans))``), over all ``C`` tokens.
-* Target graphs (:func:`graph_align`): nodes of one acceptor per sequence,
-  :math:`w_t(a) = e_t(k_a)` plus the arc weight (GTN's
+* Target graphs (`graph_align`): nodes of one acceptor per sequence,
+  $w_t(a) = e_t(k_a)$ plus the arc weight (GTN's
   ``viterbi_path(intersect(G, E))``); also returns the arc used at each frame.
 
 The gradient of a Viterbi score w.r.t. the scores is the indicator (count) of
@@ -36,8 +36,8 @@ the arcs on the returned path; it is not provided here.
 ``ASG_CHECKPOINT_CELLS`` (ASG forced alignment) trellis cells is aligned without
 its full table: the forward keeps two rows and every ``k``-th row, and the
 backtrace recomputes each stretch of ``k`` frames from its checkpoint on the
-window of states the path can still reach (:func:`_ctc_align_checkpointed`,
-:func:`_asg_align_checkpointed`), ``O((T S)^(2/3))`` floats.  Labels, scores and
+window of states the path can still reach (`_ctc_align_checkpointed`,
+`_asg_align_checkpointed`), ``O((T S)^(2/3))`` floats.  Labels, scores and
 ties are the full table's, bit for bit.
 
 **Ties** are broken deterministically: whenever two predecessors (or two final
@@ -93,13 +93,13 @@ def _run(kernel_serial, kernel_parallel, cells, args):
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels, scores):
     """Viterbi alignment of sequence ``b``: the CTC trellis of
-    :func:`duoloss.core.losses.ctc._ctc_trellis_forward` in the tropical semiring.
+    `duoloss.core.losses.ctc._ctc_trellis_forward` in the tropical semiring.
 
     No back-pointers are stored: backtracking asks
-    :func:`~duoloss.core.losses.ctc._ctc_best_step` again, on the same table
+    `_ctc_best_step` again, on the same table
     values, so it takes the same steps (and ties) as the forward did.  A
     sequence of more than ``checkpoint_cells`` trellis cells takes the
-    bounded-memory path (:func:`_ctc_align_checkpointed`), which reads the same
+    bounded-memory path (`_ctc_align_checkpointed`), which reads the same
     values.
     """
     t_max, _, n_cls = logp.shape
@@ -151,7 +151,7 @@ def _ctc_tropical_row(b, t, input_len, lab, skip, logp, prev, cur, w_lo, w_hi):
     """Row ``t`` (``t >= 1``) of the tropical CTC trellis on the states
     ``[w_lo, w_hi]`` (``cur[x - w_lo]``) from row ``t - 1`` on the same window
     (states below ``w_lo`` read as ``-inf``); cells outside the frame's band are
-    ``-inf``, as in :func:`~duoloss.core.losses.ctc._ctc_trellis_forward`."""
+    ``-inf``, as in `_ctc_trellis_forward`."""
     n_states = lab.shape[0]
     lo = max(0, n_states - 2 * (input_len - t))
     hi = min(n_states - 1, 2 * t + 1)
@@ -179,7 +179,7 @@ def _ctc_segment(input_len, n_states):
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
-    """:func:`_ctc_align_one`'s alignment and score in ``O((T S)^(2/3))`` memory
+    """`_ctc_align_one`'s alignment and score in ``O((T S)^(2/3))`` memory
     (see the comment above)."""
     n_states = lab.shape[0]
     k = _ctc_segment(input_len, n_states)
@@ -260,7 +260,7 @@ def _int_buffers(targets, input_lengths, target_lengths, n):
 
 
 #: Sequences of more trellis cells (``T_b (2 L_b + 1)``) than this are aligned in
-#: bounded memory (:func:`_ctc_align_checkpointed`); below it the full table
+#: bounded memory (`_ctc_align_checkpointed`); below it the full table
 #: (8 bytes a cell, 256 MiB at the threshold) is faster by a little.
 CTC_CHECKPOINT_CELLS = 1 << 25
 
@@ -308,10 +308,10 @@ def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: n
 def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, checkpoint_cells,
                    labels, scores):
     """Viterbi alignment of sequence ``b``: the target trellis of
-    :func:`duoloss.core.losses.asg._asg_target_forward` in the tropical semiring;
-    backtracking asks :func:`~duoloss.core.losses.asg._asg_best_target_step` again
+    `duoloss.core.losses.asg._asg_target_forward` in the tropical semiring;
+    backtracking asks `_asg_best_target_step` again
     instead of storing back-pointers.  Above ``checkpoint_cells`` cells: the
-    bounded-memory path (:func:`_asg_align_checkpointed`), same results."""
+    bounded-memory path (`_asg_align_checkpointed`), same results."""
     t_max, _, n_cls = em.shape
     input_len = in_len[b]
     target_len = tg_len[b]
@@ -350,7 +350,7 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, chec
 def _asg_tropical_row(b, t, input_len, lab, stay, advance, em, prev, cur, w_lo, w_hi):
     """Row ``t >= 1`` of the tropical ASG target trellis on the positions
     ``[w_lo, w_hi]`` (``cur[x - w_lo]``), positions below ``w_lo`` read as
-    ``-inf``; as :func:`duoloss.core.losses.asg._asg_target_forward` on every
+    ``-inf``; as `duoloss.core.losses.asg._asg_target_forward` on every
     cell the backtrace reads (the CTC comment above, with one position per
     frame instead of two)."""
     n_lab = lab.shape[0]
@@ -371,7 +371,7 @@ def _asg_tropical_row(b, t, input_len, lab, stay, advance, em, prev, cur, w_lo, 
 
 @numba.njit(cache=True, nogil=True)
 def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels, scores):
-    """:func:`_asg_align_one`'s alignment and score with checkpointed rows and a
+    """`_asg_align_one`'s alignment and score with checkpointed rows and a
     windowed recomputing traceback (``0 < L <= T``): ``(T / k) L + k (k + 1)``
     floats with ``k ~ (T L / 2)^(1/3)``."""
     n_lab = lab.shape[0]
@@ -451,7 +451,7 @@ def _asg_params(em, transitions, start_transitions):
 
 
 #: ASG sequences of more target-trellis cells (``T_b L_b``) than this are aligned in
-#: bounded memory (:func:`_asg_align_checkpointed`).
+#: bounded memory (`_asg_align_checkpointed`).
 ASG_CHECKPOINT_CELLS = 1 << 25
 
 
@@ -499,8 +499,8 @@ def asg_align(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt
 @numba.njit(cache=True, nogil=True)
 def _asg_viterbi_one(b, em, trans, start, has_trans, in_len, labels, scores):
     """Viterbi decoding of sequence ``b``: the normaliser's token trellis of
-    :func:`duoloss.core.losses.asg._asg_token_forward` in the tropical semiring;
-    backtracking asks :func:`~duoloss.core.losses.asg._asg_best_previous_token`
+    `duoloss.core.losses.asg._asg_token_forward` in the tropical semiring;
+    backtracking asks `_asg_best_previous_token`
     again instead of storing back-pointers."""
     t_max = em.shape[0]
     input_len = in_len[b]
@@ -572,7 +572,7 @@ def asg_viterbi(emissions: npt.ArrayLike, transitions: npt.ArrayLike, input_leng
 def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
                      start_all, accept_all, widx_all, labels, arcs, scores):
     """Viterbi alignment of sequence ``b``: the loss's trellis recursion
-    (:func:`duoloss.core.losses.graph_loss._frames_forward`) in the tropical semiring,
+    (`duoloss.core.losses.graph_loss._frames_forward`) in the tropical semiring,
     then a trace back through the winning arcs."""
     t_max, _, n_cls = em.shape
     for t in range(t_max):

@@ -4,10 +4,10 @@ Shapes: ``T`` frames, ``N`` sequences, ``C`` tokens (there is no blank), ``S``
 padded target length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and
 ``L_b = target_lengths[b]`` tokens ``y_1 .. y_L``.
 
-A *frame labelling* :math:`\pi = (\pi_1, \dots, \pi_{T_b})` assigns one token to
-each frame.  With emissions :math:`e_t(k)` (``emissions[t, b, k]``, unnormalised),
-transitions :math:`A_{ij}` (``transitions[i, j]``: score of token ``i`` right
-after token ``j``; row = to, column = from) and start scores :math:`s_k`
+A *frame labelling* $\pi = (\pi_1, \dots, \pi_{T_b})$ assigns one token to
+each frame.  With emissions $e_t(k)$ (``emissions[t, b, k]``, unnormalised),
+transitions $A_{ij}$ (``transitions[i, j]``: score of token ``i`` right
+after token ``j``; row = to, column = from) and start scores $s_k$
 (``start_transitions[k]``) its score is
 
 .. math::
@@ -27,10 +27,10 @@ tokens need no separator; two segmentations with the same frame labels, e.g.
 
 i.e. GTN's ``forward_score(compose(E, Trans)) - forward_score(compose(compose(FAL,
 Trans), E))``.  The first term (the normaliser) runs the recursion
-:math:`\alpha_t(i) = e_t(i) + \operatorname{logsumexp}_j(\alpha_{t-1}(j) + A_{ij})`
+$\alpha_t(i) = e_t(i) + \operatorname{logsumexp}_j(\alpha_{t-1}(j) + A_{ij})$
 over all ``C`` tokens; the second one runs it over the ``L`` target positions,
-each of which either stays (:math:`A_{y_l y_l}`) or advances from the previous
-position (:math:`A_{y_l y_{l-1}}`).
+each of which either stays ($A_{y_l y_l}$) or advances from the previous
+position ($A_{y_l y_{l-1}}$).
 
 Gradients are expected counts: ``d loss / d emissions[t, b, k]`` is the posterior
 of token ``k`` at frame ``t`` under the normaliser minus the same posterior under
@@ -40,12 +40,12 @@ probability that a path starts with ``k`` (normaliser minus target, where the
 latter is 1 for ``k = y_1``).
 
 Without ``transitions`` (and without start scores) the normaliser factorises
-over frames, every labelling has weight :math:`\sum_t e_t(\pi_t)`, and the loss
+over frames, every labelling has weight $\sum_t e_t(\pi_t)$, and the loss
 is the *all-alignments* loss of GTN's PyTorch example
 (``bindings/python/examples/pytorch_loss.py``); the emission gradient is then
 ``softmax(emissions) - posterior``.
 
-Implementation: as in :mod:`duoloss.core.losses.ctc`, the kernels exponentiate the
+Implementation: as in `duoloss.core.losses.ctc`, the kernels exponentiate the
 emissions once per frame (relative to the frame's maximum; values below
 ``exp(-708)`` relative to it flush to 0), the transitions and start scores once
 per call (relative to their maxima; zero-padded to a multiple of 8 tokens), run
@@ -54,9 +54,9 @@ rescaling, check on every frame that the posteriors sum to one, and fall back to
 an exact log-space recursion for a sequence where that check fails or a frame's
 mass underflows (e.g. a transition needed by the target that is ~700 nats below
 the best one).  Those exact recursions are the same code as the Viterbi decoders
-of :mod:`duoloss.core.losses.align` in the other semiring: one token trellis (the
-normaliser; :func:`~duoloss.core.losses.align.asg_viterbi`) and one target trellis
-(:func:`~duoloss.core.losses.align.asg_align`), with the semiring a compile-time
+of `duoloss.core.losses.align` in the other semiring: one token trellis (the
+normaliser; `asg_viterbi`) and one target trellis
+(`asg_align`), with the semiring a compile-time
 constant.  The expected transition counts are accumulated during the
 backward pass; emission posteriors overwrite the forward variables.
 
@@ -179,7 +179,7 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
     """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status, exact)``.
 
     Specialised on purpose, not merged with the log/tropical token trellis
-    (:func:`_asg_token_forward`): it multiplies rescaled probabilities (a
+    (`_asg_token_forward`): it multiplies rescaled probabilities (a
     vectorised matrix-vector product per frame, no exp/log in the loop) and
     checks every frame; the log-space recursion, scalar exp/log per
     transition, measured ~50x slower (T=300, C=40: ~50 ms vs ~1 ms per sequence).
@@ -285,12 +285,12 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
 def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed):
     """Linear-space forward-backward over the target's positions.
 
-    Specialised on purpose, like :func:`_norm_linear`: rescaled probabilities,
+    Specialised on purpose, like `_norm_linear`: rescaled probabilities,
     no exp/log in the loop, a per-frame check; the exact trellis it falls back
-    to is :func:`_asg_target_forward` (shared with the Viterbi aligner).
+    to is `_asg_target_forward` (shared with the Viterbi aligner).
 
     Returns ``(sum_t log c_t, status, exact)`` (``flushed``/``exact`` as in
-    :func:`_norm_linear`).  ``lab``: the target as unsigned
+    `_norm_linear`).  ``lab``: the target as unsigned
     integers; ``ws[l]``/``wa[l]``: weight of staying at / advancing to position
     ``l`` (``wa[0] = 0``; both have a zero entry at ``L``).  ``alpha (tb, L + 1)``
     is scratch; with ``want`` it ends up holding the posteriors inside each
@@ -405,7 +405,7 @@ def _asg_best_previous_token(table, t, i, trans, has_trans):
     ``j``; NaN is never picked (all NaN/``-inf``: ``(-inf, C-1)``).  The
     decoder calls it again while backtracking instead of storing back-pointers.
     (Array arguments cost reference-count calls per call; here they are
-    amortised over the ``C``-long loop, unlike :func:`_asg_best_target_step`.)
+    amortised over the ``C``-long loop, unlike `_asg_best_target_step`.)
     """
     n_cls = table.shape[1]
     best = _NEG_INF
@@ -422,9 +422,9 @@ def _asg_best_previous_token(table, t, i, trans, has_trans):
 def _asg_token_forward(b, input_len, em, trans, start, has_trans, tropical):
     """The normaliser's forward table ``(input_len, C)`` over all tokens.
 
-    Log semiring: :math:`\\alpha_t(i) = e_t(i) + \\operatorname{logsumexp}_j
-    (\\alpha_{t-1}(j) + A_{ij})`, :math:`\\alpha_0(i) = s_i + e_0(i)`.
-    Tropical: the same with ``max`` (:func:`_asg_best_previous_token`).
+    Log semiring: $\\alpha_t(i) = e_t(i) + \\operatorname{logsumexp}_j
+    (\\alpha_{t-1}(j) + A_{ij})$, $\\alpha_0(i) = s_i + e_0(i)$.
+    Tropical: the same with ``max`` (`_asg_best_previous_token`).
     """
     n_cls = em.shape[2]
     table = np.empty((input_len, n_cls))
@@ -467,7 +467,7 @@ def _asg_token_final(table, tropical):
 def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
     """Exact log-space normaliser (slow, scalar exp/log); returns logZ.
 
-    The forward is the shared token trellis (:func:`_asg_token_forward`, log
+    The forward is the shared token trellis (`_asg_token_forward`, log
     semiring); with ``want`` the posteriors are added to ``ge``/``gs`` and the
     expected transition counts to ``gt``.
     """
@@ -525,7 +525,7 @@ def _asg_best_target_step(stay, advance):
     """Tropical sum into a target position: ``(best, step)`` of the scores of
     staying (step 0) and advancing (step 1; ``-inf`` at position 0); a tie
     stays, NaN is never picked over a number.  Scalars only (see
-    :func:`duoloss.core.losses.ctc._ctc_best_step`)."""
+    `duoloss.core.losses.ctc._ctc_best_step`)."""
     best = stay
     step = 0
     if advance > best:
@@ -540,7 +540,7 @@ def _asg_target_forward(b, input_len, lab, stay, advance, em, start, tropical):
     frame's band of positions); needs ``0 < L <= input_len``.
 
     Log semiring: logsumexp of staying and advancing; tropical: their max
-    (:func:`_asg_best_target_step`).  Either way the value is
+    (`_asg_best_target_step`).  Either way the value is
     ``table[input_len - 1, L - 1]``.
     """
     n_lab = lab.shape[0]
@@ -566,7 +566,7 @@ def _asg_target_forward(b, input_len, lab, stay, advance, em, start, tropical):
 def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
     """Exact log-space forward-backward over the target's positions; returns
     the log-sum over the target paths.  The forward is the shared target
-    trellis (:func:`_asg_target_forward`, log semiring)."""
+    trellis (`_asg_target_forward`, log semiring)."""
     n_lab = lab.shape[0]
     stay, advance = _asg_target_weights(lab, trans, has_trans)
     log_alpha = _asg_target_forward(b, tb, lab, stay, advance, em, start, False)
@@ -612,7 +612,7 @@ def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
 def _exp_row(em, t, b, mx, probs):
     """``probs[t, k] = exp(em[t, b, k] - mx)`` for ``em[t, b, k] - mx <= 0`` or
     NaN (NaN stays NaN, results below ``exp(-708)`` flush to 0); a loop LLVM
-    vectorises, unlike one calling :func:`fast_exp` (a branch to ``math.exp``)."""
+    vectorises, unlike one calling `fast_exp` (a branch to ``math.exp``)."""
     for k in range(em.shape[2]):
         y = np.float64(em[t, b, k]) - mx
         r = exp_core(-708.0 if y < -708.0 else y)
@@ -687,8 +687,8 @@ def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans,
                     want_cnt, shift, flushed, pn, cnt, gs):
     """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
 
-    Rescaled linear space first (:func:`_norm_linear`; its value is
-    ``shift + linear_log_z``), the exact log space (:func:`_norm_log`) on a
+    Rescaled linear space first (`_norm_linear`; its value is
+    ``shift + linear_log_z``), the exact log space (`_norm_log`) on a
     failed check: it gives the value only when the linear one is not exact, and
     the gradient whenever the linear sweep failed.  With ``want``, ``pn``,
     ``cnt`` and ``gs`` receive the posteriors, the expected transition counts
@@ -719,8 +719,8 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
     writes ``losses[b]`` and subtracts the target posteriors and counts from
     ``pn``, ``cnt``, ``gs``; returns ``(status, feasible)``.
 
-    Rescaled linear space first (:func:`_num_linear`), exact log space
-    (:func:`_num_log`) on a failed check, with the normaliser's loss rule.
+    Rescaled linear space first (`_num_linear`), exact log space
+    (`_num_log`) on a failed check, with the normaliser's loss rule.
     """
     n_cls = em.shape[2]
     feasible = True
@@ -787,9 +787,9 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
              want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
     """Loss and gradients of sequence ``b``; see the module docstring.
 
-    Steps: validate; frame probabilities (:func:`_frame_probs`); the
-    normaliser (:func:`_asg_normaliser`); the target paths
-    (:func:`_asg_numerator`); store the gradients (normaliser minus target).
+    Steps: validate; frame probabilities (`_frame_probs`); the
+    normaliser (`_asg_normaliser`); the target paths
+    (`_asg_numerator`); store the gradients (normaliser minus target).
     """
     t_max, _, n_cls = em.shape
     cp = sp.shape[1]

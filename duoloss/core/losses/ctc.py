@@ -8,7 +8,7 @@ The CTC acceptor of a target has ``2L+1`` states: blanks at even states and
 ``y_i`` at state ``2i-1``.  A path visits one state per frame, starts in state 0
 or 1, ends in state ``2L`` or ``2L-1``, and moves by 0, 1, or 2 states per frame
 (2 only onto a label different from the one it skips).  With
-:math:`\ell_t(k) = \log p_t(k)` (``log_probs[t, b, k]``):
+$\ell_t(k) = \log p_t(k)$ (``log_probs[t, b, k]``):
 
 .. math::
 
@@ -35,7 +35,7 @@ maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
 paths produce float64-accurate results for float32 and float64 inputs.  The
 exact log-space trellis is the same code as the Viterbi aligner
-(:func:`duoloss.core.losses.align.ctc_align`) in the other semiring (logsumexp vs
+(`duoloss.core.losses.align.ctc_align`) in the other semiring (logsumexp vs
 max, a compile-time constant); the rescaled linear-space kernels are a
 different algorithm, specialised for speed.
 
@@ -147,8 +147,8 @@ def _ctc_trellis_forward(b, input_len, lab, skip, logp, tropical):
 
     Log semiring (``tropical=False``): ``log alpha_t(s)`` of the module
     docstring.  Tropical semiring: the Viterbi scores ``delta_t(s)``
-    (:mod:`duoloss.core.losses.align`), with the predecessor rule of
-    :func:`_ctc_best_step`.
+    (`duoloss.core.losses.align`), with the predecessor rule of
+    `_ctc_best_step`.
     """
     n_states = lab.shape[0]
     table = np.full((input_len, n_states), -np.inf)
@@ -204,7 +204,7 @@ def _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale):
 
     Writes ``-scale * posterior`` into ``grad[:input_len, b, :]`` (already
     zeroed) when ``want_grad``.  The forward is the shared trellis
-    (:func:`_ctc_trellis_forward`, log semiring).
+    (`_ctc_trellis_forward`, log semiring).
     """
     n_states = lab.shape[0]
     log_alpha = _ctc_trellis_forward(b, input_len, lab, skip, logp, False)
@@ -394,7 +394,7 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
     (0 fine, 1 fall back to log space).  Specialised like
-    :func:`_ctc_forward_linear`.
+    `_ctc_forward_linear`.
 
     With ``want_grad`` writes ``-scale * posterior`` into ``grad[t, b, :]``;
     on a failed check the rows written so far are zeroed again.  Without it
@@ -466,10 +466,10 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
     """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
     module docstring.
 
-    Steps: validate; frame probabilities (:func:`_ctc_frame_probs`); rescaled
-    forward (:func:`_ctc_forward_linear`); backward sweep with the per-frame
-    check (:func:`_ctc_backward_linear`); the exact log-space trellis
-    (:func:`_ctc_log_space`) where linear space lost precision.
+    Steps: validate; frame probabilities (`_ctc_frame_probs`); rescaled
+    forward (`_ctc_forward_linear`); backward sweep with the per-frame
+    check (`_ctc_backward_linear`); the exact log-space trellis
+    (`_ctc_log_space`) where linear space lost precision.
     """
     t_max, _, n_cls = logp.shape
     scale = gscale[b] if gscale.shape[0] > b else 1.0
@@ -778,7 +778,7 @@ def ctc_gather_worthwhile(t_max: int, n: int, n_cls: int, s: int) -> bool:
 
 
 def ctc_gather_plan(targets: np.ndarray, target_lengths: np.ndarray, n_cls: int, blank: int):
-    """Host version (numpy) of :func:`duoloss._xp.ctc.gather_plan`:
+    """Host version (numpy) of `duoloss._xp.ctc.gather_plan`:
     ``(columns (N, S+1), column_targets (N, S))`` int64.
 
     ``columns[b]`` lists the classes to gather (blank first, then the target's

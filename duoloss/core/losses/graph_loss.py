@@ -2,21 +2,21 @@ r"""Target-graph loss: one acceptor per sequence intersected with its frames.
 
 Shapes: ``T`` frames, ``N`` sequences, ``C`` classes, ``K`` learnable arc
 weights; sequence ``b`` has ``T_b = input_lengths[b]`` frames and a graph
-:math:`G_b` (a ``duoloss.gtn.Graph``) whose arc ``a`` goes ``src_a -> dst_a``
-with label :math:`k_a \in [0, C)` and weight
+$G_b$ (a ``duoloss.gtn.Graph``) whose arc ``a`` goes ``src_a -> dst_a``
+with label $k_a \in [0, C)$ and weight
 
 .. math::
 
     w_a = \text{graph weight}_a + \theta_{i_a} \quad (\text{only if } i_a \ge 0),
 
-where :math:`\theta` (``weights``, ``(K,)``) is shared by all graphs and
-``arc_weight_index`` gives :math:`i_a` (``-1``: no learnable part).  Tied
+where $\theta$ (``weights``, ``(K,)``) is shared by all graphs and
+``arc_weight_index`` gives $i_a$ (``-1``: no learnable part).  Tied
 weights (many arcs with the same index) express transition models, lexicons
 and n-gram token graphs.
 
-A path through :math:`G_b \circ E_b` takes exactly one arc per frame (the
+A path through $G_b \circ E_b$ takes exactly one arc per frame (the
 intersection with the linear graph of ``T_b`` frames is acyclic even when
-:math:`G_b` has self-loops or cycles): with :math:`e_t(k)` =
+$G_b$ has self-loops or cycles): with $e_t(k)$ =
 ``emissions[t, b, k]``,
 
 .. math::
@@ -39,19 +39,19 @@ an arc labelled ``k``; ``d loss / d weights[i]`` = minus the expected number of
 uses of the arcs tied to ``i``.
 
 Epsilon arcs (input label ``-1``) consume no frame, as in ``duoloss.gtn``'s
-epsilon-aware ``compose``: with :math:`\epsilon^*` the closure over the
-epsilon arcs (weights :math:`e^{w_a}`), each :math:`\alpha_t` above is followed
-by :math:`\alpha_t \leftarrow \alpha_t \epsilon^*` (start and accept included,
+epsilon-aware ``compose``: with $\epsilon^*$ the closure over the
+epsilon arcs (weights $e^{w_a}$), each $\alpha_t$ above is followed
+by $\alpha_t \leftarrow \alpha_t \epsilon^*$ (start and accept included,
 so epsilon arcs may leave a start node or enter an accept node, and ``T_b = 0``
 sums the epsilon-only paths).  Cycles of epsilon arcs are rejected (the sum
 would be infinite or need a fixed point).
 
-Denominators (:data:`GRAPH_MMI_KERNEL`, LF-MMI):
-:math:`\text{loss}_b = -\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)`, both
+Denominators (`GRAPH_MMI_KERNEL`, LF-MMI):
+$\text{loss}_b = -\log Z(G_b \circ E_b) + \log Z(D_b \circ E_b)$, both
 terms by the kernel above; gradients are differences of posteriors / expected
 counts.
 
-Implementation: as in :mod:`duoloss.core.losses.ctc`, a linear-space float64
+Implementation: as in `duoloss.core.losses.ctc`, a linear-space float64
 forward-backward over the arcs with per-frame rescaling (frame arcs relative to
 their largest weight; epsilon arcs, processed in topological order after each
 frame, with absolute weights), a per-frame check that the arc posteriors sum to
@@ -113,11 +113,11 @@ def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs
     has the same value) as one with.  Adds label posteriors to ``ge`` and (if
     ``want_cnt``) arc counts to ``cnt``.
 
-    Kept specialised (not a semiring instance of :func:`_frames_forward`):
+    Kept specialised (not a semiring instance of `_frames_forward`):
     products of rescaled probabilities need no ``exp``/``log`` per arc and
     frame, and the backward pass needs no ``logaddexp`` either.  Measured here
     (B=8, T=200, CTC graphs of 40 labels, forward and backward): 7.0 ms, against
-    13.5 ms for a batch that takes the log-space path (:func:`_graph_log`).
+    13.5 ms for a batch that takes the log-space path (`_graph_log`).
     """
     a_n = src.shape[0]
     alpha = np.zeros((tb + 1, v_n))
@@ -247,8 +247,8 @@ def _relax(table, back, t, node, arc, value, tropical):
 def _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, table, back, tropical):
     r"""Forward scores over the graph x frames trellis, log or tropical semiring.
 
-    The one recursion behind the log-space loss (:func:`_graph_log`) and the
-    Viterbi alignment (:func:`duoloss.core.losses.align._graph_align_one`).  Arcs
+    The one recursion behind the log-space loss (`_graph_log`) and the
+    Viterbi alignment (`duoloss.core.losses.align._graph_align_one`).  Arcs
     ``0 .. a_e-1`` consume a frame, arcs ``a_e ..`` are epsilon arcs in
     topological order of their sources; ``lw`` are the arcs' log weights.  Fills
     ``table[t, n]`` (``(tb+1, v_n)``, all ``-inf`` on entry) with the
@@ -287,7 +287,7 @@ def _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, table, back, 
 def _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ge, cnt):
     """Exact log-space forward-backward (slow fallback); returns logZ.
 
-    The forward is :func:`_frames_forward` in the log semiring."""
+    The forward is `_frames_forward` in the log semiring."""
     a_n = src.shape[0]
     la = np.full((tb + 1, v_n), _NEG_INF)
     _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, la,
@@ -387,8 +387,8 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
                 gw_all, start_all, accept_all, widx_all):
     """Sequence ``b``'s graph (``b % G``), checked and with its arcs in trellis order.
 
-    Shared by the loss (:func:`_graph_one`) and the alignment
-    (:func:`duoloss.core.losses.align._graph_align_one`).
+    Shared by the loss (`_graph_one`) and the alignment
+    (`duoloss.core.losses.align._graph_align_one`).
 
     Returns:
       ``(ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept)``.  ``ok`` is
@@ -396,7 +396,7 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
       an offset, node id, label or weight index is out of range, or the epsilon
       arcs form a cycle.  Arc ``i`` of the returned arrays is the graph's local
       arc ``perm[i]`` (global ``a0 + perm[i]``): the ``a_e`` frame arcs first, in
-      graph order, then the epsilon arcs in topological order (:func:`_eps_order`);
+      graph order, then the epsilon arcs in topological order (`_eps_order`);
       ``lw`` is its log weight, graph weight plus its tied ``theta`` (float64).
     """
     n_graphs = node_off.shape[0] - 1
@@ -452,7 +452,7 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
 
 @numba.njit(cache=True, nogil=True)
 def _linear_weights(lw, a_e):
-    """Linear-space arc weights for :func:`_graph_linear`: ``(omega, w, eps_ok)``.
+    """Linear-space arc weights for `_graph_linear`: ``(omega, w, eps_ok)``.
 
     Frame arcs are taken relative to ``omega``, the largest finite frame-arc
     log weight (0 if none); epsilon arcs keep absolute weights (they take no
@@ -508,7 +508,7 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
                gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
                losses, g_em, g_w):
     """Loss and gradients of sequence ``b``: linear-space forward-backward
-    (:func:`_graph_linear`), or the exact log-space one (:func:`_graph_log`)
+    (`_graph_linear`), or the exact log-space one (`_graph_log`)
     when the former reports a fallback."""
     t_max, _, n_cls = em.shape
     k_n = theta.shape[0]
@@ -729,10 +729,10 @@ def pack_graphs(graphs: Sequence[Graph], arc_weight_index: Sequence[Any] | None 
 
 def check_graph_args(fn, emissions, graphs, input_lengths, weights, arc_weight_index, *,
                      concrete=True, graphs_concrete=True):
-    """Validate ``graph_loss``/``graph_align`` arguments; returns a :class:`PackedGraphs`.
+    """Validate ``graph_loss``/``graph_align`` arguments; returns a `PackedGraphs`.
 
     ``graphs`` is a list of ``N`` ``duoloss.gtn.Graph`` (packed here, with
-    ``arc_weight_index``) or an already packed :class:`PackedGraphs` of ``N``
+    ``arc_weight_index``) or an already packed `PackedGraphs` of ``N``
     graphs (its own ``arc_weight_index``; the argument must then be ``None``).
     ``emissions``/``weights``/``input_lengths`` need ``.shape`` and ``.dtype``;
     the values of ``input_lengths`` are checked when ``concrete``, those of
@@ -946,10 +946,10 @@ GRAPH_LOSS_KERNEL = LossKernel(
 # Denominator graphs (LF-MMI)                                                  #
 # --------------------------------------------------------------------------- #
 def check_denominator(fn, emissions, denominator, weights, index, *, graphs_concrete=True):
-    r"""Validate a ``denominator`` argument; returns a :class:`PackedGraphs`.
+    r"""Validate a ``denominator`` argument; returns a `PackedGraphs`.
 
     ``denominator`` is one ``Graph`` (shared by the batch, packed once: ``G =
-    1``), a list of ``N`` graphs, or a :class:`PackedGraphs` of 1 or ``N``
+    1``), a list of ``N`` graphs, or a `PackedGraphs` of 1 or ``N``
     graphs (then ``index``, the ``denominator_arc_weight_index``, must be
     ``None``).  ``index`` is one integer array (a shared graph) or ``N`` of them.
     """
@@ -1039,7 +1039,7 @@ def _graph_mmi_run(arrays, want_grad, *, zero_infinity=False):
 
 
 #: LF-MMI: arrays are ``(emissions, weights, input_lengths, *numerator (9),
-#: *denominator (9))`` (two :class:`PackedGraphs`; sequence ``b`` uses numerator
+#: *denominator (9))`` (two `PackedGraphs`; sequence ``b`` uses numerator
 #: ``b % G_num`` and denominator ``b % G_den``); loss
 #: ``-log Z(num_b o E_b) + log Z(den_b o E_b)``; static ``zero_infinity``.
 GRAPH_MMI_KERNEL = LossKernel(

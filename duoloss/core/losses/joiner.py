@@ -3,7 +3,7 @@ classes and the two lattice gathers in one pass, and its backward in one pass.
 
 A transducer loss reads two log-probabilities per lattice cell from the joiner
 output ``x`` (``N * T * (U + 1)`` rows of ``V`` logits): the blank and the
-cell's next target label.  With :math:`m_r = \max_v x_{r,v}` and
+cell's next target label.  With $m_r = \max_v x_{r,v}$ and
 
 .. math::
 
@@ -11,8 +11,8 @@ cell's next target label.  With :math:`m_r = \max_v x_{r,v}` and
     \text{label}_r = x_{r,y_r} - \operatorname{lse}_r, \qquad
     \text{blank}_r = x_{r,\varnothing} - \operatorname{lse}_r,
 
-and, for cotangents :math:`g^y_r` (label) and :math:`g^\varnothing_r` (blank),
-:math:`c_r = -(g^y_r + g^\varnothing_r)`,
+and, for cotangents $g^y_r$ (label) and $g^\varnothing_r$ (blank),
+$c_r = -(g^y_r + g^\varnothing_r)$,
 
 .. math::
 
@@ -36,7 +36,7 @@ into an L1-sized row buffer that is summed in float64), the backward reads it
 once and writes the gradient once.  For float32 rows the exponential is a
 vectorisable float32 polynomial (``_exp32``: about 1 ulp on ``[-87, 0.5]``)
 and the sums, ``lse`` and the gathered values are float64; float64 rows use
-the float64 ``exp`` of :mod:`duoloss.core._numerics`.  Rows whose maximum is
+the float64 ``exp`` of `duoloss.core._numerics`.  Rows whose maximum is
 not finite (NaN, ``+inf``, all ``-inf``) take the C library's ``exp`` and give
 NaN, as ``torch.log_softmax``; a NaN logit makes its row's outputs NaN.
 """
@@ -203,7 +203,7 @@ def _exp_unshifted_impl(d):
 
 def _unshifted_range(a):
     """``(lo, hi)``: a row's normaliser ``lse`` may come from unshifted
-    exponentials when ``lo <= lse <= hi`` (see :func:`_forward_block`)."""
+    exponentials when ``lo <= lse <= hi`` (see `_forward_block`)."""
     raise NotImplementedError  # pragma: no cover  (numba only)
 
 
@@ -225,16 +225,16 @@ def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail,
     """Rows ``[r0, r1)`` of ``x``, all read by the lattice: one vectorised pass
     of *unshifted* exponentials over the block (into ``e``), per row a float64
     sum, one vectorised pass of logs.  Row ``r0 + i`` has the label
-    ``labs[i]`` (or :data:`NO_LABEL`); its normaliser and gathered values go
+    ``labs[i]`` (or `NO_LABEL`); its normaliser and gathered values go
     to ``lse_o[i]``, ``blank_o[i]`` and ``lab_o[i]``.
 
     Without the max shift, ``sum_v exp(x_v)`` is exact to the dtype's rounding
-    whenever its log ``lse`` lies in :func:`_unshifted_range` (float32:
+    whenever its log ``lse`` lies in `_unshifted_range` (float32:
     ``[-16, 80]``): no exponential overflows (inputs are clamped, and a clamped
     one takes ``lse`` out of the range), and the ones that underflow to 0
     (``x < -87``) weigh below ``e**-71`` of the row.  Other rows (and NaN/inf
     rows, whose sum is NaN or out of range) take the max-shifted path,
-    :func:`_row_lse`.
+    `_row_lse`.
     """
     n_cls = x.shape[1]
     lo, hi = _unshifted_range(x)
@@ -276,7 +276,7 @@ def _run_end(labels, r, lim):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
-    """Rows ``[r0, r1)`` of the row API (:func:`log_softmax_gather`)."""
+    """Rows ``[r0, r1)`` of the row API (`log_softmax_gather`)."""
     n_cls = x.shape[1]
     per = max(1, _BLOCK_ELEMS // n_cls)
     scratch = np.empty(per * n_cls, x.dtype)
@@ -333,8 +333,8 @@ def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, in_out, kb, 
     """Gradient rows ``[r0, r1)`` (all read by the lattice; row ``r0 + i`` has
     label ``labs[i]``, normaliser ``lse_l[i]`` and cotangents ``gl_l[i]``
     (label, ignored without one) and ``gb_l[i]`` (blank)):
-    ``exp(x) * (c e**-lse)`` where ``lse`` lies in :func:`_unshifted_range`
-    (see :func:`_forward_block`), the max-shifted path elsewhere, exact zeros
+    ``exp(x) * (c e**-lse)`` where ``lse`` lies in `_unshifted_range`
+    (see `_forward_block`), the max-shifted path elsewhere, exact zeros
     where ``c = 0``.  With ``in_out``, ``out``'s rows already hold ``exp(x)``
     (the forward's exponentials) and are scaled in place; else the
     exponentials are computed in one vectorised pass over the block: ``kb``
@@ -469,12 +469,12 @@ def log_softmax_gather(x, labels, blank):
 
     Args:
       x: ``(R, V)`` float32/float64 logits.
-      labels: ``(R,)`` integers: the label to gather per row, :data:`NO_LABEL`
-        or :data:`INACTIVE` (see the module doc).
+      labels: ``(R,)`` integers: the label to gather per row, `NO_LABEL`
+        or `INACTIVE` (see the module doc).
       blank: the blank class in ``[0, V)``.
     Returns:
       ``label (R,)`` and ``blank (R,)`` in ``x``'s dtype, ``lse (R,)`` float64
-      (keep it for :func:`log_softmax_gather_grad`).
+      (keep it for `log_softmax_gather_grad`).
     """
     x, labels, blank, rows_per_chunk = _rows("log_softmax_gather", x, labels, blank)
     n_rows = x.shape[0]
@@ -492,8 +492,8 @@ def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
     """The gradient w.r.t. ``x`` of ``sum(g_label * label + g_blank * blank)``.
 
     Args:
-      x, labels, blank: as in :func:`log_softmax_gather`.
-      lse: ``(R,)`` float64 from :func:`log_softmax_gather`.
+      x, labels, blank: as in `log_softmax_gather`.
+      lse: ``(R,)`` float64 from `log_softmax_gather`.
       g_label, g_blank: ``(R,)`` cotangents (``g_label`` is ignored on rows
         without a label).
       out: optional ``(R, V)`` C-contiguous array of ``x``'s dtype to write into.
@@ -533,7 +533,7 @@ def _cell(il, tl, u_max, b, t):
 @numba.njit(cache=True, nogil=True, inline="always")
 def _block_labels(targets, b, u0, u1, u_max, n_cls, labs):
     """``labs[u - u0]``: the label of position ``u`` (clamped target, or
-    :data:`NO_LABEL` on the last position)."""
+    `NO_LABEL` on the last position)."""
     for u in range(u0, u1):
         labs[u - u0] = min(max(targets[b, u], 0), n_cls - 1) if u < u_max else NO_LABEL
 
@@ -599,7 +599,7 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
     """Frames ``f = b * T + t`` in ``[f0, f1)``: the gradient rows
     ``out[b, t, :]`` from the cotangents ``g_px[b, :, t]``, ``g_py[b, :, t]``
     (zero rows where the lattice reads nothing); ``in_out``: ``out`` holds the
-    forward's exponentials (see :func:`_backward_block`)."""
+    forward's exponentials (see `_backward_block`)."""
     n, t_max, u1, n_cls = x.shape
     u_max = u1 - 1
     x2 = x.reshape(-1, n_cls)
@@ -688,7 +688,7 @@ def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
 
 def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
     """The RNN-T lattice's log-probabilities from the joiner output, in the
-    layout of :mod:`~duoloss.core.losses.transducer`.
+    layout of `transducer`.
 
     Args:
       x: ``(N, T, U + 1, V)`` float32/float64 logits.
@@ -701,7 +701,7 @@ def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
       ``t < T_b`` and ``s <= U_b``, ``-inf`` for ``t >= T_b``, 0 elsewhere;
       ``py`` ``(N, U + 1, T)``: ``log_softmax(x)[b, t, s, blank]`` for
       ``t < T_b`` and ``s <= U_b``, 0 elsewhere; ``lse`` ``(N, T, U + 1)``
-      float64 (for :func:`transducer_log_probs_grad`).  Cells the lattice never
+      float64 (for `transducer_log_probs_grad`).  Cells the lattice never
       reads cost nothing.  One pass over ``x`` writes them all (no row-major
       intermediates to transpose).
     """
@@ -721,7 +721,7 @@ def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
 def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, blank, g_px,
                               g_py, out=None):
     """The gradient w.r.t. ``x`` of ``sum(g_px * px + g_py * py)`` for
-    :func:`transducer_log_probs` (``(N, T, U + 1, V)``, ``x``'s dtype); cells
+    `transducer_log_probs` (``(N, T, U + 1, V)``, ``x``'s dtype); cells
     past a sequence's frames or target get exact zeros; ``out``: an optional
     C-contiguous array of ``x``'s dtype and shape to write into."""
     fn = "transducer_log_probs_grad"
@@ -754,7 +754,7 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
 def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
                cx, cy, out):
     """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
-    gradients (:func:`~duoloss.core.losses.transducer._one_linear`), then, when
+    gradients (`_one_linear`), then, when
     ``want``, the gradient ``out[b]`` for the cotangents ``gx * scale``
     (rounded to ``x``'s dtype, as a framework multiplies them, subnormals
     flushed) while ``x[b]`` is still in cache."""
@@ -804,9 +804,9 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     """The RNN-T loss of each sequence straight from the joiner output, and its
     gradient, one sequence at a time.
 
-    The same numbers as :func:`transducer_log_probs`, then
-    :func:`~duoloss.core.losses.transducer.transducer_loss_and_grad` on its
-    lattices, then :func:`transducer_log_probs_grad` with the cotangents
+    The same numbers as `transducer_log_probs`, then
+    `transducer_loss_and_grad` on its
+    lattices, then `transducer_log_probs_grad` with the cotangents
     ``g_px * scale`` and ``g_py * scale`` rounded to ``x``'s dtype; but each
     sequence's logits are read from memory once: its gradient is written while
     they are still in cache (the two-pass form reads all ``N * T * (U + 1) * V``
@@ -816,7 +816,7 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
 
     Args:
       x, targets, logit_lengths, target_lengths, blank: as in
-        :func:`transducer_log_probs`.
+        `transducer_log_probs`.
       boundary: ``(N, 4)`` integer rows ``[0, 0, U_b, T_b]`` of the lattice
         kernel (``-1`` entries make a sequence's loss NaN, as there).
       scale: the cotangent of every sequence's loss.

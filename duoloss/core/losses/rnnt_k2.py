@@ -5,7 +5,7 @@ compute k2's ``(px, py)`` log-probabilities with their own array operations and
 hand them to the transducer recursion of the core; what they share is here:
 argument checks that read only shapes and dtype names (they also run on JAX
 tracers), value checks on host numpy arrays (eager calls only), and the
-``s_range`` adjustment of :func:`get_rnnt_prune_ranges`, so both frontends raise
+``s_range`` adjustment of `get_rnnt_prune_ranges`, so both frontends raise
 the same messages and warn the same way.
 
 Conventions (k2's): ``B`` batch, ``T`` frames, ``S`` symbols (``S + 1``
@@ -157,7 +157,7 @@ def check_boundary_values(fn: str, boundary: np.ndarray, s: int, t: int, rnnt_ty
 
 def check_ranges_values(fn: str, ranges: np.ndarray, s: int) -> None:
     """Each row ``ranges[b, t]`` is ``r0, r0+1, ..., r0+s_range-1`` with
-    ``0 <= r0 <= S + 1 - s_range`` (what :func:`get_rnnt_prune_ranges` returns)."""
+    ``0 <= r0 <= S + 1 - s_range`` (what `get_rnnt_prune_ranges` returns)."""
     if ranges.size == 0:
         return
     r = ranges.shape[2]

@@ -14,7 +14,7 @@ sequence whose moves may skip frames.  From node ``(t, u)`` (``t < T_b``,
 Paths start at ``(0, 0)``.  A move's weight is the log-probability of its
 symbol, ``log_softmax(x[b, t, u, :V])_k - sigma``, plus (TDT) the duration's
 ``log_softmax(x[b, t, u, V:])_i``.  With the forward and backward scores
-:math:`\alpha, \beta` (log space, float64)
+$\alpha, \beta$ (log space, float64)
 
 .. math::
 
@@ -34,8 +34,8 @@ The two losses differ only in the move tables (all built in Python):
   with duration 1, on the first ``V`` logits.
 
 Gradient w.r.t. the logits (per sequence, before any reduction), with move
-posteriors :math:`P_m = e^{\alpha_{t,u} + w_m + \beta_{dest} - \log Z}`, the
-cell's occupation :math:`o = \sum_m P_m` over its moves and :math:`P_y` the
+posteriors $P_m = e^{\alpha_{t,u} + w_m + \beta_{dest} - \log Z}$, the
+cell's occupation $o = \sum_m P_m$ over its moves and $P_y$ the
 posterior of its label moves:
 
 .. math::
@@ -45,12 +45,12 @@ posterior of its label moves:
         \quad (k < V), \qquad
     g_{t,u,V+i} = \operatorname{softmax}^{dur}_i \cdot o - P^{dur}_i ,
 
-with :math:`\lambda` = ``fastemit_lambda`` (FastEmit acts on the label
+with $\lambda$ = ``fastemit_lambda`` (FastEmit acts on the label
 logits only, and the loss reported is ``(1 + lambda) * NLL``, as NeMo's
 kernels) and the label part clamped to ``[-clamp, clamp]`` when ``clamp > 0``
 (NeMo's ``clamp``: label gradients only).
 
-NB (NaN/inf policy, as :mod:`duoloss.core.losses.transducer`): ``-inf``
+NB (NaN/inf policy, as `duoloss.core.losses.transducer`): ``-inf``
 logits are valid; a sequence without a path (e.g. ``durations = [2]`` with an
 odd ``T_b``) gets loss ``+inf`` and zero gradient; a NaN in a row the lattice
 reads makes that sequence's loss and its rows' gradient NaN, never the other
@@ -454,7 +454,7 @@ def _multiblank_run(arrays, want_grad, *, blank, big_blank_durations, sigma, fas
 #: TDT for the frontends' adapters: arrays ``(logits, targets, logit_lengths,
 #: target_lengths)``; static ``blank`` (in ``[0, V)``), ``durations`` (a
 #: key, e.g. ``"d0_1_2"``), ``sigma``, ``fastemit_lambda``,
-#: ``clamp``, ``omega``.  Durations are passed as :func:`durations_key`.
+#: ``clamp``, ``omega``.  Durations are passed as `durations_key`.
 TDT_KERNEL = LossKernel(
     name="tdt_loss",
     run=_tdt_run,
@@ -463,8 +463,8 @@ TDT_KERNEL = LossKernel(
     weighted=True,
 )
 
-#: Multi-blank RNN-T for the frontends' adapters: arrays as :data:`TDT_KERNEL`;
-#: static ``blank``, ``big_blank_durations`` (a :func:`durations_key`),
+#: Multi-blank RNN-T for the frontends' adapters: arrays as `TDT_KERNEL`;
+#: static ``blank``, ``big_blank_durations`` (a `durations_key`),
 #: ``sigma``, ``fastemit_lambda``, ``clamp``.
 MULTIBLANK_KERNEL = LossKernel(
     name="multiblank_rnnt_loss",

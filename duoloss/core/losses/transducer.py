@@ -33,7 +33,7 @@ box are ``-inf``), and the loss is the per-sequence NEGATIVE log-likelihood
 
     \text{loss}_b = -p_{s_{end}, t_{end}}.
 
-(k2 returns :math:`+p`; its ``rnnt_loss`` negates it.)  ``'constrained'``
+(k2 returns $+p$; its ``rnnt_loss`` negates it.)  ``'constrained'``
 differs from ``'modified'`` only in how k2 builds ``px`` (it adds the next
 context's blank, ``px += py[:, 1:]``); the recursion is the same.
 
@@ -59,12 +59,12 @@ never an out-of-bounds read.
 Implementation: a rescaled *linear-space* forward-backward in float64 (inputs
 are read in their own float32/float64 dtype), parallel over the batch, with the
 exact log-space recursion as its safety net (the same design as CTC's kernel,
-see :mod:`duoloss.core.losses.ctc`).  The sweep runs over *levels* of the lattice:
+see `duoloss.core.losses.ctc`).  The sweep runs over *levels* of the lattice:
 anti-diagonals ``(s - s_begin) + (t - t_begin)`` for ``'regular'`` (every move
 goes from one to the next) and frames ``t`` for ``'modified'``/``'constrained'``
 (every move advances one frame), so every path crosses every level exactly once.
 Each move's probability is exponentiated once, relative to the largest move
-into its level (one :func:`fast_exp` per move; nothing transcendental in the
+into its level (one `fast_exp` per move; nothing transcendental in the
 recursions themselves); each level of the forward is normalised to sum one and
 the log of its scale accumulated; the backward reuses the stored move
 probabilities.  At every level the backward checks that the posteriors sum to
@@ -80,7 +80,7 @@ space).  If something was flushed (a cell far below its level's bulk that
 later carries the posterior mass), the backward's per-level check decides --
 it also runs, without writing a gradient, when no gradient was asked for -- and
 a failed check sends loss and gradients to the exact log-space recursion
-(one ``log1p`` and one :func:`fast_exp` per cell and move), as does any NaN or
+(one ``log1p`` and one `fast_exp` per cell and move), as does any NaN or
 ``+inf`` score, a level whose mass falls below ``1e-200``, an invalid
 ``boundary`` row and an infeasible modified box.  The lattice is tiny next to
 the joiner output (``S T`` versus ``S T V``), so the framework's
@@ -165,8 +165,8 @@ def _lattice_forward(b, px, py, s0, t0, ns, nt, modified, tropical):
     """Forward table ``table[i, j]`` of lattice node ``(s0 + i, t0 + j)`` over the box.
 
     One recursion in two semirings: ``tropical=False`` sums paths (log space:
-    :func:`_one`'s exact fallback), ``tropical=True`` keeps the best one (NaN
-    propagating: :func:`_viterbi_one`).  Callers pass the semiring as a literal,
+    `_one`'s exact fallback), ``tropical=True`` keeps the best one (NaN
+    propagating: `_viterbi_one`).  Callers pass the semiring as a literal,
     so after inlining LLVM drops the other branch.
     """
     table = np.empty((ns, nt))
@@ -311,7 +311,7 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     decides); ``flushed``: a move of nonzero probability below ``_FLUSH``.
     One shift for the whole box is exact for the rescaled sweep because every
     path makes the same number of moves; the exponentials are a vectorised
-    loop over each row (:func:`exp_poly`).
+    loop over each row (`exp_poly`).
     """
     ex = np.empty((ns, nt))
     ey = np.empty((ns, nt))
@@ -335,13 +335,13 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
 def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
 
-    Falls back to :func:`_one` (exact log space) for anything the linear sweep
+    Falls back to `_one` (exact log space) for anything the linear sweep
     cannot certify; ``gx``/``gy`` are zero on entry.  See the module docstring.
 
     NB: longer than the house's ~120 lines on purpose: the forward sweep, the
     flush record, the per-level check and the backward sweep share the level
     window, the move exponentials ``ex``/``ey``, the level scales and the
-    fallback state; each exit to :func:`_one` must happen before any gradient
+    fallback state; each exit to `_one` must happen before any gradient
     is written.
     """
     n_s = py.shape[1] - 1
@@ -737,7 +737,7 @@ def rnnt_alignment(scores, frames, targets, logit_lengths, target_lengths, blank
     """Token sequence of a regular RNN-T lattice path from its symbol frames.
 
     Args:
-      scores, frames: ``(N,)`` and ``(N, U)`` from :func:`transducer_viterbi`.
+      scores, frames: ``(N,)`` and ``(N, U)`` from `transducer_viterbi`.
       targets: ``(N, U)`` labels; lengths: ``(N,)``; blank: the blank index;
       t_max: ``T``, the padded number of frames.
 

@@ -4,13 +4,13 @@ No callback, no host round trip: every function here is plain ``jax.numpy`` /
 ``lax.scan`` code with a ``jax.custom_vjp`` whose backward rule runs the
 backward (beta) recursion and forms the posteriors, so the program stays on
 the device the arrays live on (CPU, GPU, TPU) and JAX never differentiates
-through a scan.  The numba core (:mod:`duoloss.core`) is the oracle these
+through a scan.  The numba core (`duoloss.core`) is the oracle these
 modules are tested against (``tests/test_device_jax.py``).
 
-* :mod:`.ctc`: CTC forward-backward over the gathered ``(T, N, 2S + 1)`` lattice.
-* :mod:`.transducer`: k2's mutual-information recursion over ``(px, py,
+* `.ctc`: CTC forward-backward over the gathered ``(T, N, 2S + 1)`` lattice.
+* `.transducer`: k2's mutual-information recursion over ``(px, py,
   boundary)`` (regular, modified), serving ``rnnt_loss`` and the k2 losses.
-* :func:`use_device`: what ``impl="auto" | "host" | "device"`` resolves to.
+* `use_device`: what ``impl="auto" | "host" | "device"`` resolves to.
 """
 from __future__ import annotations
 

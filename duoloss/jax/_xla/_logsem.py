@@ -14,7 +14,7 @@ def lse2(a, b):
 
 
 def lse3(a, b, c):
-    """``log(exp(a) + exp(b) + exp(c))`` with :func:`lse2`'s conventions."""
+    """``log(exp(a) + exp(b) + exp(c))`` with `lse2`'s conventions."""
     m = jnp.maximum(jnp.maximum(a, b), c)
     m0 = jnp.where(m == NEG_INF, 0, m)
     return m0 + jnp.log(jnp.exp(a - m0) + jnp.exp(b - m0) + jnp.exp(c - m0))

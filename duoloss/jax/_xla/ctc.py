@@ -18,7 +18,7 @@ input length and ``S'_n = 2 U_n + 1``; the loss is ``-Z`` and
 posterior of the state, as the core).  Both recursions are vectorised over
 ``(N, S')``; memory is the stored ``alpha`` ``(T, N, S')``.
 
-NaN/inf policy as :mod:`duoloss.core.losses.ctc`: infeasible sequences get
+NaN/inf policy as `duoloss.core.losses.ctc`: infeasible sequences get
 ``+inf`` (``0`` with ``zero_infinity``) and zero gradient; a NaN read by a
 sequence makes that sequence's loss and gradient NaN only (padding frames,
 padding states and unread classes are never mixed in: ``where``, not

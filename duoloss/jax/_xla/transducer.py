@@ -1,7 +1,7 @@
 r"""The transducer lattice recursion in XLA (k2's mutual-information recursion),
 with a ``custom_vjp`` from the forward and backward variables.
 
-Same contract as :mod:`duoloss.core.losses.transducer` (read its docstring for
+Same contract as `duoloss.core.losses.transducer` (read its docstring for
 the maths): ``px`` ``(N, S, T + 1)`` (``'regular'``) or ``(N, S, T)``
 (``'modified'``), ``py`` ``(N, S + 1, T)``, ``boundary`` ``(N, 4)`` rows
 ``[s_begin, t_begin, s_end, t_end]``; returns ``loss_b = -p[s_end, t_end]``.

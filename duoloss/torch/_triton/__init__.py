@@ -1,14 +1,14 @@
 """The torch device path: Triton kernels for CTC and the transducer recursion.
 
-:func:`resolve_impl` picks the path of a call (``impl="auto" | "host" |
-"device"``); :func:`ctc_losses` and :func:`transducer_losses` run the device
+`resolve_impl` picks the path of a call (``impl="auto" | "host" |
+"device"``); `ctc_losses` and `transducer_losses` run the device
 path on already-validated, framework-side inputs and return differentiable
 per-sequence losses.  Nothing crosses to the host: the kernels are launched on
 the caller's CUDA stream (Triton's launcher uses the current stream) and write
 their outputs into tensors allocated on the inputs' device.
 
 Importing this package does not import Triton; the kernels
-(:mod:`duoloss.torch._triton._kernels`) are imported on the first device call.
+(`duoloss.torch._triton._kernels`) are imported on the first device call.
 On CPU tensors they run under the Triton interpreter, which must be selected
 with ``TRITON_INTERPRET=1`` in the environment *before* that first call.
 """
@@ -115,13 +115,13 @@ def ctc_losses(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: to
 
 
 def rnnt_device_tail(*args):
-    """:func:`duoloss.torch._triton._frontend.rnnt_device_tail`."""
+    """`duoloss.torch._triton._frontend.rnnt_device_tail`."""
     from . import _frontend
     return _frontend.rnnt_device_tail(*args)
 
 
 def ctc_device(*args):
-    """:func:`duoloss.torch._triton._frontend.ctc_device`."""
+    """`duoloss.torch._triton._frontend.ctc_device`."""
     from . import _frontend
     return _frontend.ctc_device(*args)
 

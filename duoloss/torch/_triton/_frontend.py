@@ -1,9 +1,9 @@
 """The frontends' device-path tails: from validated arguments to the reduced loss.
 
-The callers (:func:`duoloss.torch.ctc_loss`, :func:`duoloss.torch.rnnt_loss`,
+The callers (`duoloss.torch.ctc_loss`, `duoloss.torch.rnnt_loss`,
 the k2 losses) validate exactly as on the host path and then hand over here
 instead of to the core; everything below runs in torch operations on the
-inputs' device and the Triton kernels (:mod:`duoloss.torch._triton._ops`).
+inputs' device and the Triton kernels (`duoloss.torch._triton._ops`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _XP = TorchOps()  # duoloss._xp's array vocabulary for torch
 
 def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
     """``sum_b w_b loss_b`` in float64, returned in the losses' dtype (the host
-    path's :func:`~duoloss.torch._weights.weigh_host` arithmetic); ``weights``
+    path's `weigh_host` arithmetic); ``weights``
     None: the losses unchanged."""
     if weights is None:
         return losses
@@ -74,7 +74,7 @@ def reduce_batch(losses: torch.Tensor, reduction) -> torch.Tensor:
 
 
 def rnnt_device_tail(px, py, boundary, reduction, fastemit_lambda: float) -> torch.Tensor:
-    """:func:`duoloss.torch.rnnt_loss` after its lattice: the recursion on the
+    """`duoloss.torch.rnnt_loss` after its lattice: the recursion on the
     device, NeMo's FastEmit report, the batch reduction."""
     losses = _ops.transducer(px, py, boundary, False)
     if fastemit_lambda > 0:

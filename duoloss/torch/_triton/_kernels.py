@@ -8,7 +8,7 @@ forward and backward tables live in global scratch buffers of the caller
 masked loads after a ``tl.debug_barrier()``.  Everything is computed in the
 inputs' dtype (float32 or float64).
 
-This module is imported only by :mod:`duoloss.torch._triton` when a call takes
+This module is imported only by `duoloss.torch._triton` when a call takes
 the device path; with ``TRITON_INTERPRET=1`` set *before* its import the same
 kernels run on CPU tensors (how the tests exercise them).
 """

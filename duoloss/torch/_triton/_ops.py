@@ -1,10 +1,10 @@
 """The device path's two ``torch.library`` operators and their autograd.
 
 ``duoloss::triton_ctc`` and ``duoloss::triton_transducer`` launch the Triton
-kernels (:mod:`duoloss.torch._triton._kernels`, imported on the first launch)
+kernels (`duoloss.torch._triton._kernels`, imported on the first launch)
 and return the per-sequence losses with their per-sequence gradients; the
 backward only scales the saved gradients by the cotangent.  As for the host
-operator (:mod:`duoloss.torch._ops`): under ``torch.compile`` the operators
+operator (`duoloss.torch._ops`): under ``torch.compile`` the operators
 are called directly (fake rules give the output shapes, ``register_autograd``
 the backward); eager code and ``torch.func`` go through a
 ``torch.autograd.Function`` in ``setup_context`` form (``torch.func.grad``
