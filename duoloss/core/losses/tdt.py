@@ -45,10 +45,13 @@ posterior of its label moves:
         \quad (k < V), \qquad
     g_{t,u,V+i} = \operatorname{softmax}^{dur}_i \cdot o - P^{dur}_i ,
 
-with $\lambda$ = ``fastemit_lambda`` (FastEmit acts on the label
-logits only, and the loss reported is ``(1 + lambda) * NLL``, as NeMo's
-kernels) and the label part clamped to ``[-clamp, clamp]`` when ``clamp > 0``
-(NeMo's ``clamp``: label gradients only).
+with $\lambda$ = ``fastemit_lambda`` (FastEmit scales the gradient
+through the label moves' token log-probs, never the durations'; the loss
+reported is ``(1 + lambda) * NLL``, as NeMo's kernels) and the token part
+(``k < V``) clamped to ``[-clamp, clamp]`` when ``clamp > 0`` (NeMo's
+``clamp``: never the duration logits).  With reduction weights ``w``
+(``grad_weights``) each sequence's clamped gradient is multiplied by ``w_b``
+in the same store.
 
 NB (NaN/inf policy, as `duoloss.core.losses.transducer`): ``-inf``
 logits are valid; a sequence without a path (e.g. ``durations = [2]`` with an
@@ -57,6 +60,16 @@ reads makes that sequence's loss and its rows' gradient NaN, never the other
 sequences'; an invalid length or label (possible only for traced values) gives
 NaN, never an out-of-bounds read.  ``T_b = 0``: loss 0 when ``U_b = 0`` (the
 empty path, as ``rnnt_loss``), else ``+inf``.
+
+Implementation: one kernel per sequence (parallel over the batch), float64
+inside for float32 logits: each read cell's two normalisers in one vectorised
+pass (`exp_poly`, a ``reassoc`` sum), the
+forward (push) and backward (pull) recursions in log space with
+`logaddexp_fast`, then each cell's gradient row
+(the softmax term vectorised, the cell's own symbols corrected exactly) written
+in the logits' dtype.  The move tables are small int arrays built in Python,
+so TDT, multi-blank and the RNN-T of ``omega`` share the compiled kernels (two
+dtypes, serial and parallel).
 """
 from __future__ import annotations
 
@@ -68,6 +81,8 @@ import numpy.typing as npt
 from typing import Sequence
 from numba import prange
 
+# NB: the kernels inline exp_poly and fast_exp; numba's on-disk cache is keyed
+# on this file's mtime only, so touch it after editing _numerics.py.
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import logaddexp_fast as _lae
 from .._numerics import exp_poly, fast_exp, run_batch
@@ -78,7 +93,6 @@ __all__ = ["TDT_KERNEL", "MULTIBLANK_KERNEL", "check_tdt_args", "check_multiblan
            "multiblank_loss_and_grad"]
 
 _PARALLEL_MIN_CELLS = 20_000
-_FLOATS = ("float32", "float64")
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
