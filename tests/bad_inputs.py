@@ -67,6 +67,15 @@ def good(fn: str) -> Dict[str, Any]:
     if fn in ("rnnt_loss", "rnnt_align"):
         return dict(logits=rng.standard_normal((N, T, S + 1, C)).astype(np.float32),
                     targets=tg, logit_lengths=il, target_lengths=tl)
+    # TDT: V = C tokens (blank 4) + 3 durations; multi-blank: blank 5, big blank 4
+    if fn == "tdt_loss":
+        return dict(logits=rng.standard_normal((N, T, S + 1, C + 3)).astype(np.float32),
+                    targets=tg, logit_lengths=il, target_lengths=tl, blank=C - 1,
+                    durations=[0, 1, 2])
+    if fn == "multiblank_rnnt_loss":
+        return dict(logits=rng.standard_normal((N, T, S + 1, C + 1)).astype(np.float32),
+                    targets=tg, logit_lengths=il, target_lengths=tl, blank=C,
+                    big_blank_durations=[2])
     raise KeyError(fn)
 
 
@@ -317,7 +326,29 @@ def all_cases():
     cases += _single_framework_cases()
     cases += _rnnt_k2_cases()
     cases += _rnnt_cases()  # RNN-T (transducer helper F1)
+    cases += _tdt_cases()  # TDT and multi-blank (helper H7)
     return cases
+
+
+def _tdt_cases():
+    fn, mb = "tdt_loss", "multiblank_rnnt_loss"
+    return [
+        Case(fn, "durations", "durations=[0] (no positive duration)", _set(durations=[0]), expect="at least one positive"),
+        Case(fn, "durations", "negative duration", _set(durations=[0, -1, 2]), expect=">= 0, got [0, -1, 2]"),
+        Case(fn, "durations", "duplicate durations", _set(durations=[0, 1, 1]), expect="distinct"),
+        Case(fn, "durations", "a float duration", _set(durations=[0, 1.0, 2]), TypeError, expect="type float"),
+        Case(fn, "logits", "last axis = D (no token logits)", _set(logits=lambda d: d["logits"][..., :3].copy()), expect="D = len(durations) = 3"),
+        Case(fn, "blank", "blank = V", _set(blank=C), expect="[-5, 5), got 5"),
+        Case(fn, "targets", "the blank inside a target", _set(targets=np.array([[1, 4, 3], [2, 2, 0]], np.int32)), expect="the blank (4)"),
+        Case(fn, "omega", "omega=1.5", _set(omega=1.5), expect="[0, 1], got 1.5"),
+        Case(fn, "sigma", "sigma=nan", _set(sigma=float("nan")), expect="finite"),
+        Case(fn, "impl", "impl='gpu'", _set(impl="gpu"), expect="got 'gpu'"),
+        Case(fn, "impl", "impl='device' (no device kernel yet)", _set(impl="device"), NotImplementedError, prefix="tdt_loss: impl='device' is not available"),
+        Case(mb, "big_blank_durations", "big blank duration 0", _set(big_blank_durations=[0]), expect=">= 1, got [0]"),
+        Case(mb, "blank", "no room for the big blanks (blank=0)", _set(blank=0), expect="blank = 0"),
+        Case(mb, "targets", "a big blank inside a target", _set(targets=np.array([[1, 4, 3], [2, 2, 0]], np.int32)), expect="big blank (4)"),
+        Case(mb, "impl", "impl='device' (no device kernel yet)", _set(impl="device"), NotImplementedError, prefix="multiblank_rnnt_loss: impl='device' is not available"),
+    ]
 
 
 # -- WFST: LF-MMI denominators and the duoloss.graphs builders (helper E) -----
@@ -494,6 +525,10 @@ def call(case: Case, framework: str):
         # RNN-T (transducer helper F1)
         "rnnt_loss": ("logits", "targets", "logit_lengths", "target_lengths"),
         "rnnt_align": ("logits", "targets", "logit_lengths", "target_lengths"),
+        "tdt_loss": ("logits", "targets", "logit_lengths", "target_lengths", "blank",
+                     "durations"),
+        "multiblank_rnnt_loss": ("logits", "targets", "logit_lengths", "target_lengths", "blank",
+                                 "big_blank_durations"),
     }[case.fn]
     args = [kw.pop(p) for p in pos]
     try:

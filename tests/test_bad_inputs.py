@@ -49,6 +49,10 @@ def no_kernels(monkeypatch):
         monkeypatch.setattr(mod, "transducer_viterbi", _forbid)
     for name in ("_ctc_align", "_asg_align", "_asg_viterbi", "_graph_align"):
         monkeypatch.setattr(ja, name, _forbid)
+    import duoloss.jax._tdt as jt  # TDT and multi-blank (helper H7)
+    import duoloss.torch._tdt as tt
+    for mod in (jt, tt):
+        monkeypatch.setattr(mod, "apply_kernel", _forbid)
 
 
 def _check(case, err, framework):
