@@ -186,3 +186,27 @@ def test_issue_reproducer_float32_x64_off():
             px, py = dt.get_rnnt_logprobs(_t(lm), _t(am), _t(symbols), 0, rnnt_type, _t(bd))
             np.testing.assert_allclose(mi_recursion(px.numpy(), py.numpy(), bd, rnnt_type),
                                        want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rnnt_type", TYPES)
+def test_recursion_on_smoothed_logprobs_equals_smoothed_loss(rnnt_type):
+    """k2's get_rnnt_logprobs_smoothed: the identity with rnnt_loss_smoothed (torch, JAX),
+    and zero scales reduce it to get_rnnt_logprobs up to k2's 1e-20 stand-in scales."""
+    B, T, S, C = 2, 6, 3, 5
+    am, lm, symbols = _inputs(4, B, T, S, C)
+    bd = BOUNDARIES["short"]
+    px, py = dt.get_rnnt_logprobs_smoothed(_t(lm), _t(am), _t(symbols), 0, 0.2, 0.1, _t(bd),
+                                           rnnt_type)
+    want = dt.rnnt_loss_smoothed(_t(lm), _t(am), _t(symbols), 0, 0.2, 0.1, _t(bd), rnnt_type,
+                                 reduction="none").numpy()
+    np.testing.assert_allclose(mi_recursion(px.numpy(), py.numpy(), bd, rnnt_type), want,
+                               rtol=1e-12)
+    with jax.enable_x64(True):
+        jpx, jpy = dj.get_rnnt_logprobs_smoothed(lm, am, symbols, 0, 0.2, 0.1, bd, rnnt_type)
+        np.testing.assert_allclose(np.asarray(jpx), px.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(jpy), py.numpy(), rtol=1e-12)
+    zpx, zpy = dt.get_rnnt_logprobs_smoothed(_t(lm), _t(am), _t(symbols), 0, 0.0, 0.0, _t(bd),
+                                             rnnt_type)
+    rpx, rpy = dt.get_rnnt_logprobs(_t(lm), _t(am), _t(symbols), 0, rnnt_type, _t(bd))
+    torch.testing.assert_close(zpx, rpx, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(zpy, rpy, rtol=1e-12, atol=1e-12)

@@ -34,6 +34,7 @@ __all__ = [
     "do_rnnt_pruning",
     "get_rnnt_logprobs",
     "get_rnnt_logprobs_pruned",
+    "get_rnnt_logprobs_smoothed",
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
@@ -103,6 +104,28 @@ def get_rnnt_logprobs(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, terminat
     """
     px, py, boundary = _simple_logprobs("get_rnnt_logprobs", lm, am, symbols,
                                         termination_symbol, rnnt_type, boundary)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0), py
+
+
+def get_rnnt_logprobs_smoothed(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike,
+                               termination_symbol: int, lm_only_scale: float = 0.1,
+                               am_only_scale: float = 0.1, boundary: ArrayLike | None = None,
+                               rnnt_type: str = "regular") -> Tuple[jax.Array, jax.Array]:
+    """k2's smoothed ``(px, py)`` (see [`duoloss.torch.get_rnnt_logprobs_smoothed`][duoloss.torch.get_rnnt_logprobs_smoothed]).
+
+    Examples:
+        >>> import numpy as np
+        >>> import duoloss.jax as d
+        >>> am, lm = np.zeros((1, 2, 3)), np.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C)
+        >>> px, py = d.get_rnnt_logprobs_smoothed(lm, am, np.array([[1]]), 0)
+        >>> tuple(px.shape), tuple(py.shape)  # (B, S, T + 1) and (B, S + 1, T) for 'regular'
+        ((1, 1, 3), (1, 2, 2))
+        >>> round(float(py[0, 0, 0]), 4)  # uniform: joint, LM-only and AM-only all log(1/3)
+        -1.0986
+    """
+    px, py, boundary = _simple_logprobs("get_rnnt_logprobs_smoothed", lm, am, symbols,
+                                        termination_symbol, rnnt_type, boundary,
+                                        scales=(lm_only_scale, am_only_scale))
     return _finish_px(px, py, boundary, rnnt_type, 0.0), py
 
 

@@ -13,6 +13,7 @@ from ._graph_loss import graph_loss
 from ._rnnt_k2 import do_rnnt_pruning
 from ._rnnt_k2 import get_rnnt_logprobs
 from ._rnnt_k2 import get_rnnt_logprobs_pruned
+from ._rnnt_k2 import get_rnnt_logprobs_smoothed
 from ._rnnt_k2 import get_rnnt_prune_ranges
 from ._rnnt_k2 import rnnt_loss_pruned
 from ._rnnt_k2 import rnnt_loss_simple
@@ -32,6 +33,7 @@ __all__ = [
     "do_rnnt_pruning",
     "get_rnnt_logprobs",
     "get_rnnt_logprobs_pruned",
+    "get_rnnt_logprobs_smoothed",
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",

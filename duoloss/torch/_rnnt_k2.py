@@ -40,6 +40,7 @@ __all__ = [
     "do_rnnt_pruning",
     "get_rnnt_logprobs",
     "get_rnnt_logprobs_pruned",
+    "get_rnnt_logprobs_smoothed",
     "get_rnnt_prune_ranges",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
@@ -106,6 +107,37 @@ def get_rnnt_logprobs(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
     fn = "get_rnnt_logprobs"
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary)
+    return _finish_px(px, py, boundary, rnnt_type, 0.0, am.shape[1]), py
+
+
+def get_rnnt_logprobs_smoothed(lm: torch.Tensor, am: torch.Tensor, symbols: torch.Tensor,
+                               termination_symbol: int, lm_only_scale: float = 0.1,
+                               am_only_scale: float = 0.1,
+                               boundary: Optional[torch.Tensor] = None,
+                               rnnt_type: str = "regular"
+                               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k2's ``get_rnnt_logprobs_smoothed``: the lattice of [`rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed].
+
+    The ``(px, py)`` of [`get_rnnt_logprobs`][duoloss.torch.get_rnnt_logprobs] with every arc
+    log-probability interpolated with its LM-only and AM-only (unigram) versions
+    (formula in [`rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed]), then k2's two final
+    steps ('regular': ``px[b, :, t_end[b]] = -inf``; 'constrained': ``px +
+    py[:, 1:, :]``), so the recursion on it gives ``rnnt_loss_smoothed(...,
+    reduction='none')``.  Same argument order and defaults as k2.
+
+    Examples:
+        >>> import torch
+        >>> import duoloss.torch as d
+        >>> am, lm = torch.zeros((1, 2, 3)), torch.zeros((1, 2, 3))  # (B, T, C), (B, S + 1, C)
+        >>> px, py = d.get_rnnt_logprobs_smoothed(lm, am, torch.tensor([[1]]), 0)
+        >>> tuple(px.shape), tuple(py.shape)  # (B, S, T + 1) and (B, S + 1, T) for 'regular'
+        ((1, 1, 3), (1, 2, 2))
+        >>> round(float(py[0, 0, 0]), 4)  # uniform: joint, LM-only and AM-only all log(1/3)
+        -1.0986
+    """
+    fn = "get_rnnt_logprobs_smoothed"
+    px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
+                                        boundary, scales=(lm_only_scale, am_only_scale))
     return _finish_px(px, py, boundary, rnnt_type, 0.0, am.shape[1]), py
 
 
