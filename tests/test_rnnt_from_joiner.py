@@ -221,3 +221,23 @@ def test_jax_bad_input():
         dj.rnnt_loss_from_joiner(j, enc, pred, tg, IL, TL, chunk_size=-1)
     with pytest.raises(ValueError, match=f"{fn}: argument 'target_lengths'"):
         dj.rnnt_loss_from_joiner(j, enc, pred, tg, IL, TL + 5)
+
+
+@pytest.mark.parametrize("n, t_max, u_max", [(2, 0, 0), (0, 3, 2), (2, 3, 0), (2, 0, 2)])
+def test_empty_shapes_torch_and_jax(n, t_max, u_max):
+    lin = torch.nn.Linear(4, 5).double()
+    joiner = lambda e, p: lin(torch.tanh(e + p))  # noqa: E731
+    enc = torch.randn(n, t_max, 4, dtype=torch.float64, requires_grad=True)
+    pred = torch.randn(n, u_max + 1, 4, dtype=torch.float64, requires_grad=True)
+    tg = torch.ones(n, u_max, dtype=torch.int64)
+    il, tl = torch.full((n,), t_max), torch.full((n,), u_max)
+    a = dt.rnnt_loss_from_joiner(joiner, enc, pred, tg, il, tl, reduction="none", blank=0)
+    b = dt.rnnt_loss(joiner(enc[:, :, None], pred[:, None]), tg, il, tl, reduction="none",
+                     blank=0)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    w = lin.weight.detach().numpy().T
+    c = dj.rnnt_loss_from_joiner(lambda e, p: jnp.tanh(e + p) @ w + lin.bias.detach().numpy(),
+                                 enc.detach().numpy(), pred.detach().numpy(), tg.numpy(),
+                                 il.numpy(), tl.numpy(), reduction="none", blank=0)
+    assert c.shape == (n,)
+    np.testing.assert_allclose(np.asarray(c), a.detach().numpy(), rtol=1e-5)

@@ -149,7 +149,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
     pxs, pys = [], []
     if n_full:
         head = enc[:, :n_full * chunk_size]
-        head = jnp.moveaxis(head.reshape(n, n_full, chunk_size, -1), 1, 0)
+        head = jnp.moveaxis(head.reshape(n, n_full, chunk_size, enc.shape[2]), 1, 0)
         starts = jnp.arange(n_full, dtype=jnp.int32) * chunk_size
 
         def step(carry, xs):

@@ -126,13 +126,9 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     _check_shapes(fn, encoder_out, predictor_out, targets)
     n, t_max, _ = encoder_out.shape
     u1 = predictor_out.shape[1]
-    if n and t_max:
-        with torch.no_grad():
-            probe = _joined(fn, joiner, encoder_out[:1, :1], predictor_out[:1], 1)
-        n_cls, dtype, device = probe.shape[3], probe.dtype, probe.device
-    else:
-        n_cls, dtype, device = 1, encoder_out.dtype, encoder_out.device
-        probe = None
+    with torch.no_grad():  # V, dtype and device of the joiner's output (an empty one if T = 0)
+        probe = _joined(fn, joiner, encoder_out[:1, :1], predictor_out[:1], min(t_max, 1))
+    n_cls, dtype, device = probe.shape[3], probe.dtype, probe.device
     shape_only = torch.empty((), dtype=dtype, device=device).expand(n, t_max, u1, n_cls)
     blank, il, tl = _validate(fn, shape_only, targets, logit_lengths, target_lengths, blank)
     if chunk_size is None:
