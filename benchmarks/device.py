@@ -38,7 +38,7 @@ from benchmarks import _harness as H
 CTC_SIZES = [(32, 500, 50, 100), (16, 1000, 100, 200), (16, 500, 8000, 100)]
 RNNT_SIZES = [(32, 150, 40, 28), (16, 500, 100, 500)]
 PRUNED_SIZES = [(16, 500, 100, 500)]
-QUICK = dict(ctc=[(4, 50, 20, 10)], rnnt=[(4, 20, 5, 8)], pruned=[(4, 20, 5, 8)])
+QUICK = {"ctc": [(4, 50, 20, 10)], "rnnt": [(4, 20, 5, 8)], "pruned": [(4, 20, 5, 8)]}
 S_RANGE = 5
 
 
@@ -108,7 +108,6 @@ def _rnnt(size, rounds, label):
            "duoloss host": duo("host")}
     losses = {k: float(fn()) for k, fn in fns.items()}
     timing = H.paired(fns, rounds, label=label)
-    del logits
     gc.collect()
     ratios = [timing.ratio("duoloss device", "pure-JAX diag"),
               timing.ratio("duoloss device", "duoloss host")]

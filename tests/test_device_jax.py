@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
+import jax.numpy as jnp
 
-import duoloss.jax as dj  # noqa: E402
-from duoloss.core.losses.transducer import TRANSDUCER_KERNEL  # noqa: E402
-from duoloss.jax._adapter import apply_kernel  # noqa: E402
-from duoloss.jax._xla.transducer import transducer_losses  # noqa: E402
+import duoloss.jax as dj
+from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
+from duoloss.jax._adapter import apply_kernel
+from duoloss.jax._xla.transducer import transducer_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 # (dtype, jax_enable_x64): float32 in both modes, float64 needs x64
@@ -94,7 +94,7 @@ def test_ctc_device_equals_host(dtype, x64):
 def test_ctc_device_reductions_and_zero_infinity_equal_host(reduction, zero_infinity):
     with jax.enable_x64(True):
         lp, tg, il, tl = ctc_case(np.float64)
-        kw = dict(reduction=reduction, zero_infinity=zero_infinity)
+        kw = {"reduction": reduction, "zero_infinity": zero_infinity}
         (_, lh), gh = _CTC_VG(lp, tg, il, tl, impl="host", **kw)
         (_, ld), gd = _CTC_VG(lp, tg, il, tl, impl="device", **kw)
         assert_close(ld, lh, np.float64, 10.0)
@@ -120,8 +120,8 @@ def test_ctc_single_alignment_closed_form():
         rng = np.random.default_rng(1)
         lp = jax.nn.log_softmax(jnp.asarray(rng.standard_normal((4, 1, 6))), -1)
         tg = jnp.asarray([[1, 3, 2, 5]])
-        loss, g = jax.value_and_grad(lambda x: dj.ctc_loss(x, tg, [4], [4], reduction="sum",
-                                                           impl="device"))(lp)
+        loss, g = jax.jit(jax.value_and_grad(lambda x: dj.ctc_loss(
+            x, tg, jnp.asarray([4]), jnp.asarray([4]), reduction="sum", impl="device")))(lp)
         want = -sum(float(lp[t, 0, k]) for t, k in enumerate([1, 3, 2, 5]))
         np.testing.assert_allclose(float(loss), want, rtol=1e-14)
         onehot = np.zeros((4, 1, 6))
@@ -184,12 +184,11 @@ _RNNT_VG = jax.jit(jax.value_and_grad(_rnnt_weighted, has_aux=True),
 
 @pytest.mark.parametrize("dtype,x64,opts", [
     (np.float32, False, (("reduction", "none"),)),
-    (np.float32, True, (("reduction", "none"),)),
     (np.float64, True, (("reduction", "none"),)),
     (np.float64, True, (("reduction", "mean"), ("clamp", 0.05))),
     (np.float64, True, (("reduction", "sum"), ("fastemit_lambda", 0.1), ("delay_penalty", 0.2))),
     (np.float64, True, (("reduction", "sum"), ("fused_log_softmax", False)))],
-    ids=MODE_IDS + ["mean-clamp", "fastemit-delay", "unfused"])
+    ids=["f32-x64off", "f64", "mean-clamp", "fastemit-delay", "unfused"])
 def test_rnnt_loss_device_equals_host(dtype, x64, opts):
     with jax.enable_x64(x64):
         x, tg, il, tl = rnnt_case(dtype)
@@ -243,7 +242,7 @@ def test_transducer_recursion_boxes_equal_core(kind):
         assert_close(ld, lh, np.float64, 10.0)
         if kind == "modified":
             assert np.isposinf(ld[4])                     # 4 symbols in 2 frames
-        g = lambda f: jax.grad(lambda a, b: (jnp.where(jnp.isinf(f(a, b)), 0, f(a, b)) * w).sum(),  # noqa
+        g = lambda f: jax.grad(lambda a, b: (jnp.where(jnp.isinf(f(a, b)), 0, f(a, b)) * w).sum(),
                                (0, 1))(px, py)
         for a, b in zip(g(dev), g(host)):
             assert_close(a, b, np.float64)
@@ -251,7 +250,7 @@ def test_transducer_recursion_boxes_equal_core(kind):
 
 def _k2_all(lm, am, logits, sym, ranges, bd, impl, rnnt_type):
     """Loss and gradients of the simple, smoothed (with return_grad) and pruned losses."""
-    kw = dict(boundary=bd, rnnt_type=rnnt_type, impl=impl)
+    kw = {"boundary": bd, "rnnt_type": rnnt_type, "impl": impl}
     simple = jax.value_and_grad(
         lambda a, b: dj.rnnt_loss_simple(a, b, sym, 0, reduction="sum", **kw), (0, 1))(lm, am)
     smoothed = dj.rnnt_loss_smoothed(lm, am, sym, 0, reduction="none", return_grad=True, **kw)
@@ -333,18 +332,13 @@ def test_vmap_of_device_path_equals_loop():
     with jax.enable_x64(True):
         lps = jnp.stack([ctc_case(np.float64, seed=i)[0] for i in range(3)])
         _, tg, il, tl = ctc_case(np.float64)
-        f = lambda x: dj.ctc_loss(x, tg, il, tl, reduction="sum", impl="device")  # noqa
+        f = lambda x: dj.ctc_loss(x, tg, il, tl, reduction="sum", impl="device")
         got = jax.jit(jax.vmap(jax.value_and_grad(f)))(lps)
+        one = jax.jit(jax.value_and_grad(f))
         for i in range(3):
-            v, g = jax.value_and_grad(f)(lps[i])
+            v, g = one(lps[i])
             np.testing.assert_allclose(got[0][i], v, rtol=1e-13)
             np.testing.assert_allclose(got[1][i], g, atol=1e-13)
-        xs = jnp.stack([rnnt_case(np.float64, seed=i)[0] for i in range(2)])
-        _, rt, ril, rtl = rnnt_case(np.float64)
-        h = jax.jit(lambda x: dj.rnnt_loss(x, rt, ril, rtl, reduction="none", impl="device"))
-        hv = jax.jit(jax.vmap(h))(xs)
-        for i in range(2):
-            np.testing.assert_allclose(hv[i], h(xs[i]), rtol=1e-13)
 
 
 SHARD_SCRIPT = r"""
@@ -365,13 +359,14 @@ def rnnt(x, rt, ril, rtl):
 cases = [(ctc, (lp, tg, il, tl), (P(None, "d"), P("d"), P("d"), P("d"))),
          (rnnt, (x, rt, ril, rtl), (P("d"),) * 4)]
 for f, args, specs in cases:
-    ref, gref = f(*args), jax.grad(lambda a, *r: f(a, *r).sum())(*args)
-    sm = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=specs, out_specs=P("d")))
-    g = jax.jit(jax.shard_map(jax.grad(lambda a, *r: f(a, *r).sum()), mesh=mesh,
-                              in_specs=specs, out_specs=specs[0]))
-    assert "callback" not in str(jax.make_jaxpr(g)(*args))
-    np.testing.assert_allclose(sm(*args), ref, rtol=1e-6)
-    np.testing.assert_allclose(g(*args), gref, rtol=1e-6, atol=1e-7)
+    def both(a, *r):
+        return f(a, *r), jax.grad(lambda a: f(a, *r).sum())(a)
+    ref, gref = jax.jit(both)(*args)
+    sm = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=specs, out_specs=(P("d"), specs[0])))
+    assert "callback" not in str(jax.make_jaxpr(sm)(*args))
+    got, g = sm(*args)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    np.testing.assert_allclose(g, gref, rtol=1e-6, atol=1e-7)
     sharded = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
     v, gg = jax.jit(jax.value_and_grad(lambda a, *r: f(a, *r).sum()))(*sharded)
     np.testing.assert_allclose(v, ref.sum(), rtol=1e-6)
@@ -383,6 +378,6 @@ print("SHARD OK")
 def test_shard_map_and_sharded_jit_on_two_cpu_devices():
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    proc = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], check=False, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "SHARD OK" in proc.stdout, proc.stderr[-4000:]

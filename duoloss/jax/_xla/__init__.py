@@ -38,7 +38,7 @@ def _on_accelerator(x) -> bool:
     if isinstance(x, jax.Array):
         try:
             return any(d.platform in _ACCELERATORS for d in x.devices())
-        except Exception:  # pragma: no cover - deleted or exotic arrays
+        except (AttributeError, RuntimeError):  # pragma: no cover - deleted arrays
             return False
     return False  # numpy arrays, lists: host memory
 
