@@ -323,6 +323,18 @@ def test_jitted_device_path_has_no_callback_and_auto_stays_on_host(name):
         f(a, "gpu")
 
 
+def test_auto_takes_the_device_path_under_an_accelerator_backend(monkeypatch):
+    """No accelerator here: pretend the default backend is a GPU; traced inputs then take
+    the XLA path, concrete CPU arrays still the host."""
+    from duoloss.jax._xla import use_device
+    lp, tg, il, tl = ctc_case(np.float32)
+    assert not use_device("f", "auto", lp) and not use_device("f", "auto", np.zeros(2))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert not use_device("f", "auto", lp)                   # committed to the CPU
+    text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="auto"))(lp))
+    assert "callback" not in text and "scan" in text
+
+
 def test_bad_impl_is_rejected_before_anything_runs():
     with pytest.raises(ValueError, match="ctc_loss: argument 'impl'"):
         dj.ctc_loss(None, None, None, None, impl=None)     # impl checked first
