@@ -12,9 +12,10 @@ the same, now filled, cache times the same first call: what a user sees from the
 The ``warmup`` case times the whole ``python -m duoloss warmup`` process (all families),
 then a ``ctc_torch`` first call on the cache it filled.
 
-The table gives seconds, and the machine's load average (``os.getloadavg``) before and
-after each case: compile times scale with the load of a shared machine, so compare runs
-made at a similar load.  JSON goes to ``benchmarks/results/cold_start-<UTC time>.json``
+The table gives wall-clock seconds, the CPU seconds the process spent on them (numba
+compiles on one thread, so CPU seconds hardly depend on the load: compare those between
+runs on a shared machine), and the machine's load average (``os.getloadavg``) before and
+after each case: wall-clock compile times scale with the load.  JSON goes to ``benchmarks/results/cold_start-<UTC time>.json``
 (``--json PATH``; ``--json ''`` for none).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -95,22 +97,24 @@ dt.asg_align(lp.detach(), torch.zeros(8, 8), tg, il, tl)
 
 
 def _child(setup, timed):
-    return ("import time\n" + setup + "\nt0 = time.perf_counter()\n" + timed
-            + "\nprint('SECONDS', time.perf_counter() - t0)\n")
+    return ("import time\n" + setup + "\nt0, c0 = time.perf_counter(), time.process_time()\n"
+            + timed + "\nprint('SECONDS', time.perf_counter() - t0, time.process_time() - c0)\n")
 
 
 def _run(code, cache, extra_env=None, args=None):
+    """(wall seconds, CPU seconds) of the timed part (or of the whole process)."""
     env = H.child_env(NUMBA_CACHE_DIR=cache, DUOLOSS_QUIET_COMPILE=1, **(extra_env or {}))
     cmd = [sys.executable] + (args if args is not None else ["-c", code])
-    t0 = time.perf_counter()
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode:
         raise RuntimeError(f"{cmd[:3]} failed:\n{out.stderr[-3000:]}")
     for line in out.stdout.splitlines():
         if line.startswith("SECONDS "):
-            return float(line.split()[1])
-    return wall
+            return tuple(float(v) for v in line.split()[1:3])
+    return wall, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
 
 
 def _load():
@@ -118,9 +122,10 @@ def _load():
 
 
 def measure(name, repeat=1):
-    """(cold seconds, warm seconds, load before, load after) of one case."""
+    """((cold wall, cold CPU), (warm wall, warm CPU), load before, load after) of a case;
+    the minimum over ``repeat`` runs."""
     load0 = _load()
-    colds, warm = [], None
+    colds, warms = [], []
     for _ in range(repeat):
         cache = tempfile.mkdtemp(prefix="duoloss-cold-")
         try:
@@ -130,11 +135,10 @@ def measure(name, repeat=1):
             else:
                 setup, timed, _ = CASES[name]
                 colds.append(_run(_child(setup, timed), cache))
-            w = _run(_child(setup, timed), cache)
-            warm = w if warm is None else min(warm, w)
+            warms.append(_run(_child(setup, timed), cache))
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-    return min(colds), warm, load0, _load()
+    return min(colds), min(warms), load0, _load()
 
 
 def main(argv=None):
@@ -161,12 +165,14 @@ def main(argv=None):
         cold, warm, l0, l1 = measure(name, args.repeat)
         what = "python -m duoloss warmup (all families); warm: ctc_torch" if name == "warmup" \
             else CASES[name][2]
-        rows.append([name, f"{cold:.1f}", f"{warm:.2f}", f"{l0:.1f} / {l1:.1f}", what])
-        results.append({"case": name, "cold_s": cold, "warm_s": warm,
+        rows.append([name, f"{cold[0]:.1f}", f"{cold[1]:.1f}", f"{warm[0]:.2f}",
+                     f"{l0:.1f} / {l1:.1f}", what])
+        results.append({"case": name, "cold_s": cold[0], "cold_cpu_s": cold[1],
+                        "warm_s": warm[0], "warm_cpu_s": warm[1],
                         "load_before": l0, "load_after": l1, "what": what})
     H.progress_done()
-    text = H.table(["case", "cold s", "warm s", "load 1 min (before / after)", "first call"],
-                   rows, align="lrrll")
+    text = H.table(["case", "cold s", "cold CPU s", "warm s", "load 1 min (before / after)",
+                    "first call"], rows, align="lrrrll")
     text += f"\n# {os.cpu_count()} CPUs; {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
     H.emit(args, results, text)
 

@@ -209,6 +209,9 @@ def _parser():
                        "one line per family on stderr.")
     w.add_argument("--families", default=None,
                    help=f"comma-separated, from {','.join(FAMILIES)} (default: all)")
+    w.add_argument("--jobs", type=int, default=None,
+                   help="families compiled at once, each in a worker process (default: "
+                   "the number of CPUs; 1: in this process)")
     w.add_argument("--quiet", action="store_true", help="print nothing")
     return p
 
@@ -222,7 +225,7 @@ def main(argv=None):
         from ._warmup import warmup
 
         try:
-            warmup(args.families, verbose=not args.quiet)
+            warmup(args.families, verbose=not args.quiet, jobs=args.jobs)
         except ValueError as exc:
             print(f"{_PROG}: {exc}", file=sys.stderr)
             return 2

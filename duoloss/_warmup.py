@@ -9,6 +9,7 @@ loads them from its cache.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -215,8 +216,54 @@ def _run_family(family: str, frontends: Sequence[str]) -> None:
                     _jax_x64(old)
 
 
-def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True
-           ) -> Dict[str, float]:
+def _families(families):
+    if families is None:
+        return list(FAMILIES)
+    if isinstance(families, str):
+        families = [f for f in families.split(",") if f]
+    chosen = [str(f).strip() for f in families]
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"warmup: argument 'families' must name families from "
+                         f"{list(FAMILIES)}, got unknown {unknown}")
+    return [f for f in FAMILIES if f in chosen]
+
+
+def _in_workers(chosen, jobs, report):
+    """Each family in its own ``python -m duoloss warmup`` process, ``jobs`` at a time
+    (numba compiles on one thread: on several cores, families compile side by side)."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numba
+
+    env = dict(os.environ)
+    if numba.config.CACHE_DIR:  # the folder this process settled on, also for the workers
+        env["NUMBA_CACHE_DIR"] = numba.config.CACHE_DIR
+
+    def one(family):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "duoloss", "warmup", "--jobs", "1",
+                              "--quiet", "--families", family], env=env,
+                             capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"warmup: compiling family {family!r} failed:\n"
+                               f"{out.stderr[-3000:]}")
+        report(family, time.perf_counter() - t0)
+
+    # the longest families first, so that the workers finish together
+    order = sorted(chosen, key=lambda f: -_COST[f])
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, order))
+
+
+#: Relative compile cost of each family (to start the longest first).
+_COST = {"rnnt": 6, "graph": 5, "asg": 4, "align": 3, "k2": 2, "ctc": 1}
+
+
+def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
+           jobs: Optional[int] = None) -> Dict[str, float]:
     """Compile and cache duoloss's kernels now, instead of at the first call of each loss.
 
     numba compiles each kernel the first time a process uses it (seconds per loss
@@ -237,9 +284,13 @@ def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True
         scores, compose), ``"rnnt"`` (transducer and joiner), ``"k2"`` (simple and pruned
         RNN-T), ``"align"`` (aligners); ``None`` (default) for all of them.
       verbose: print one line per family (its name and seconds) to stderr.
+      jobs: how many families compile at once, each in its own worker process (numba
+        compiles on one thread); default: the number of CPUs this process may use, at
+        most the number of families.  ``1`` compiles in this process.
 
     Returns:
-      ``{family: seconds}`` in the order compiled.
+      ``{family: seconds}`` (wall-clock seconds each family took), in the order of
+      ``FAMILIES``.
 
     Raises:
       ValueError: an unknown family name.
@@ -248,44 +299,48 @@ def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True
       ```python
       import duoloss
 
-      seconds = duoloss.warmup(["ctc"], verbose=False)   # later ctc_loss calls start warm
+      seconds = duoloss.warmup(["ctc"], verbose=False)  # later ctc_loss calls start warm
       assert list(seconds) == ["ctc"]
       ```
     """
-    if families is None:
-        chosen = list(FAMILIES)
-    else:
-        if isinstance(families, str):
-            families = [f for f in families.split(",") if f]
-        chosen = [str(f).strip() for f in families]
-        unknown = [f for f in chosen if f not in FAMILIES]
-        if unknown:
-            raise ValueError(f"warmup: argument 'families' must name families from "
-                             f"{list(FAMILIES)}, got unknown {unknown}")
-        chosen = [f for f in FAMILIES if f in chosen]
+    chosen = _families(families)
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"warmup: argument 'jobs' must be a positive integer or None, "
+                         f"got {jobs!r}")
+    jobs = min(jobs, len(chosen))
     frontends = [f for f in ("torch", "jax") if _installed(f)] or ["core"]
 
     from duoloss.core import _numba_setup, _numerics
 
     if verbose:
         print(f"duoloss warmup: compiling {', '.join(chosen)} through "
-              f"{' and '.join(frontends)} into {_numba_setup.cache_location()}",
-              file=sys.stderr, flush=True)
+              f"{' and '.join(frontends)} into {_numba_setup.cache_location()}"
+              + (f", {jobs} at a time" if jobs > 1 else ""), file=sys.stderr, flush=True)
     seconds = {}
+
+    def report(family, sec):
+        seconds[family] = sec
+        if verbose:
+            print(f"  {family:<6} {sec:6.1f} s", file=sys.stderr, flush=True)
+
     total = time.perf_counter()
-    _numba_setup._quiet_depth += 1
-    _numerics._compile_both = True
-    try:
-        for family in chosen:
-            t0 = time.perf_counter()
-            _run_family(family, frontends)
-            seconds[family] = time.perf_counter() - t0
-            if verbose:
-                print(f"  {family:<6} {seconds[family]:6.1f} s", file=sys.stderr, flush=True)
-    finally:
-        _numerics._compile_both = False
-        _numba_setup._quiet_depth -= 1
+    if jobs > 1:
+        _in_workers(chosen, jobs, report)
+    else:
+        _numba_setup._quiet_depth += 1
+        _numerics._compile_both = True
+        try:
+            for family in chosen:
+                t0 = time.perf_counter()
+                _run_family(family, frontends)
+                report(family, time.perf_counter() - t0)
+        finally:
+            _numerics._compile_both = False
+            _numba_setup._quiet_depth -= 1
     if verbose:
         print(f"duoloss warmup: done in {time.perf_counter() - total:.1f} s",
               file=sys.stderr, flush=True)
-    return seconds
+    return {f: seconds[f] for f in chosen}

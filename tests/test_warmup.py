@@ -141,9 +141,12 @@ def test_notice_is_silenceable(notice, caplog, monkeypatch, how):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_warmup_rejects_unknown_family():
+def test_warmup_rejects_unknown_family_and_bad_jobs():
     with pytest.raises(ValueError, match=r"warmup: argument 'families' .*\['bogus'\]"):
         duoloss.warmup(["ctc", "bogus"])
+    for jobs in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"warmup: argument 'jobs' must be a positive"):
+            duoloss.warmup(["ctc"], jobs=jobs)
 
 
 def test_cli_help_names_the_program_and_commands():
