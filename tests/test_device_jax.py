@@ -335,6 +335,16 @@ def test_auto_takes_the_device_path_under_an_accelerator_backend(monkeypatch):
     assert "callback" not in text and "scan" in text
 
 
+def test_second_derivatives_raise_as_on_the_host_path():
+    lp, tg, il, tl = ctc_case(np.float32)
+    x, rt, ril, rtl = rnnt_case(np.float32)
+    f = lambda a: dj.ctc_loss(a, tg, il, tl, reduction="sum", impl="device")
+    h = lambda a: dj.rnnt_loss(a, rt, ril, rtl, reduction="sum", impl="device")
+    for fn, arg in ((f, lp), (h, x)):
+        with pytest.raises(NotImplementedError, match="second derivatives are not implemented"):
+            jax.grad(lambda a, fn=fn: jax.grad(fn)(a).sum())(arg)
+
+
 def test_bad_impl_is_rejected_before_anything_runs():
     with pytest.raises(ValueError, match="ctc_loss: argument 'impl'"):
         dj.ctc_loss(None, None, None, None, impl=None)     # impl checked first

@@ -33,10 +33,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._adapter import _gradient
 from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, lse3, shift_left, shift_right
 
 __all__ = ["ctc_losses"]
+
+_NAME = "ctc_loss (impl='device')"
 
 
 def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
@@ -194,9 +197,10 @@ def _ctc_bwd(zero_infinity, res, g):
     read = frames & live[None]
     use = ~(jnp.isinf(z) & (z < 0)) & valid        # infeasible: zero gradient
     post = jnp.exp(alphas + bh - jnp.where(use, z, 0.0)[None, :, None])
-    grad = jnp.where(read & use[None, :, None], post * (-g).astype(lp.dtype)[None, :, None], 0.0)
-    grad = jnp.where(valid[None, :, None], grad, jnp.nan)
-    return grad.astype(lp.dtype), None, None, None, None
+    grad = jnp.where(read & use[None, :, None], -post, 0.0)
+    grad = jnp.where(valid[None, :, None], grad, jnp.nan).astype(lp.dtype)
+    # scaled by the cotangent; differentiating it again raises (as on the host path)
+    return _gradient(_NAME, 1, grad, lp, g.astype(lp.dtype)), None, None, None, None
 
 
 _ctc_core.defvjp(_ctc_fwd, _ctc_bwd)

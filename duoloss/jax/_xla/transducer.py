@@ -37,10 +37,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._adapter import _gradient
 from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, shift_left, shift_right
 
 __all__ = ["transducer_losses"]
+
+_NAME = "transducer loss (impl='device')"
 
 
 def transducer_losses(px, py, boundary, rnnt_type: str = "regular"):
@@ -128,18 +131,17 @@ def _fwd(px, py, boundary, kind):
     z = jnp.take_along_axis(end, jnp.clip(boundary[:, 2], 0, ps.shape[2] - 1)[:, None],
                             axis=1)[:, 0]
     loss = jnp.where(valid, -z, jnp.nan) + 0.0
-    tags = (jnp.zeros((0,), px.dtype), jnp.zeros((0,), py.dtype))   # dtypes of the gradients
-    return loss.astype(dtype), (tags, boundary, valid, em, bl, em_ok,
+    return loss.astype(dtype), ((px, py), boundary, valid, em, bl, em_ok,
                                 bl_ok, end_lev, ps, z)
 
 
 def _bwd(kind, res, g):
-    (px_tag, py_tag), boundary, valid, em, bl, em_ok, bl_ok, end_lev, ps, z = res
+    (px, py), boundary, valid, em, bl, em_ok, bl_ok, end_lev, ps, z = res
     n, s1 = em.shape[1:]
     cell = jnp.arange(s1, dtype=jnp.int32)[None]
     end_cell = cell == boundary[:, 2][:, None]
     use = (~(jnp.isinf(z) & (z < 0)) & valid)[:, None]       # infeasible: zero gradient
-    scale = -g.astype(z.dtype)[:, None]
+    scale = -1.0          # per-sequence gradients; the cotangent is applied at the end
     z = jnp.where(use[:, 0], z, 0.0)
     em_next = jnp.concatenate([em[1:], jnp.full_like(em[:1], NEG_INF)], axis=0)
     bl_next = jnp.concatenate([bl[1:], jnp.full_like(bl[:1], NEG_INF)], axis=0)
@@ -176,7 +178,9 @@ def _bwd(kind, res, g):
     bad = ~valid[:, None, None]
     gpx = jnp.where(bad, jnp.nan, gpx)
     gpy = jnp.where(bad, jnp.nan, gpy)
-    return gpx.astype(px_tag.dtype), gpy.astype(py_tag.dtype), None
+    # scaled by the cotangent; differentiating it again raises (as on the host path)
+    return (_gradient(_NAME, 0, gpx.astype(px.dtype), px, g.astype(px.dtype)),
+            _gradient(_NAME, 0, gpy.astype(py.dtype), py, g.astype(py.dtype)), None)
 
 
 _losses.defvjp(_fwd, _bwd)
