@@ -153,11 +153,11 @@ _FAMILY_OF_MODULE = {
     "losses.rnnt_k2": "k2", "losses.align": "align",
 }
 
-#: family -> (what it is, rough seconds to compile it with an empty cache on a busy
-#: 2-core machine; benchmarks/cold_start.py measures them).
+#: family -> (what it is, rough seconds of its first call with an empty cache on a
+#: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
 FAMILIES = {
-    "ctc": ("CTC", 10), "asg": ("ASG", 25), "graph": ("WFST graph", 45),
-    "rnnt": ("RNN-T", 25), "k2": ("k2 RNN-T", 15), "align": ("alignment", 20),
+    "ctc": ("CTC", 10), "asg": ("ASG", 30), "graph": ("WFST graph", 55),
+    "rnnt": ("RNN-T", 30), "k2": ("k2 RNN-T", 15), "align": ("alignment", 25),
     "core": ("shared", 5),
 }
 
@@ -173,7 +173,7 @@ def cache_location():
     if numba.config.CACHE_DIR:
         return os.path.abspath(numba.config.CACHE_DIR)
     if cache_choice == "in-tree":
-        return os.path.join(_PACKAGE_DIR, "**", "__pycache__")
+        return f"the __pycache__ folders under {_PACKAGE_DIR}"
     return _numba_user_cache_dir()
 
 
@@ -215,8 +215,9 @@ class _CompileNotice(numba.core.event.Listener):
             return
         what, seconds = FAMILIES[family]
         _logger.warning(
-            "duoloss: compiling the %s kernels (first use with an empty numba cache, about "
-            "%d s on 2 busy cores, once: cached in %s). Precompile with `python -m duoloss "
+            "duoloss: compiling the %s kernels (first use with an empty numba cache: about "
+            "%d s on 2 cores, more on a busy machine; once: cached in %s). Precompile with "
+            "`python -m duoloss "
             "warmup`; silence with DUOLOSS_QUIET_COMPILE=1.", what, seconds,
             cache_location())
 
