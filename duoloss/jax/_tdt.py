@@ -13,11 +13,14 @@ import jax
 from jax.typing import ArrayLike
 
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
-                                     check_host_impl, check_multiblank_args,
+                                     check_multiblank_args,
                                      check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel
-from ._args import as_array, as_int_array, is_concrete
+from ._args import as_array, as_int_array, is_concrete, reduce_losses
+from ._xla import check_impl, use_device
+from ._xla.tdt import multiblank_losses as _device_multiblank
+from ._xla.tdt import tdt_losses as _device_tdt
 
 __all__ = ["tdt_loss", "multiblank_rnnt_loss"]
 
@@ -66,9 +69,11 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
       clamp: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       sigma: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       omega: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss] (the expectation of NeMo's random choice).
-      impl: ``'auto'`` (default) or ``'host'``: the numba core through one
-        callback; ``'device'`` raises ``NotImplementedError`` (no XLA path for
-        this loss yet).
+      impl: ``'host'``: the numba core through one callback; ``'device'``:
+        the loss and its gradient in XLA itself (``lax.scan`` recursions, no
+        callback; reduced in XLA, so not bit-identical to the host path);
+        ``'auto'`` (default): the device path for inputs on an accelerator,
+        else the host.
 
     Returns:
       The reduced loss, or ``(N,)`` losses.
@@ -97,11 +102,16 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
     """
     fn = "tdt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
-    check_host_impl(fn, impl)
+    check_impl(fn, impl)
     logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
                                                 target_lengths)
     blank, durs = check_tdt_args(fn, logits, targets, il, tl, blank, durations,
                                  concrete=concrete)
+    if use_device(fn, impl, logits):  # pure XLA (duoloss/jax/_xla/tdt.py), reduced in XLA
+        return reduce_losses(_device_tdt(logits, targets, il.reshape(-1), tl.reshape(-1),
+                                         blank=blank, durations=durs, sigma=sigma,
+                                         fastemit_lambda=fastemit_lambda, clamp=clamp,
+                                         omega=omega), reduction)
     # the reduction in the core (bit-identical to torch's; weights in the kernel's stores)
     return apply_kernel(TDT_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
                         reduction=reduction, blank=blank, durations=durations_key(durs),
@@ -164,11 +174,16 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
     """
     fn = "multiblank_rnnt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
-    check_host_impl(fn, impl)
+    check_impl(fn, impl)
     logits, targets, il, tl, concrete = _arrays(fn, logits, targets, logit_lengths,
                                                 target_lengths)
     blank, big = check_multiblank_args(fn, logits, targets, il, tl, blank, big_blank_durations,
                                        concrete=concrete)
+    if use_device(fn, impl, logits):  # pure XLA (duoloss/jax/_xla/tdt.py), reduced in XLA
+        return reduce_losses(_device_multiblank(logits, targets, il.reshape(-1), tl.reshape(-1),
+                                                blank=blank, big_blank_durations=big,
+                                                sigma=sigma, fastemit_lambda=fastemit_lambda,
+                                                clamp=clamp), reduction)
     return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
                         reduction=reduction, blank=blank, big_blank_durations=durations_key(big),
                         sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),
