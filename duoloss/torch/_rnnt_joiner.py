@@ -6,29 +6,146 @@ of that size.  Here the joiner runs on chunks of frames; of each chunk only the
 two lattice values per cell are kept (``px``: the next label's log-probability,
 ``py``: the blank's, exactly as `duoloss.torch._rnnt._lattice` forms them),
 the transducer recursion runs once on the whole ``(N, U(+1), T(+1))`` lattice
-(`duoloss.core.losses.transducer`), and each chunk is a
-``torch.utils.checkpoint`` region: the backward recomputes the chunk's joiner
-output and pushes ``d loss / d px, py`` through ``log_softmax``, the gathers and
-the joiner, one chunk at a time, into whatever the joiner used (its parameters,
-``encoder_out``, ``predictor_out``, any tensor it closes over).
+(`duoloss.core.losses.transducer`), and each chunk is a recomputed region
+(`_checkpointed`): the forward builds the chunk's autograd graph but keeps none
+of the tensors it saves (saved-tensor hooks store a placeholder), and the first
+time the backward asks for one of them the chunk is run again under
+``torch.enable_grad()`` to recover them all; each is dropped once handed over.
+So the backward pushes ``d loss / d px, py`` through ``log_softmax``, the gathers
+and the joiner, one chunk at a time, into whatever the joiner used (its
+parameters, ``encoder_out``, ``predictor_out``, any tensor it closes over), and
+``torch.autograd.grad`` works as well as ``.backward()``.  Hand-written rather
+than ``torch.utils.checkpoint``, whose first call imports ``torch._dynamo``
+(about 150 MiB of resident memory).
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Callable, Literal, Optional, Sequence
 
 import torch
-import torch.utils.checkpoint
 
+from duoloss.core.losses.joiner import transducer_log_probs, transducer_log_probs_grad
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL, check_rnnt_options
 
 from ._adapter import apply_kernel
 from ._args import check_tensor
-from ._rnnt import _ClampGrad, _boundary, _delay, _lattice, _validate
+from ._joiner import _view, supported
+from ._rnnt import _ClampGrad, _ScaleGrad, _boundary, _delay, _lattice, _validate
 
 __all__ = ["rnnt_loss_from_joiner"]
 
-#: The default chunk holds about this many joiner outputs (64 MiB of float32).
-CHUNK_ELEMENTS = 1 << 24
+#: The default chunk holds about this many joiner outputs (16 MiB of float32): the
+#: chunk's output, its gradient and the joiner's activations are the call's memory.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+#: Each chunk frees its joiner output and activations (megabytes) while the
+#: lattice values and autograd nodes it keeps stay on the heap behind them; glibc
+#: then keeps the freed pages resident (its heap is fragmented, and past the first
+#: large ``free`` its mmap threshold has risen to the chunk size), so the process
+#: grows by several MiB per chunk.  Returning the free pages after each chunk
+#: keeps it at one chunk's worth (measured: 900 MiB -> 100 MiB of growth at
+#: (16, 500, 100, 500)).
+_TRIM = _malloc_trim()
+
+
+def _release(x):
+    if _TRIM is not None and x.device.type == "cpu":
+        _TRIM(0)
+
+
+class _Region:
+    """One recomputed chunk: ``fn(*args)``'s saved tensors, recovered on demand."""
+
+    def __init__(self, fn, args):
+        self.fn = fn
+        self.args = args
+        self.count = 0  # tensors saved by the forward
+        self.saved = None  # the recomputed ones (None: not recomputed, or all handed over)
+        self.left = 0
+        self.rng = torch.get_rng_state()
+
+    def pack(self, _tensor):
+        i = self.count
+        self.count += 1
+        return (self, i)
+
+    def recompute(self):
+        _release(self.args[2])  # the previous chunk's pages
+        saved = []
+
+        def keep(x):
+            saved.append(x.detach())
+
+        args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
+                     else a for a in self.args)
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(keep, lambda _h: None):
+            torch.set_rng_state(self.rng)
+            self.fn(*args)
+        if len(saved) != self.count:
+            raise RuntimeError("rnnt_loss_from_joiner: the joiner saved a different number of "
+                               f"tensors when recomputed ({len(saved)} vs {self.count}); it must "
+                               "be deterministic (same operations on every call)")
+        self.saved = saved
+        self.left = len(saved)
+
+
+def _unpack(handle):
+    region, i = handle
+    if region.saved is None or region.saved[i] is None:
+        region.recompute()  # first use (or a second backward with retain_graph=True)
+    x = region.saved[i]
+    region.saved[i] = None
+    region.left -= 1
+    if region.left == 0:
+        region.saved = None
+    return x
+
+
+class _ChunkLattice(torch.autograd.Function):
+    """``(px, py)`` of a CPU chunk: the core kernels `duoloss.torch._joiner`'s
+    operators run (so the same bits as `duoloss.torch._rnnt._lattice`), called
+    directly: eager only, and no ``torch.library`` dispatch, whose first call
+    imports ``torch._dynamo``."""
+
+    @staticmethod
+    def forward(ctx, x, tg, il, tl, blank):
+        px, py, lse = transducer_log_probs(_view(x, x.shape), _view(tg, tg.shape), _view(il, -1),
+                                           _view(tl, -1), blank)
+        lse = torch.from_numpy(lse)
+        ctx.blank = blank
+        ctx.save_for_backward(x, tg, il, tl, lse)
+        return torch.from_numpy(px), torch.from_numpy(py)
+
+    @staticmethod
+    def backward(ctx, g_px, g_py):
+        x, tg, il, tl, lse = ctx.saved_tensors
+        out = transducer_log_probs_grad(_view(x, x.shape), _view(lse, lse.shape),
+                                        _view(tg, tg.shape), _view(il, -1), _view(tl, -1),
+                                        ctx.blank, _view(g_px, g_px.shape),
+                                        _view(g_py, g_py.shape))
+        return torch.from_numpy(out), None, None, None, None
+
+
+def _checkpointed(fn, *args):
+    """``fn(*args)`` with its autograd graph but none of its saved tensors: the
+    backward recomputes them (the chunk's joiner and lattice) once per chunk."""
+    region = _Region(fn, args)
+    with torch.autograd.graph.saved_tensors_hooks(region.pack, _unpack):
+        return fn(*args)
 
 
 def _check_shapes(fn, enc, pred, targets):
@@ -73,7 +190,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     chunks of ``chunk_size`` frames: the forward keeps only the two lattice values
     per cell (the log-probabilities of the next label and of the blank,
     ``(N, U, T + 1)`` and ``(N, U + 1, T)``), and the backward recomputes each
-    chunk's joiner output (a ``torch.utils.checkpoint`` region per chunk), so the
+    chunk's joiner output (a recomputed region per chunk), so the
     memory of the joiner's output, its activations and their gradients is that of
     one chunk.  The cost is one more joiner forward.
 
@@ -83,7 +200,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
         as ``joiner(enc[:, :, None], pred[:, None])``.  Gradients reach every
         tensor it uses (its parameters, closed-over tensors), as if it were
         called once on the whole input.  It must be deterministic (no dropout
-        unless the RNG state repeats: ``torch.utils.checkpoint`` restores it).
+        unless it draws from the CPU generator, whose state is restored for the recomputation).
       encoder_out: ``(N, T, D)``.
       predictor_out: ``(N, U + 1, D')``.
       targets: ``(N, U)`` integer targets, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
@@ -95,8 +212,8 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
       fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       delay_penalty: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
-      chunk_size: frames per chunk; ``None`` picks about ``2**24`` joiner outputs
-        per chunk (64 MiB in float32).
+      chunk_size: frames per chunk; ``None`` picks about ``2**22`` joiner outputs
+        per chunk (16 MiB in float32).
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
@@ -144,7 +261,13 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
         if bound > 0:
             x = _ClampGrad.apply(x, bound)
         il_c = (il - t0).clamp(0, t1 - t0)
-        px, py, _ = _lattice(x, targets, il_c, tl, blank, fused, lam, 0.0)
+        if fused and supported(x):
+            tg, _ = _boundary(x, targets, il_c, tl, blank)
+            px, py = _ChunkLattice.apply(x, tg, il_c, tl, blank)
+            if lam > 0:
+                px = _ScaleGrad.apply(px, 1.0 + lam)
+        else:
+            px, py, _ = _lattice(x, targets, il_c, tl, blank, fused, lam, 0.0)
         return px[..., :t1 - t0], py
 
     pxs, pys = [], []
@@ -152,9 +275,10 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
         t1 = min(t_max, t0 + chunk_size)
         args = (t0, t1, encoder_out[:, t0:t1], predictor_out)
         if torch.is_grad_enabled():
-            px, py = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+            px, py = _checkpointed(chunk, *args)
         else:
             px, py = chunk(*args)
+        _release(encoder_out)
         pxs.append(px)
         pys.append(py)
     del probe
