@@ -272,3 +272,114 @@ def test_asg_checkpointed_long_path_score(rng):
     score = em[0, 0, path[0]] + sum(em[t, 0, path[t]] + trans[path[t], path[t - 1]]
                                     for t in range(1, t_max))
     np.testing.assert_allclose(score, scores[0], rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# rnnt_align / transducer_viterbi: checkpointed rows, recomputing backtrace     #
+# --------------------------------------------------------------------------- #
+def _lattice_case(rng, trial):
+    n, s_max, t_max = 3, int(rng.integers(0, 8)), int(rng.integers(1, 12))
+    modified = trial % 2 == 1
+    px = rng.standard_normal((n, s_max, t_max + (0 if modified else 1)))
+    py = rng.standard_normal((n, s_max + 1, t_max))
+    if trial % 3 == 1:
+        px, py = np.round(px), np.round(py)  # many ties
+    elif trial % 3 == 2:
+        px[:], py[:] = -1.0, -1.0  # every path ties
+    if trial % 7 == 0 and s_max:
+        px[0, 0, :] = -np.inf  # sequence 0: no path
+    if trial % 11 == 0:
+        py[1, 0, 0] = np.nan
+    bd = np.zeros((n, 4), np.int64)
+    for b in range(n):  # random boxes, empty ones included
+        s1, t1 = int(rng.integers(0, s_max + 1)), int(rng.integers(0, t_max + 1))
+        bd[b] = [int(rng.integers(0, s1 + 1)), int(rng.integers(0, t1 + 1)), s1, t1]
+    return px, py, bd, "modified" if modified else "regular"
+
+
+def test_rnnt_checkpointed_equals_full_table_random(rng):
+    from duoloss.core.losses import transducer
+
+    for trial in range(150):
+        px, py, bd, rnnt_type = _lattice_case(rng, trial)
+        full = transducer.transducer_viterbi(px, py, bd, rnnt_type, _checkpoint_cells=1 << 40)
+        ckpt = transducer.transducer_viterbi(px, py, bd, rnnt_type, _checkpoint_cells=0)
+        np.testing.assert_array_equal(ckpt[0], full[0], err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(ckpt[1], full[1], err_msg=f"trial {trial}")
+
+
+def test_rnnt_checkpointed_infeasible_nan_and_empty():
+    from duoloss.core.losses import transducer
+
+    px, py = np.zeros((4, 3, 5)), np.zeros((4, 4, 4))
+    px[1] = -np.inf  # no symbol can be emitted: infeasible for s_end > 0
+    py[2, 1, 2] = np.nan
+    bd = np.array([[0, 0, 0, 0], [0, 0, 3, 4], [0, 0, 3, 4], [1, 1, 3, 4]])
+    for modified in ("regular", "modified"):
+        pxm = px if modified == "regular" else px[..., :4].copy()
+        a = transducer.transducer_viterbi(pxm, py, bd, modified, _checkpoint_cells=0)
+        b = transducer.transducer_viterbi(pxm, py, bd, modified, _checkpoint_cells=1 << 40)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert a[0][0] == 0.0 and np.all(a[1][0] == -1)  # the one-node box
+        assert a[0][1] == -np.inf and np.all(a[1][1] == -1)
+        assert np.isnan(a[0][2]) == (modified == "regular")  # modified: NaN off every path
+
+
+def test_rnnt_checkpointed_long_sequence_path_score(rng):
+    from duoloss.core.losses import transducer
+
+    s_max, t_max = 60, 200  # segments of 8 rows, a backtrace that crosses many columns
+    assert transducer._viterbi_segment(s_max + 1) == 8
+    px = rng.standard_normal((2, s_max, t_max + 1)) - 2.0
+    py = rng.standard_normal((2, s_max + 1, t_max)) - 0.5
+    px[0, :, t_max] = -np.inf  # no symbol on the one-past-the-last frame (rnnt_loss's lattice)
+    px[1, :, 150:] = -np.inf
+    px[1, 10:30], py[1, 10:30] = -1.0, -1.0  # a tied stretch
+    bd = np.array([[0, 0, s_max, t_max], [0, 0, 41, 150]])
+    full = transducer.transducer_viterbi(px, py, bd, _checkpoint_cells=1 << 40)
+    scores, frames = transducer.transducer_viterbi(px, py, bd, _checkpoint_cells=0)
+    np.testing.assert_array_equal(frames, full[1])
+    np.testing.assert_array_equal(scores, full[0])
+    for b, (s_end, t_end) in enumerate([(s_max, t_max), (41, 150)]):
+        fr = frames[b, :s_end]
+        assert np.all(np.diff(fr) >= 0) and 0 <= fr[0] and fr[-1] < t_end
+        assert np.all(frames[b, s_end:] == -1)
+        # the path's score, summed here: each symbol on its frame, one blank per frame
+        emitted = np.searchsorted(fr, np.arange(t_end), side="right")  # symbols by frame t
+        score = px[b, np.arange(s_end), fr].sum() + py[b, emitted, np.arange(t_end)].sum()
+        np.testing.assert_allclose(score, scores[b], rtol=1e-12)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_rnnt_align_frontends_take_the_checkpointed_path(rng, monkeypatch, x64):
+    import jax
+    import torch
+
+    import duoloss.jax as dj
+    import duoloss.torch as dt
+    from duoloss.core.losses import transducer
+
+    logits = rng.standard_normal((3, 12, 6, 5)).astype(np.float32)
+    logits[2, :, :, :] = 0.0  # every alignment ties
+    tg = rng.integers(1, 5, size=(3, 5))
+    il, tl = np.array([12, 9, 7]), np.array([5, 3, 5])
+    args = (torch.from_numpy(logits), torch.from_numpy(tg), torch.from_numpy(il),
+            torch.from_numpy(tl))
+    full = [x.numpy() for x in dt.rnnt_align(*args, blank=0)]
+    monkeypatch.setattr(transducer, "RNNT_CHECKPOINT_CELLS", 0)
+    ckpt = [x.numpy() for x in dt.rnnt_align(*args, blank=0)]
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", x64)
+    try:
+        jx = [np.asarray(x) for x in jax.jit(dj.rnnt_align, static_argnames="blank")(
+            logits, tg, il, tl, blank=0)]
+    finally:
+        jax.config.update("jax_enable_x64", old)
+    for a, b, c in zip(full, ckpt, jx):
+        np.testing.assert_array_equal(b, a)
+        np.testing.assert_array_equal(c, a)
+    # each alignment spells its target (blanks dropped), one blank per frame
+    for b in range(3):
+        row = full[0][b][full[0][b] >= 0]
+        assert list(row[row != 0]) == list(tg[b, :tl[b]]) and np.sum(row == 0) == il[b]

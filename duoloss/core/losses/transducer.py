@@ -577,13 +577,16 @@ TRANSDUCER_KERNEL = LossKernel(
 # Viterbi                                                                      #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
-def _viterbi_one(b, px, py, bd, modified, scores, frames):
+def _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames):
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
     if not _box_ok(bd, b, n_s, n_t):
         scores[b] = np.nan
         return
     s0, t0, s1, t1, ns, nt = _box(bd, b)
+    if ns * nt > checkpoint_cells:
+        _viterbi_checkpointed(b, px, py, s0, t0, ns, nt, modified, scores, frames)
+        return
     v = _lattice_forward(b, px, py, s0, t0, ns, nt, modified, True)
     best = v[ns - 1, nt - 1]
     scores[b] = best
@@ -615,20 +618,122 @@ def _viterbi_one(b, px, py, bd, modified, scores, frames):
             j -= 1
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _viterbi_parallel(px, py, bd, modified, scores, frames):
-    for b in numba.prange(bd.shape[0]):
-        _viterbi_one(b, px, py, bd, modified, scores, frames)
+# ---- bounded memory: checkpointed rows, recomputing backtrace ----------------
+# The forward keeps two rows (symbol positions i) of the table and a copy of every
+# k-th row.  The backtrace at node (i, j) reads rows i and i-1 at columns <= j
+# only, and never moves right; a cell (r, x) depends on (r, x-1) and on row r-1 at
+# x (regular) or x-1 (modified).  So on reaching the rows c..c+k of a segment, the
+# backtrace recomputes them from the checkpoint row c on the columns [0, j]: the
+# same operations on the same values as `_lattice_forward`, hence the full table's
+# bits, ties included.  Unlike CTC (a path moves at most 2 states a frame) a
+# transducer path can cross the whole frame axis within one symbol, so the window
+# is a prefix, not a band.  Memory: (ns / k + k + 3) nt floats, k ~ sqrt(ns),
+# i.e. about 2 sqrt(S) T; time: the forward plus at most one more.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _viterbi_row(b, px, py, s0, t0, i, prev, cur, n_cols, modified):
+    """Row ``i`` of `_lattice_forward`'s tropical table on the columns
+    ``[0, n_cols)`` into ``cur``, from row ``i - 1`` in ``prev`` (unread when
+    ``i == 0``); the same operations in the same order."""
+    s = s0 + i
+    for j in range(n_cols):
+        t = t0 + j
+        if i == 0 and j == 0:
+            v = 0.0
+        else:
+            v = _NEG_INF
+            if j > 0:
+                v = cur[j - 1] + np.float64(py[b, s, t - 1])
+            if i > 0 and (j > 0 or not modified):
+                if modified:
+                    w = prev[j - 1] + np.float64(px[b, s - 1, t - 1])
+                else:
+                    w = prev[j] + np.float64(px[b, s - 1, t])
+                v = _max_nan(v, w)
+        cur[j] = v
 
 
 @numba.njit(cache=True, nogil=True)
-def _viterbi_serial(px, py, bd, modified, scores, frames):
+def _viterbi_segment(ns):
+    """Rows between checkpoints: about ``sqrt(ns)`` (the memory optimum of
+    ``(ns / k + k) nt``), in ``[1, ns]``."""
+    k = int(np.sqrt(ns) + 0.5)
+    return min(max(k, 1), ns)
+
+
+@numba.njit(cache=True, nogil=True)
+def _viterbi_checkpointed(b, px, py, s0, t0, ns, nt, modified, scores, frames):
+    """`_viterbi_one`'s score and frames without the full ``ns x nt`` table
+    (see the comment above)."""
+    k = _viterbi_segment(ns)
+    ckpt = np.empty(((ns - 1) // k + 1, nt))
+    rows = np.empty((2, nt))
+    for i in range(ns):
+        _viterbi_row(b, px, py, s0, t0, i, rows[(i - 1) & 1], rows[i & 1], nt, modified)
+        if i % k == 0:
+            ckpt[i // k, :] = rows[i & 1]
+    best = rows[(ns - 1) & 1][nt - 1]
+    scores[b] = best
+    if best != best or best == _NEG_INF:
+        return
+    buf = np.empty((k + 1, nt))
+    seg = -1
+    c = 0
+    i = ns - 1
+    j = nt - 1
+    while i > 0 or j > 0:
+        need = (i - 1) // k if i > 0 else 0
+        if need != seg:
+            # rows c..min(c + k, ns - 1) on the columns [0, j]
+            seg = need
+            c = seg * k
+            buf[0, :j + 1] = ckpt[seg, :j + 1]
+            for r in range(c + 1, min(c + k, ns - 1) + 1):
+                _viterbi_row(b, px, py, s0, t0, r, buf[r - 1 - c], buf[r - c], j + 1, modified)
+        s = s0 + i
+        t = t0 + j
+        cx = _NEG_INF
+        if i > 0:
+            if not modified:
+                cx = buf[i - 1 - c, j] + np.float64(px[b, s - 1, t])
+            elif j > 0:
+                cx = buf[i - 1 - c, j - 1] + np.float64(px[b, s - 1, t - 1])
+        cy = _NEG_INF
+        if j > 0:
+            cy = buf[i - c, j - 1] + np.float64(py[b, s, t - 1])
+        if i > 0 and cx >= cy and cx > _NEG_INF:
+            if modified:
+                frames[b, s - 1] = t - 1
+                j -= 1
+            else:
+                frames[b, s - 1] = t
+            i -= 1
+        else:
+            j -= 1
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _viterbi_parallel(px, py, bd, modified, checkpoint_cells, scores, frames):
+    for b in numba.prange(bd.shape[0]):
+        _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames)
+
+
+@numba.njit(cache=True, nogil=True)
+def _viterbi_serial(px, py, bd, modified, checkpoint_cells, scores, frames):
     for b in range(bd.shape[0]):
-        _viterbi_one(b, px, py, bd, modified, scores, frames)
+        _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames)
+
+
+#: Sequences of more lattice cells (``(U_b + 1) (T_b + 1)``) than this are aligned
+#: in bounded memory (`_viterbi_checkpointed`, about ``2 sqrt(U) T`` floats);
+#: below it the full table (8 bytes a cell, 256 MiB at the threshold).
+RNNT_CHECKPOINT_CELLS = 1 << 25
 
 
 def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.ArrayLike | None = None,
-                       rnnt_type: str = "regular") -> tuple[np.ndarray, np.ndarray]:
+                       rnnt_type: str = "regular", *, _checkpoint_cells: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """Best path through the transducer lattice (max instead of logaddexp).
 
     Args: as [`transducer_loss_and_grad`][duoloss.core.transducer_loss_and_grad].
@@ -647,6 +752,12 @@ def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.Array
 
     NB: ties go to the symbol move at the later position of the backtrace
     (i.e. symbols are emitted as late as possible among equal-score paths).
+
+    Memory: a sequence of more than `RNNT_CHECKPOINT_CELLS` lattice cells is
+    aligned without its full table (checkpointed rows, recomputed while
+    backtracking: about ``2 sqrt(S) T`` floats), with the same scores and
+    frames, bit for bit; the private ``_checkpoint_cells`` overrides the
+    threshold (0 forces that path, for tests).
     """
     px, py, bd, modified = _prepare("transducer_viterbi", px, py, boundary, rnnt_type)
     n = py.shape[0]
@@ -654,8 +765,9 @@ def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.Array
     frames = np.full((n, py.shape[1] - 1), -1, np.int64)
     if n > 0:
         cells = n * py.shape[1] * (py.shape[2] + 1)
+        limit = RNNT_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         run_batch(_viterbi_serial, _viterbi_parallel, n, cells, _PARALLEL_MIN_CELLS,
-                  (px, py, bd, modified, scores, frames))
+                  (px, py, bd, modified, limit, scores, frames))
     return scores, frames
 
 
