@@ -10,6 +10,11 @@ a jitted jaxpr without callback.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +23,7 @@ import jax.numpy as jnp
 
 import duoloss.jax as dj
 
+ROOT = Path(__file__).resolve().parents[1]
 MODES = [(np.float32, False), (np.float32, True), (np.float64, True)]
 MODE_IDS = ["f32-x64off", "f32-x64on", "f64"]
 
@@ -160,3 +166,56 @@ def test_vmap_jit_no_callback_and_traced_bad_label():
         losses = jax.jit(lambda z, t: dj.tdt_loss(z, t, il, tl, -1, [0, 1, 2],
                                                   reduction="none", impl="device"))(x, bad)
         assert np.isnan(losses[0]) and np.isfinite(losses[1:]).all()
+
+
+
+@pytest.mark.parametrize("shape,tg,il,tl", [
+    ((2, 0, 3, 8), [[1, 2], [0, 0]], [0, 0], [2, 0]),   # no frames: +inf and 0
+    ((0, 4, 3, 8), np.zeros((0, 2), int), [], []),        # empty batch
+    ((2, 4, 1, 8), np.zeros((2, 0), int), [4, 2], [0, 0]),  # no targets
+], ids=["T0", "N0", "U0"])
+def test_empty_shapes(shape, tg, il, tl):
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(2).standard_normal(shape))
+        tg, il, tl = np.asarray(tg, int), np.asarray(il, int), np.asarray(tl, int)
+
+        def f(z, impl):
+            return dj.tdt_loss(z, tg, il, tl, -1, [0, 1, 2], reduction="none", impl=impl)
+
+        assert_close(f(x, "device"), f(x, "host"), np.float64)
+        assert_close(jax.grad(lambda z: f(z, "device").sum())(x),
+                     jax.grad(lambda z: f(z, "host").sum())(x), np.float64)
+
+SHARD_SCRIPT = r"""
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec as P
+import duoloss.jax as dj
+assert len(jax.devices()) == 2
+mesh = jax.make_mesh((2,), ("d",), axis_types=(AxisType.Auto,))
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((4, 6, 3, 5 + 3)), jnp.float32)
+tg = jnp.asarray(rng.integers(0, 4, (4, 2))); il = jnp.asarray([6, 4, 0, 5]); tl = jnp.asarray([2, 1, 0, 2])
+def tdt(x, tg, il, tl):
+    return dj.tdt_loss(x, tg, il, tl, -1, [0, 1, 2], reduction="none", omega=0.25, impl="device")
+def mb(x, tg, il, tl):
+    return dj.multiblank_rnnt_loss(x, tg, il, tl, 7, [2, 3], reduction="none", impl="device")
+for f in (tdt, mb):
+    def both(a, *r):
+        return f(a, *r), jax.grad(lambda a: f(a, *r).sum())(a)
+    ref, gref = jax.jit(both)(x, tg, il, tl)
+    sm = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=(P("d"),) * 4, out_specs=(P("d"), P("d"))))
+    assert "callback" not in str(jax.make_jaxpr(sm)(x, tg, il, tl))
+    got, g = sm(x, tg, il, tl)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    np.testing.assert_allclose(g, gref, rtol=1e-6, atol=1e-7)
+print("SHARD OK")
+"""
+
+
+def test_shard_map_on_two_cpu_devices():
+    """The scan carries are marked varying: shard_map (check_vma on) == one device."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], check=False, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "SHARD OK" in proc.stdout, proc.stderr[-4000:]

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from .._adapter import _gradient
+from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, shift_left, shift_right
 
 __all__ = ["multiblank_losses", "tdt_losses"]
@@ -180,7 +181,8 @@ def _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, dtype):
 
     t_max = lab_w[0].shape[0]
     xs = (jnp.arange(t_max), w0, [w for _, w in lab_s], [w for _, w in blk_s])
-    win0 = jnp.full((k, n, u1), NEG_INF, dtype)
+    win0 = mark_varying(jnp.full((k, n, u1), NEG_INF, dtype),   # a scan carry in shard_map
+                        varying_axes(*lab_w, *blk_w))
     return jax.lax.scan(step, win0, xs)[1]                   # (T, N, U1)
 
 
@@ -203,7 +205,8 @@ def _beta(lab_moves, blk_moves, lab_w, blk_w, term, n, u1, dtype):
         return win, b
 
     xs = (zero[0] if zero else None, [w for _, w in lab_p], [w for _, w in blk_p], term)
-    win0 = jnp.full((k, n, u1), NEG_INF, dtype)
+    win0 = mark_varying(jnp.full((k, n, u1), NEG_INF, dtype),
+                        varying_axes(*lab_w, *blk_w, term))
     return jax.lax.scan(step, win0, xs, reverse=True)[1]     # (T, N, U1)
 
 
@@ -212,7 +215,12 @@ def _run(x, tg, il, tl, spec, want):
     (lab_moves, blk_moves), _, dur_grad, n_lab, n_dur, lam, clamp = spec
     n, t_max, u1, _ = x.shape
     if n == 0 or t_max == 0:
-        valid = (il == 0) & (tl >= 0) & (tl <= u1 - 1)
+        labels_ok = (tg >= 0) & (tg < n_lab)
+        for k, _, _ in blk_moves:
+            labels_ok &= tg != k
+        in_tg = jnp.arange(u1 - 1)[None] < tl[:, None]
+        valid = ((il == 0) & (tl >= 0) & (tl <= u1 - 1)
+                 & jnp.all(labels_ok | ~in_tg, axis=1))
         loss = jnp.where(valid, jnp.where(tl == 0, 0.0, jnp.inf), jnp.nan).astype(x.dtype)
         return loss, (jnp.zeros_like(x) if want else None)
     valid, tb, ub, inbox, lse, y, lab_w, blk_w, term_w = _prepare(x, tg, il, tl, spec)
