@@ -377,3 +377,64 @@ def test_torch_device_equals_jax_device():
                                   jnp.asarray(ll.numpy()), jnp.asarray(yl.numpy()),
                                   reduction=reduction, impl="device")
             _close(ours, torch.from_numpy(np.asarray(theirs)), dtype, "rnnt torch vs jax")
+
+
+# ------------------------------------------------------------------- vmap
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernel launches of a call (each launch looks the kernels module up once)."""
+    from duoloss.torch._triton import _ops
+    count = []
+    real = _ops._kernels
+
+    def counted():
+        count.append(1)
+        return real()
+
+    monkeypatch.setattr(_ops, "_kernels", counted)
+    return count
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ctc_device_vmap_and_vmap_of_grad(dtype, launches):
+    """torch.func.vmap folds the vmapped axis into the batch: one launch, the
+    values of a Python loop over that axis and of the host path under vmap."""
+    x, targets, il, tl = _ctc_batch(dtype, seed=6)
+    xs = torch.stack([x[:6, :3], x[4:, 1:]])  # (M=2, T=6, N=3, C=5)
+    tgs = torch.stack([targets[:3], targets[1:]])
+    ils = torch.tensor([[6, 5, 3], [4, 6, 5]])  # [1, 2]: 2,2,3,3 in 5 frames, infeasible
+    tls = torch.stack([tl[:3], tl[1:]])
+
+    def f(z, t, i, n, impl="device"):
+        return dt.ctc_loss(z.log_softmax(-1), t, i, n, impl=impl, reduction="none")
+
+    def total(z, t, i, n, impl="device"):
+        return (f(z, t, i, n, impl) * torch.tensor([0.5, -1.0, 2.0], dtype=dtype)).sum()
+
+    args = (xs, tgs, ils, tls)
+    launches.clear()
+    got = torch.func.vmap(f)(*args)
+    assert len(launches) == 1 and got.shape == (2, 3) and got.dtype == dtype
+    loop = torch.stack([f(*a) for a in zip(*args)])
+    assert torch.isinf(got[1, 2]) and torch.isinf(loop[1, 2])  # infeasible stays +inf
+    _close(got, loop, dtype, "vmap vs loop")
+    _close(got, torch.func.vmap(lambda *a: f(*a, impl="host"))(*args), dtype, "vmap vs host")
+    launches.clear()
+    grads = torch.func.vmap(torch.func.grad(total))(*args)
+    assert len(launches) == 1
+    _close(grads, torch.stack([torch.func.grad(total)(*a) for a in zip(*args)]), dtype,
+           "vmap(grad) vs loop")
+    _close(grads, torch.func.vmap(torch.func.grad(lambda *a: total(*a, impl="host")))(*args),
+           dtype, "vmap(grad) vs host")
+    # only the log-probabilities vmapped, along an inner dimension; grad of a vmap; nested
+    x2 = xs.movedim(0, 2)  # (T, N, M, C)
+    shared = (tgs[0], ils[0], tls[0])
+    _close(torch.func.vmap(f, in_dims=(2, None, None, None))(x2, *shared),
+           torch.stack([f(xs[j], *shared) for j in range(2)]), dtype, "vmap over an inner dim")
+    g = torch.func.grad(lambda z: torch.func.vmap(total)(z, *args[1:]).sum())(xs)
+    _close(g, grads, dtype, "grad(vmap)")
+    launches.clear()
+    nested = torch.func.vmap(torch.func.vmap(f))(*(a.unsqueeze(1).expand(2, 2, *a.shape[1:])
+                                                   for a in args))
+    assert len(launches) == 1
+    _close(nested, torch.stack([loop, loop], 1), dtype, "nested vmap")

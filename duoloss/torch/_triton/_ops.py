@@ -9,6 +9,9 @@ are called directly (fake rules give the output shapes, ``register_autograd``
 the backward); eager code and ``torch.func`` go through a
 ``torch.autograd.Function`` in ``setup_context`` form (``torch.func.grad``
 rejects custom operators with ``register_autograd``, pytorch#168393).
+Under ``torch.func.vmap`` the Functions' ``vmap`` rules fold the vmapped
+dimension into the batch axis (the host path's `duoloss.torch._ops.vmap_fold`):
+one launch per vmap, nested ones included.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from .._ops import second_order_message
+from .._adapter import _requires_grad
+from .._ops import second_order_message, vmap_fold
 
 __all__ = ["ctc", "kernels_interpreted", "transducer", "transducer_with_grads"]
 
@@ -96,10 +100,23 @@ def _ctc_fake(lp, targets, il, tl, zero_infinity, want_grad):
 
 
 def _ctc_setup(ctx, inputs, output):
+    ctx.want_grad = inputs[-1]
     ctx.save_for_backward(output[1])
 
 
+def _no_grad_error(name: str) -> RuntimeError:
+    # the inputs looked constant when the call was traced: under torch.compile
+    # that happens to a torch.func.vmap, whose batched tensors hide requires_grad
+    return RuntimeError(
+        f"{name}: the device path computed no gradient (its input did not require grad "
+        f"when traced); differentiating torch.compile(torch.func.vmap(loss)) is not "
+        f"supported on the device path: differentiate the uncompiled vmap, or compile a "
+        f"batched call")
+
+
 def _ctc_backward(ctx, g, _unused):
+    if not ctx.want_grad:
+        raise _no_grad_error("ctc_loss")
     (grad,) = ctx.saved_tensors
     return grad * g.to(grad.dtype)[None, :, None], None, None, None, None, None
 
@@ -107,11 +124,20 @@ def _ctc_backward(ctx, g, _unused):
 torch.library.register_autograd("duoloss::triton_ctc", _ctc_backward, setup_context=_ctc_setup)
 
 
+@ctc_op.register_vmap
+def _ctc_vmap(info, in_dims, lp, targets, il, tl, zero_infinity, want_grad):
+    # torch.compile of a torch.func.vmap (eager vmap goes through _CTC.vmap)
+    return _vmap(info, in_dims, (lp, targets, il, tl), (1, 0, 0, 0), 1, want_grad,
+                 lambda *t: ctc_op(*t, zero_infinity, want_grad))
+
+
 class _GradScale(torch.autograd.Function):
     """``saved * cotangent`` as a node of its own, so that a second derivative raises.
 
     ``anchor`` (the loss's input) only ties the node into a ``create_graph``
     backward's graph: differentiating the gradient again reaches this backward."""
+
+    generate_vmap_rule = True  # (a vmap of the backward: saved * g batches as is)
 
     @staticmethod
     def forward(saved, g, anchor):
@@ -124,6 +150,27 @@ class _GradScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         raise NotImplementedError(second_order_message("the device path"))
+
+
+def _vmap(info, in_dims, tensors, batch_axes, n_grads: int, want_grad: bool, apply):
+    """The ``vmap`` rule of `_CTC` and `_Transducer`: `vmap_fold` over the
+    tensor arguments (``batch_axes`` their batch axes), one ``apply(*tensors)``
+    on the folded batch.  ``apply`` returns the Function's outputs: the losses,
+    then the per-sequence gradients of the first ``n_grads`` tensors (``(0,)``
+    placeholders without ``want_grad``, returned unbatched)."""
+    k = len(tensors)
+    want = [want_grad and i < n_grads for i in range(k)]
+
+    def call(w, args):
+        out = apply(*args)
+        return list(out) if want_grad else [out[0]]
+
+    outs, dims = vmap_fold(info.batch_size, in_dims[:k], None, batch_axes, want, None,
+                           tensors, call)
+    if not want_grad:
+        outs = outs + [tensors[0].new_empty((0,))] * n_grads
+        dims = dims + [None] * n_grads
+    return tuple(outs), tuple(dims)
 
 
 class _CTC(torch.autograd.Function):
@@ -142,9 +189,19 @@ class _CTC(torch.autograd.Function):
         return (_GradScale.apply(grad, g.to(grad.dtype)[None, :, None], lp),
                 None, None, None, None, None)
 
+    @staticmethod
+    def vmap(info, in_dims, lp, targets, il, tl, zero_infinity, want_grad):
+        return _vmap(info, in_dims, (lp, targets, il, tl), (1, 0, 0, 0), 1, want_grad,
+                     lambda *t: _CTC.apply(*t, zero_infinity, want_grad))
+
 
 def _want(*xs) -> bool:
-    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+    if not torch.is_grad_enabled():
+        return False
+    if torch.compiler.is_compiling():
+        return any(x.requires_grad for x in xs)
+    # (a tensor batched by torch.func.vmap hides a grad transform's requires_grad)
+    return any(_requires_grad(x) for x in xs)
 
 
 def ctc(lp, targets, il, tl, zero_infinity: bool) -> torch.Tensor:
@@ -197,10 +254,13 @@ def _transducer_fake(px, py, boundary, modified, want_grad):
 
 
 def _tr_setup(ctx, inputs, output):
+    ctx.want_grad = inputs[-1]
     ctx.save_for_backward(output[1], output[2])
 
 
 def _tr_backward(ctx, g, _gx, _gy):
+    if not ctx.want_grad:
+        raise _no_grad_error("the transducer loss")
     gx, gy = ctx.saved_tensors
     gl = g.reshape(-1, 1, 1)
     return gx * gl.to(gx.dtype), gy * gl.to(gy.dtype), None, None, None
@@ -208,6 +268,12 @@ def _tr_backward(ctx, g, _gx, _gy):
 
 torch.library.register_autograd("duoloss::triton_transducer", _tr_backward,
                                 setup_context=_tr_setup)
+
+
+@transducer_op.register_vmap
+def _transducer_vmap(info, in_dims, px, py, boundary, modified, want_grad):
+    return _vmap(info, in_dims, (px, py, boundary), (0, 0, 0), 2, want_grad,
+                 lambda x, y, bd: transducer_op(*_prep(x, y), bd, modified, want_grad))
 
 
 class _Transducer(torch.autograd.Function):
@@ -226,6 +292,12 @@ class _Transducer(torch.autograd.Function):
         gl = g.reshape(-1, 1, 1)
         return (_GradScale.apply(gx, gl.to(gx.dtype), px),
                 _GradScale.apply(gy, gl.to(gy.dtype), py), None, None, None)
+
+    @staticmethod
+    def vmap(info, in_dims, px, py, boundary, modified, want_grad):
+        # the folded inputs made row-major again: the kernel's gradients share their strides
+        return _vmap(info, in_dims, (px, py, boundary), (0, 0, 0), 2, want_grad,
+                     lambda x, y, bd: _Transducer.apply(*_prep(x, y), bd, modified, want_grad))
 
 
 def _prep(px, py):
