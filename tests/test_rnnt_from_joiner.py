@@ -241,3 +241,64 @@ def test_empty_shapes_torch_and_jax(n, t_max, u_max):
                                  il.numpy(), tl.numpy(), reduction="none", blank=0)
     assert c.shape == (n,)
     np.testing.assert_allclose(np.asarray(c), a.detach().numpy(), rtol=1e-5)
+
+
+def test_torch_recompute_second_backward_and_dropout(monkeypatch):
+    """The recomputed regions: a second backward (``retain_graph=True``) recomputes
+    again and doubles the gradients; a joiner with dropout gets, in the recomputation,
+    the masks of its forward (the CPU generator's state is restored): the gradients
+    equal those of plain autograd through the same chunks (no recomputation)."""
+    from duoloss.torch import _rnnt_joiner
+
+    enc, pred, w, b, tg = _inputs()
+    lin, inner = _torch_joiner(w, b)
+    seen = []
+
+    def joiner(e, p):
+        seen.append(e.shape[1])
+        return inner(e, p)
+
+    e = torch.from_numpy(enc).requires_grad_()
+    loss = dt.rnnt_loss_from_joiner(joiner, e, torch.from_numpy(pred), torch.from_numpy(tg),
+                                    IL, TL, chunk_size=3)
+    loss.backward(retain_graph=True)
+    g1, n1 = e.grad.clone(), len(seen)
+    loss.backward()
+    assert len(seen) == n1 + 3  # ceil(7 / 3) chunks recomputed again
+    torch.testing.assert_close(e.grad, 2 * g1, rtol=0, atol=0)
+
+    def dropout_joiner(e, p):
+        return lin(torch.nn.functional.dropout(torch.tanh(e + p), 0.5, training=True))
+
+    grads = []
+    for plain in (False, True):
+        if plain:
+            monkeypatch.setattr(_rnnt_joiner, "_checkpointed", lambda fn, *args: fn(*args))
+        e = torch.from_numpy(enc).requires_grad_()
+        torch.manual_seed(123)
+        loss = dt.rnnt_loss_from_joiner(dropout_joiner, e, torch.from_numpy(pred),
+                                        torch.from_numpy(tg), IL, TL, chunk_size=2)
+        grads.append(torch.autograd.grad(loss, [e, lin.weight]))
+    for a, c in zip(*grads):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+
+
+def test_torch_never_imports_dynamo():
+    """No ``torch.utils.checkpoint`` nor ``torch.library`` dispatch on this path: their
+    first call imports ``torch._dynamo`` (about 150 MiB resident)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, duoloss.torch as dt\n"
+        "enc = torch.randn(2, 5, 4, requires_grad=True); pred = torch.randn(2, 3, 4)\n"
+        "lin = torch.nn.Linear(4, 6)\n"
+        "loss = dt.rnnt_loss_from_joiner(lambda e, p: lin(torch.tanh(e + p)), enc, pred,\n"
+        "    torch.tensor([[1, 2], [3, 1]]), [5, 4], [2, 1], blank=0, chunk_size=2)\n"
+        "loss.backward()\n"
+        "assert enc.grad is not None and lin.weight.grad is not None\n"
+        "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -35,9 +35,9 @@ from ._rnnt import _ClampGrad, _ScaleGrad, _boundary, _delay, _lattice, _validat
 
 __all__ = ["rnnt_loss_from_joiner"]
 
-#: The default chunk holds about this many joiner outputs (16 MiB of float32): the
+#: The default chunk holds about this many joiner outputs (8 MiB of float32): the
 #: chunk's output, its gradient and the joiner's activations are the call's memory.
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 21
 
 
 def _malloc_trim():
@@ -212,8 +212,8 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
       fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       fastemit_lambda: FastEmit regularisation, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       delay_penalty: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
-      chunk_size: frames per chunk; ``None`` picks about ``2**22`` joiner outputs
-        per chunk (16 MiB in float32).
+      chunk_size: frames per chunk; ``None`` picks about ``2**21`` joiner outputs
+        per chunk (8 MiB in float32).
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
