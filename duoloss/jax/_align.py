@@ -27,6 +27,8 @@ from ._args import as_array, as_int_array, index_dtype, is_concrete
 from ._asg import _prepare
 from ._ctc import _prepare_ctc
 from ._graph_loss import prepare_graphs
+from ._xla import check_impl, use_device
+from ._xla.align import ctc_viterbi
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"]
 
@@ -39,7 +41,8 @@ def _callback(host, t_max, n, score_dtype, *arrays):
 
 
 def ctc_align(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
-              target_lengths: ArrayLike, *, blank: int = 0) -> tuple[jax.Array, jax.Array]:
+              target_lengths: ArrayLike, *, blank: int = 0,
+              impl: str = "auto") -> tuple[jax.Array, jax.Array]:
     r"""Viterbi CTC forced alignment; same arguments and results as [`duoloss.torch.ctc_align`][duoloss.torch.ctc_align].
 
     $$
@@ -52,6 +55,11 @@ def ctc_align(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike
       input_lengths: ``(N,)`` integers in ``[0, T]``.
       target_lengths: ``(N,)`` integers in ``[0, S]``.
       blank: the blank class.
+      impl: ``'auto'`` (default: the XLA device path when ``log_probs`` lives on an
+        accelerator, else the host), ``'device'`` (a max-plus ``lax.scan`` with int8
+        back-pointers, no callback, any backend) or ``'host'`` (the numba core);
+        both give the same labels, and the same scores bit for bit under
+        ``jax_enable_x64``; see the Devices page.
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` integer frame labels (blank included, ``-1``
@@ -71,9 +79,14 @@ def ctc_align(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike
         ([[1, 2, 0]], -0.6694)
     """
     fn = "ctc_align"
+    check_impl(fn, impl)
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank)
     t_max, n, _ = log_probs.shape
+    if use_device(fn, impl, log_probs):
+        labels, scores = ctc_viterbi(jax.lax.stop_gradient(log_probs), targets, input_lengths,
+                                     target_lengths, int(blank), index_dtype())
+        return (labels, scores) if batched else (labels[0], scores[0])
     host = functools.partial(_ctc_align_host, int(blank))
     labels, scores = _callback(host, t_max, n, log_probs.dtype, log_probs, targets,
                                input_lengths, target_lengths)
