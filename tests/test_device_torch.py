@@ -361,7 +361,7 @@ def test_torch_device_equals_jax_device():
     jax = pytest.importorskip("jax")
     import duoloss.jax as dj
     dtype = torch.float64 if x64 else torch.float32
-    x, targets, il, tl = _ctc_batch(dtype, seed=6)
+    x, targets, _, tl = _ctc_batch(dtype, seed=6)
     logits, y, ll, yl = _rnnt_batch(dtype, seed=6)
     with jax.enable_x64(x64):
         jnp = jax.numpy
@@ -399,7 +399,7 @@ def launches(monkeypatch):
 def test_ctc_device_vmap_and_vmap_of_grad(dtype, launches):
     """torch.func.vmap folds the vmapped axis into the batch: one launch, the
     values of a Python loop over that axis and of the host path under vmap."""
-    x, targets, il, tl = _ctc_batch(dtype, seed=6)
+    x, targets, _, tl = _ctc_batch(dtype, seed=6)
     xs = torch.stack([x[:6, :3], x[4:, 1:]])  # (M=2, T=6, N=3, C=5)
     tgs = torch.stack([targets[:3], targets[1:]])
     ils = torch.tensor([[6, 5, 3], [4, 6, 5]])  # [1, 2]: 2,2,3,3 in 5 frames, infeasible
@@ -438,3 +438,75 @@ def test_ctc_device_vmap_and_vmap_of_grad(dtype, launches):
                                                    for a in args))
     assert len(launches) == 1
     _close(nested, torch.stack([loop, loop], 1), dtype, "nested vmap")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rnnt_device_vmap_and_vmap_of_grad(dtype, launches):
+    logits, y, il, tl = _rnnt_batch(dtype, seed=7)
+    args = (torch.stack([logits, logits.flip(1)]),  # (M=2, N=3, T=5, U+1=4, V=4)
+            torch.stack([y, y.flip(1)]), torch.stack([il, torch.tensor([4, 3, 5])]),
+            torch.stack([tl, torch.tensor([1, 3, 0])]))
+
+    def f(z, t, i, n, impl="device"):
+        return dt.rnnt_loss(z, t, i, n, impl=impl, reduction="none")
+
+    def total(z, t, i, n, impl="device"):
+        return (f(z, t, i, n, impl)[:2] * torch.tensor([1.5, -0.5], dtype=dtype)).sum()
+
+    launches.clear()
+    got = torch.func.vmap(f)(*args)
+    assert len(launches) == 1 and got.dtype == dtype
+    assert torch.isinf(got[0, 2]) and torch.isfinite(got[1]).all()  # T=0 with U=2: +inf
+    _close(got, torch.stack([f(*a) for a in zip(*args)]), dtype, "vmap vs loop")
+    _close(got, torch.func.vmap(lambda *a: f(*a, impl="host"))(*args), dtype, "vmap vs host")
+    launches.clear()
+    grads = torch.func.vmap(torch.func.grad(total))(*args)
+    assert len(launches) == 1
+    _close(grads, torch.stack([torch.func.grad(total)(*a) for a in zip(*args)]), dtype,
+           "vmap(grad) vs loop")
+    _close(grads, torch.func.vmap(torch.func.grad(lambda *a: total(*a, impl="host")))(*args),
+           dtype, "vmap(grad) vs host")
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified"])
+def test_k2_simple_device_vmap_of_grad(rnnt_type, launches):
+    dtype = torch.float64
+    g = torch.Generator().manual_seed(8)
+    lm = torch.randn(2, 2, 4, 4, generator=g, dtype=dtype)  # (M, B, S + 1, C)
+    am = torch.randn(2, 2, 5, 4, generator=g, dtype=dtype)  # (M, B, T, C)
+    y = torch.tensor([[1, 2, 1], [2, 1, 3]])
+    boundary = torch.tensor([[0, 0, 3, 5], [0, 0, 2, 4]])
+
+    def f(a, b, impl="device"):
+        return dt.rnnt_loss_simple(a, b, y, 0, boundary, rnnt_type, reduction="sum", impl=impl)
+
+    vg = torch.func.vmap(torch.func.grad_and_value(f, argnums=(0, 1)))
+    launches.clear()
+    (g_lm, g_am), loss = vg(lm, am)
+    assert len(launches) == 1
+    (h_lm, h_am), host = torch.func.vmap(torch.func.grad_and_value(
+        lambda a, b: f(a, b, "host"), argnums=(0, 1)))(lm, am)
+    _close(loss, host, dtype, "loss")
+    _close(loss, torch.stack([f(a, b) for a, b in zip(lm, am)]), dtype, "loss vs loop")
+    _close(g_lm, h_lm, dtype, "lm grad")
+    _close(g_am, h_am, dtype, "am grad")
+
+
+@pytest.mark.filterwarnings("ignore:Error detected in:UserWarning")
+def test_ctc_device_compile_of_vmap():
+    """torch.compile(torch.func.vmap(loss)): the operators' vmap rules (one launch);
+    its gradient is refused with a clear error (the trace hides requires_grad)."""
+    dtype = torch.float64
+    x, targets, il, tl = _ctc_batch(dtype, seed=9)
+    xs = torch.stack([x[:, :3], x[:, 1:]])
+
+    def f(z):
+        return dt.ctc_loss(z.log_softmax(-1), targets[:3], il[:3], tl[:3], impl="device")
+
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.func.vmap(f), backend="aot_eager", fullgraph=True)
+    _close(compiled(xs), torch.stack([f(z) for z in xs]), dtype, "compiled vmap")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="device path computed no gradient"):
+        compiled(xs.clone().requires_grad_()).sum().backward()
+    torch._dynamo.reset()
