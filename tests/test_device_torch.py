@@ -361,7 +361,7 @@ def test_torch_device_equals_jax_device():
     jax = pytest.importorskip("jax")
     import duoloss.jax as dj
     dtype = torch.float64 if x64 else torch.float32
-    x, targets, _, tl = _ctc_batch(dtype, seed=6)
+    x, targets, il, tl = _ctc_batch(dtype, seed=6)
     logits, y, ll, yl = _rnnt_batch(dtype, seed=6)
     with jax.enable_x64(x64):
         jnp = jax.numpy
