@@ -343,11 +343,9 @@ def _tdt_cases():
         Case(fn, "omega", "omega=1.5", _set(omega=1.5), expect="[0, 1], got 1.5"),
         Case(fn, "sigma", "sigma=nan", _set(sigma=float("nan")), expect="finite"),
         Case(fn, "impl", "impl='gpu'", _set(impl="gpu"), expect="got 'gpu'"),
-        Case(fn, "impl", "impl='device' in torch (no kernel yet)", _set(impl="device"), NotImplementedError, prefix="tdt_loss: impl='device' is not available", frameworks=("torch",)),
         Case(mb, "big_blank_durations", "big blank duration 0", _set(big_blank_durations=[0]), expect=">= 1, got [0]"),
         Case(mb, "blank", "no room for the big blanks (blank=0)", _set(blank=0), expect="blank = 0"),
         Case(mb, "targets", "a big blank inside a target", _set(targets=np.array([[1, 4, 3], [2, 2, 0]], np.int32)), expect="big blank (4)"),
-        Case(mb, "impl", "impl='device' in torch (no kernel yet)", _set(impl="device"), NotImplementedError, prefix="multiblank_rnnt_loss: impl='device' is not available", frameworks=("torch",)),
     ]
 
 

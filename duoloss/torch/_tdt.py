@@ -3,8 +3,10 @@
 
 Thin: argument checks (`duoloss.core.losses.tdt`), then the whole loss
 and its gradient w.r.t. the logits in one core call
-(`duoloss.torch._adapter.apply_kernel`).  Host only: CUDA tensors make
-one round trip through the host (no device kernel yet).
+(`duoloss.torch._adapter.apply_kernel`), or, on the device path
+(``impl='device'``, ``'auto'`` on CUDA), the Triton recursion of
+`duoloss.torch._triton._tdt` (calls traced by ``torch.compile`` take the
+host path).
 """
 from __future__ import annotations
 
@@ -14,12 +16,12 @@ import numpy as np
 import torch
 
 from duoloss.core._validate import check_int_type as _check_int_type
-from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
-                                     check_host_impl, check_multiblank_args,
-                                     check_tdt_args, durations_key)
+from duoloss.core.losses.tdt import (IMPLS, MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
+                                     check_multiblank_args, check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_tensor, int_array, int_tensor
+from ._triton import resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
 
@@ -41,6 +43,21 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     out = check(targets, il, tl, False)
     return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
+
+
+def check_impl(fn, impl) -> str:
+    """``impl`` checked (JAX's message, word for word)."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host', 'device', "
+                         f"got {impl!r}")
+    return impl
+
+
+def _device(fn, impl, logits) -> bool:
+    """Whether the call takes the Triton path (`resolve_impl`; never while
+    ``torch.compile`` traces: the host operator compiles)."""
+    check_impl(fn, impl)
+    return resolve_impl(fn, impl, logits) and not torch.compiler.is_compiling()
 
 
 def _weights(logits, reduction):
@@ -108,10 +125,12 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
         RNN-T loss with probability ``omega`` instead of TDT for the whole
         batch; duoloss returns the expectation ``(1 - omega) * tdt + omega *
         rnnt`` (the same expected loss and gradient, the same number on every call).
-      impl: ``'auto'`` (default) or ``'host'``: the numba core (CUDA tensors
-        make one round trip through the host); ``'device'`` raises
-        ``NotImplementedError`` (no device kernel for this loss yet; see the
-        Devices page for the losses that have one).
+      impl: ``'auto'`` (default): the device path for CUDA tensors when Triton
+        is installed, else the host path; ``'host'``: the numba core (CUDA
+        tensors make one round trip through the host); ``'device'``: Triton
+        kernels on the tensors' device (CUDA; CPU only under
+        ``TRITON_INTERPRET=1``), the same numbers as the host path.  Calls
+        traced by ``torch.compile`` take the host path.
 
     Returns:
       The reduced loss, or ``(N,)`` losses, in the dtype of ``logits``.
@@ -149,12 +168,20 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
     """
     fn = "tdt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma, omega)
-    check_host_impl(fn, impl)
+    device = _device(fn, impl, logits)
 
     def check(tg, il, tl, concrete):
         return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
 
     (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    if device:
+        from ._triton import _tdt as _dev
+        from ._triton._frontend import reduce_batch
+        return reduce_batch(_dev.tdt_losses(logits, targets, il, tl, blank=blank_,
+                                            durations=durs, sigma=float(sigma),
+                                            fastemit_lambda=float(fastemit_lambda),
+                                            clamp=float(clamp), omega=float(omega)),
+                            reduction)
     return apply_kernel(TDT_KERNEL, (logits, targets, il, tl),
                         weights=_weights(logits, reduction), blank=blank_,
                         durations=durations_key(durs), sigma=float(sigma),
@@ -228,13 +255,22 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
     """
     fn = "multiblank_rnnt_loss"
     check_duration_options(fn, reduction, clamp, fastemit_lambda, sigma)
-    check_host_impl(fn, impl)
+    device = _device(fn, impl, logits)
 
     def check(tg, il, tl, concrete):
         return check_multiblank_args(fn, logits, tg, il, tl, blank, big_blank_durations,
                                      concrete=concrete)
 
     (blank_, big), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    if device:
+        from ._triton import _tdt as _dev
+        from ._triton._frontend import reduce_batch
+        return reduce_batch(_dev.multiblank_losses(logits, targets, il, tl, blank=blank_,
+                                                   big_blank_durations=big,
+                                                   sigma=float(sigma),
+                                                   fastemit_lambda=float(fastemit_lambda),
+                                                   clamp=float(clamp)),
+                            reduction)
     return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il, tl),
                         weights=_weights(logits, reduction), blank=blank_,
                         big_blank_durations=durations_key(big), sigma=float(sigma),
@@ -270,7 +306,7 @@ class TDTLoss(torch.nn.Module):
         super().__init__()
         from duoloss.core.losses.tdt import check_tdt_durations
         check_duration_options("TDTLoss", reduction, clamp, fastemit_lambda, sigma, omega)
-        self.impl = check_host_impl("TDTLoss", impl)
+        self.impl = check_impl("TDTLoss", impl)
         _check_int_type("TDTLoss", "blank", blank)  # its range needs the logits' V
         self.blank = blank
         self.durations = list(check_tdt_durations("TDTLoss", durations))
@@ -322,7 +358,7 @@ class MultiblankRNNTLoss(torch.nn.Module):
         super().__init__()
         from duoloss.core.losses.tdt import check_big_blank_durations
         check_duration_options("MultiblankRNNTLoss", reduction, clamp, fastemit_lambda, sigma)
-        self.impl = check_host_impl("MultiblankRNNTLoss", impl)
+        self.impl = check_impl("MultiblankRNNTLoss", impl)
         _check_int_type("MultiblankRNNTLoss", "blank", blank)  # its range needs the logits' V
         self.blank = blank
         self.big_blank_durations = list(check_big_blank_durations("MultiblankRNNTLoss",

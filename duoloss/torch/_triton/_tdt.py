@@ -1,0 +1,272 @@
+r"""The torch device path of the duration transducers: TDT, multi-blank RNN-T
+(and TDT's ``omega`` RNN-T).
+
+Same contract and numbers as `duoloss.core.losses.tdt` (its docstring has the
+lattice, the FastEmit/clamp scope and the NaN/inf policy) and the same maths as
+JAX's device path (`duoloss.jax._xla.tdt`): one recursion whose moves come
+from small static tables -- label moves ``(d, i)`` (duration ``d``,
+duration-logit index ``i`` or ``-1``) and blank moves ``(k, d, i)`` (symbol
+``k``).  Torch operations on the inputs' device form the move weights
+(``log_softmax`` of the token logits minus ``sigma`` at the move's symbol, plus
+the duration's ``log_softmax``; ``-inf`` outside each sequence's box), the
+Triton kernel (`duoloss.torch._triton._tdt_kernels`) runs the alpha/beta
+recursion, and torch operations form every move's posterior
+``exp(alpha + w + beta_dest - log Z)`` and each cell's gradient row exactly as the
+core.  The gradient is computed with the forward (an ``autograd.Function``; the
+backward scales it by the cotangent).  Memory ``O(N T (U + 1) (V + D))``.
+
+``torch.compile`` does not trace this path: the frontends send traced calls to
+the host path.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ._ops import _GradScale, _launch_device
+
+__all__ = ["kernels_interpreted", "multiblank_losses", "tdt_losses"]
+
+_NEG = float("-inf")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def kernels_interpreted():
+    """None before the kernel is imported, else whether it was defined under the
+    Triton interpreter."""
+    mod = sys.modules.get(__package__ + "._tdt_kernels")
+    return None if mod is None else mod.INTERPRETED
+
+
+def tdt_losses(logits, targets, il, tl, *, blank, durations, sigma, fastemit_lambda, clamp,
+               omega):
+    """Per-sequence TDT losses ``(N,)`` (``(1 - omega) * tdt + omega * rnnt``, times
+    ``1 + fastemit_lambda``), differentiable w.r.t. ``logits`` ``(N, T, U + 1, V + D)``;
+    arguments already validated, ``blank`` in ``[0, V)``."""
+    durations = tuple(int(d) for d in durations)
+    n_dur = len(durations)
+    n_lab = logits.shape[-1] - n_dur
+    tdt_tab = (tuple((d, i) for i, d in enumerate(durations)),
+               tuple((blank, d, i) for i, d in enumerate(durations) if d > 0))
+    rnnt_tab = (((0, -1),), ((blank, 1, -1),))
+    common = (n_lab, n_dur, float(fastemit_lambda), float(clamp))
+    omega = float(omega)
+    specs = []
+    if omega < 1.0:
+        specs.append(((tdt_tab, float(sigma), True) + common, 1.0 - omega))
+    if omega > 0.0:
+        specs.append(((rnnt_tab, 0.0, False) + common, omega))
+    return _apply(logits, targets, il, tl, tuple(specs))
+
+
+def multiblank_losses(logits, targets, il, tl, *, blank, big_blank_durations, sigma,
+                      fastemit_lambda, clamp):
+    """Per-sequence multi-blank RNN-T losses ``(N,)``, differentiable w.r.t. ``logits``
+    ``(N, T, U + 1, V)``; big blank ``i`` at ``blank - 1 - i``."""
+    big = tuple(int(d) for d in big_blank_durations)
+    tab = (((0, -1),), ((blank, 1, -1),) + tuple((blank - 1 - i, d, -1)
+                                                   for i, d in enumerate(big)))
+    spec = (tab, float(sigma), False, logits.shape[-1], 0, float(fastemit_lambda), float(clamp))
+    return _apply(logits, targets, il, tl, ((spec, 1.0),))
+
+
+# ----------------------------------------------------------------- helpers
+def _lse_raw(x, dim):
+    """``log sum exp`` as the core's normaliser: NaN for a row holding NaN, ``+inf``
+    or only ``-inf`` (keepdim)."""
+    m = x.amax(dim=dim, keepdim=True)
+    return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+
+
+def _lse_safe(x, dim):
+    """``log sum exp`` over ``dim``: ``-inf`` for only ``-inf`` entries, NaN in, NaN out."""
+    m = x.amax(dim=dim, keepdim=True)
+    m0 = torch.where(m == _NEG, torch.zeros_like(m), m)
+    return m0.squeeze(dim) + torch.log(torch.exp(x - m0).sum(dim=dim))
+
+
+def _shift(x, k, dim, fill=_NEG):
+    """``y[i] = x[i - k]`` along ``dim`` (``k < 0``: ``x[i + |k|]``), ``fill`` outside."""
+    n = x.shape[dim]
+    out = torch.full_like(x, fill)
+    if abs(k) >= n:
+        return out
+    if k >= 0:
+        out.narrow(dim, k, n - k).copy_(x.narrow(dim, 0, n - k))
+    else:
+        out.narrow(dim, 0, n + k).copy_(x.narrow(dim, -k, n + k))
+    return out
+
+
+def _block(n: int) -> int:
+    b = 2
+    while b < n:
+        b *= 2
+    return b
+
+
+def _prepare(x, tg, il, tl, spec):
+    """Validity, box mask and the masked move weights ``(N, T, U1)``."""
+    (lab_moves, blk_moves), sigma, _, n_lab, n_dur, _, _ = spec
+    n, t_max, u1, _ = x.shape
+    dev = x.device
+    u_cap = u1 - 1
+    in_tg = torch.arange(u_cap, device=dev)[None] < tl[:, None]
+    lab_ok = (tg >= 0) & (tg < n_lab)
+    for k in sorted({k for k, _, _ in blk_moves}):
+        lab_ok = lab_ok & (tg != k)
+    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_cap)
+             & (lab_ok | ~in_tg).all(dim=1))
+    tok = x[..., :n_lab]
+    lse = _lse_raw(tok, -1)                                         # (N, T, U1, 1)
+    y = torch.cat([tg.clamp(0, n_lab - 1), tg.new_zeros((n, 1))], dim=1).to(torch.int64)
+    lab = torch.gather(tok, -1, y[:, None, :, None].expand(n, t_max, u1, 1))[..., 0]
+    lab = lab - lse[..., 0] - sigma
+    dlp = x[..., n_lab:] - _lse_raw(x[..., n_lab:], -1) if n_dur else None
+    t = torch.arange(t_max, device=dev)[None, :, None]
+    u = torch.arange(u1, device=dev)[None, None, :]
+    tb, ub = il[:, None, None], tl[:, None, None]
+    inbox = valid[:, None, None] & (t < tb) & (u <= ub)
+    lab_w = []
+    for d, i in lab_moves:
+        w = lab + dlp[..., i] if i >= 0 else lab
+        lab_w.append(torch.where(inbox & (u < ub) & (t + d < tb), w, _NEG))
+    blk_w, term_w = [], []
+    for k, d, i in blk_moves:
+        w = tok[..., k] - lse[..., 0] - sigma
+        if i >= 0:
+            w = w + dlp[..., i]
+        blk_w.append(torch.where(inbox & (t + d < tb), w, _NEG))
+        term_w.append(torch.where(inbox & (u == ub) & (t + d == tb), w, _NEG))
+    return valid, inbox, lse, y, lab_w, blk_w, term_w
+
+
+def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
+    """``(alpha, beta or None)`` ``(N, T, U1)`` from the Triton kernel."""
+    from . import _tdt_kernels
+    n, t_max, u1 = term.shape
+    dev = x.device
+    pos = [(d, w) for (d, _), w in zip(lab_moves, lab_w) if d > 0]
+    zero = [w for (d, _), w in zip(lab_moves, lab_w) if d == 0]
+    lab = (torch.stack([w for _, w in pos]) if pos else term.new_empty((1,))).contiguous()
+    lab_d = torch.tensor([d for d, _ in pos] or [0], dtype=torch.int32, device=dev)
+    blk = torch.stack(blk_w).contiguous()
+    blk_d = torch.tensor([d for _, d, _ in blk_moves], dtype=torch.int32, device=dev)
+    w0 = (zero[0] if zero else term).contiguous()
+    alpha = torch.full((n, t_max, u1), _NEG, dtype=term.dtype, device=dev)
+    beta = torch.full_like(alpha, _NEG) if want_beta else alpha
+    ilk = il.clamp(0, t_max).to(torch.int32).contiguous()
+    if n and t_max:
+        with _launch_device(x):
+            _tdt_kernels.tdt_kernel[(n,)](
+                lab, lab_d, blk, blk_d, w0, term.contiguous(), ilk, alpha, beta,
+                n, t_max, u1, len(pos), len(blk_moves),
+                HAS_ZERO=bool(zero), WANT_BETA=bool(want_beta), BLOCK=_block(u1))
+    return alpha, (beta if want_beta else None)
+
+
+def _run(x, tg, il, tl, spec, want):
+    """``(losses (N,), grad or None)`` in the work dtype (the core's numbers)."""
+    (lab_moves, blk_moves), _, dur_grad, n_lab, n_dur, lam, clamp = spec
+    n, t_max, u1, _ = x.shape
+    if n == 0 or t_max == 0:
+        labels_ok = (tg >= 0) & (tg < n_lab)
+        for k, _, _ in blk_moves:
+            labels_ok = labels_ok & (tg != k)
+        in_tg = torch.arange(u1 - 1, device=x.device)[None] < tl[:, None]
+        valid = (il == 0) & (tl >= 0) & (tl <= u1 - 1) & (labels_ok | ~in_tg).all(dim=1)
+        zero = x.new_zeros((n,))
+        loss = torch.where(valid, torch.where(tl == 0, zero, float("inf")), float("nan"))
+        return loss, (torch.zeros_like(x) if want else None)
+    valid, inbox, lse, y, lab_w, blk_w, term_w = _prepare(x, tg, il, tl, spec)
+    term = torch.stack(term_w)
+    term = _lse_safe(term, 0) if len(term_w) > 1 else term[0]         # (N, T, U1)
+    alpha, beta = _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want)
+    logz = _lse_safe((alpha + term).reshape(n, -1), 1)
+    nll = torch.where(il == 0, torch.where(tl == 0, 0.0, float("inf")).to(x.dtype), -logz)
+    loss = torch.where(valid, nll * (1.0 + lam), float("nan"))
+    if not want:
+        return loss, None
+    use = valid & (il > 0) & torch.isfinite(logz)
+    z = torch.where(use, logz, 0.0)[:, None, None]
+    plab = torch.zeros_like(alpha)
+    pdur = [torch.zeros_like(alpha) for _ in range(n_dur)]
+    for (d, i), w in zip(lab_moves, lab_w):
+        p = torch.exp(alpha + w + _shift(_shift(beta, -d, 1), -1, 2) - z)
+        plab = plab + p
+        if i >= 0:
+            pdur[i] = pdur[i] + p
+    pblk = {}
+    for (k, d, i), w, tw in zip(blk_moves, blk_w, term_w):
+        p = torch.exp(alpha + w + _shift(beta, -d, 1) - z) + torch.exp(alpha + tw - z)
+        pblk[k] = pblk[k] + p if k in pblk else p
+        if i >= 0:
+            pdur[i] = pdur[i] + p
+    occ = plab + sum(pblk.values())
+    tok = x[..., :n_lab]
+    gt = torch.exp(tok - lse) * (occ + lam * plab)[..., None]
+    cls = torch.arange(n_lab, device=x.device)
+    gt = gt - (cls == y[:, None, :, None]).to(gt.dtype) * ((1.0 + lam) * plab[..., None])
+    for k, p in pblk.items():
+        gt = gt - (cls == k).to(gt.dtype) * p[..., None]
+    if clamp > 0:
+        gt = gt.clamp(-clamp, clamp)
+    parts = [gt]
+    if n_dur:
+        dur = x[..., n_lab:]
+        if dur_grad:
+            sd = torch.exp(dur - _lse_raw(dur, -1)) * occ[..., None]
+            parts.append(sd - torch.stack(pdur, dim=-1))
+        else:
+            parts.append(torch.zeros_like(dur))
+    g = torch.cat(parts, dim=-1) if len(parts) > 1 else gt
+    g = torch.where((occ != 0)[..., None] & use[:, None, None, None], g, 0.0)
+    # a NaN the lattice read: the whole box NaN; an invalid row: the whole sequence NaN
+    box = inbox[..., None]
+    g = torch.where(box & (valid & torch.isnan(logz))[:, None, None, None], float("nan"), g)
+    g = torch.where(~valid[:, None, None, None], float("nan"), g)
+    return loss, g
+
+
+def _forward(x, tg, il, tl, specs, want):
+    """``(losses, grad)`` of the weighted specs (``(spec, weight)``), in ``x``'s dtype."""
+    xw = x.float() if x.dtype in _HALF else x
+    with torch.no_grad():
+        if len(specs) == 1:
+            loss, g = _run(xw, tg, il, tl, specs[0][0], want)
+        else:
+            (sa, wa), (sb, wb) = specs
+            la, ga = _run(xw, tg, il, tl, sa, want)
+            lb, gb = _run(xw, tg, il, tl, sb, want)
+            loss = wa * la + wb * lb
+            g = None
+            if want:
+                g = torch.where(torch.isinf(loss)[:, None, None, None], 0.0, wa * ga + wb * gb)
+    return loss.to(x.dtype), (g.to(x.dtype) if want else x.new_empty((0,)))
+
+
+class _TDT(torch.autograd.Function):
+    @staticmethod
+    def forward(x, tg, il, tl, specs, want):
+        return _forward(x, tg, il, tl, specs, want)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1], inputs[0])
+
+    @staticmethod
+    def backward(ctx, ct, _unused):
+        g, x = ctx.saved_tensors
+        return (_GradScale.apply(g, ct.to(g.dtype)[:, None, None, None], x),
+                None, None, None, None, None)
+
+
+def _apply(x, tg, il, tl, specs):
+    tg = torch.as_tensor(tg).to(device=x.device, dtype=torch.int64)
+    il = torch.as_tensor(il).to(device=x.device, dtype=torch.int64).reshape(-1)
+    tl = torch.as_tensor(tl).to(device=x.device, dtype=torch.int64).reshape(-1)
+    want = torch.is_grad_enabled() and x.requires_grad
+    return _TDT.apply(x, tg, il, tl, specs, want)[0]
+

@@ -1,0 +1,116 @@
+r"""Triton kernel of the torch device path for the duration transducers (TDT,
+multi-blank RNN-T and TDT's ``omega`` RNN-T): the forward and backward
+variables over the ``(T, U + 1)`` lattice, one program per sequence.
+
+The move weights are formed beforehand in torch operations
+(`duoloss.torch._triton._tdt`, the maths of `duoloss.jax._xla.tdt`):
+label moves of duration ``d > 0`` ``lab[m]`` (``d = lab_d[m]``), blank moves
+``blk[j]`` (``d = blk_d[j]``), the duration-0 label move ``w0`` and the
+terminal weights ``term``, all ``(N, T, U + 1)`` and ``-inf`` on every move
+that leaves the sequence's box.  For ``t < T_b`` (loop over frames, the states
+``u`` of a frame in one block):
+
+.. math::
+
+    a_t(u) = \log\Big(\sum_{m} e^{\alpha_{t-d_m}(u-1) + lab_m(t-d_m, u-1)}
+             + \sum_{j} e^{\alpha_{t-d_j}(u) + blk_j(t-d_j, u)}\Big), \qquad
+    \alpha_t(u) = \log\big(e^{a_t(u)} + e^{\alpha_t(u-1) + w_0(t, u-1)}\big),
+
+the within-frame chain of duration-0 label moves as a log-space associative
+scan over ``u`` (elements ``(w, a)`` composing as ``(w_1 + w_2, lse(a_2, a_1 +
+w_2))``); $\beta$ is the mirror recursion (frames backwards, the chain scanned
+over reversed lanes).  ``alpha``/``beta`` (``(N, T, U + 1)``, ``-inf`` on
+entry) receive the tables; rows ``t >= T_b`` are never written.
+
+Imported only on the first device call; with ``TRITON_INTERPRET=1`` set
+*before* its import the kernel runs on CPU tensors (how the tests exercise it).
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether the kernel was defined under the Triton interpreter (CPU tensors).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _lse2(a, b):
+    """``log(exp(a) + exp(b))``: ``-inf`` for two ``-inf`` (never NaN), NaN in, NaN out."""
+    m = tl.maximum(a, b)
+    ms = tl.where(m == float("-inf"), 0.0, m)
+    return ms + tl.log(tl.exp(a - ms) + tl.exp(b - ms))
+
+
+@triton.jit
+def _chain_combine(w1, a1, w2, a2):
+    return w1 + w2, _lse2(a2, a1 + w2)
+
+
+@triton.jit
+def tdt_kernel(lab_ptr, lab_d_ptr, blk_ptr, blk_d_ptr, w0_ptr, term_ptr, il_ptr,
+               alpha_ptr, beta_ptr, N, T_MAX, U1, L, J,
+               HAS_ZERO: tl.constexpr, WANT_BETA: tl.constexpr, BLOCK: tl.constexpr):
+    """Alpha (and with ``WANT_BETA`` beta) of sequence ``b = program_id(0)``; all
+    tables contiguous, ``lab`` ``(L, N, T, U1)``, ``blk`` ``(J, N, T, U1)``,
+    ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` in ``[0, T]``."""
+    b = tl.program_id(0)
+    t_b = tl.load(il_ptr + b)
+    u = tl.arange(0, BLOCK)
+    live = u < U1
+    plane = T_MAX * U1                 # one (T, U1) table
+    seq = b * plane
+    move = N * plane                   # one move's (N, T, U1) table
+    a_seq = alpha_ptr + seq
+    w0_seq = w0_ptr + seq
+    neg = tl.full((BLOCK,), float("-inf"), alpha_ptr.dtype.element_ty)
+    for t in range(t_b):
+        tl.debug_barrier()
+        a = tl.where((u == 0) & ((u * 0 + t) == 0), 0.0, neg)
+        for m in range(L):
+            d = tl.load(lab_d_ptr + m)
+            src = u * 0 + t - d
+            ok = live & (u >= 1) & (src >= 0)
+            off = src * U1 + u - 1
+            a = _lse2(a, tl.load(a_seq + off, mask=ok, other=float("-inf"))
+                      + tl.load(lab_ptr + m * move + seq + off, mask=ok, other=float("-inf")))
+        for j in range(J):
+            d = tl.load(blk_d_ptr + j)
+            src = u * 0 + t - d
+            ok = live & (src >= 0)
+            off = src * U1 + u
+            a = _lse2(a, tl.load(a_seq + off, mask=ok, other=float("-inf"))
+                      + tl.load(blk_ptr + j * move + seq + off, mask=ok, other=float("-inf")))
+        if HAS_ZERO:
+            w = tl.load(w0_seq + t * U1 + u - 1, mask=live & (u >= 1), other=float("-inf"))
+            _, a = tl.associative_scan((w, a), 0, _chain_combine)
+        tl.store(a_seq + t * U1 + u, a, mask=live)
+    if WANT_BETA:
+        # lanes in reverse: lane k holds state r = U1 - 1 - k
+        r = U1 - 1 - u
+        b_seq = beta_ptr + seq
+        for i in range(t_b):
+            t = t_b - 1 - i
+            tl.debug_barrier()
+            bt = tl.load(term_ptr + seq + t * U1 + r, mask=live, other=float("-inf"))
+            for m in range(L):
+                d = tl.load(lab_d_ptr + m)
+                dst = u * 0 + t + d
+                ok = live & (r + 1 < U1) & (dst < t_b)
+                bt = _lse2(bt, tl.load(lab_ptr + m * move + seq + t * U1 + r, mask=ok,
+                                       other=float("-inf"))
+                           + tl.load(b_seq + dst * U1 + r + 1, mask=ok, other=float("-inf")))
+            for j in range(J):
+                d = tl.load(blk_d_ptr + j)
+                dst = u * 0 + t + d
+                ok = live & (dst < t_b)
+                bt = _lse2(bt, tl.load(blk_ptr + j * move + seq + t * U1 + r, mask=ok,
+                                       other=float("-inf"))
+                           + tl.load(b_seq + dst * U1 + r, mask=ok, other=float("-inf")))
+            if HAS_ZERO:
+                # beta_t(r) = lse(b(r), w0(t, r) + beta_t(r + 1)): lane k - 1 is state r + 1
+                w = tl.load(w0_seq + t * U1 + r, mask=live & (u >= 1), other=float("-inf"))
+                _, bt = tl.associative_scan((w, bt), 0, _chain_combine)
+            tl.store(b_seq + t * U1 + r, bt, mask=live)

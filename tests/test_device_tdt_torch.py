@@ -1,0 +1,175 @@
+"""TDT and multi-blank RNN-T on the torch device path (Triton, ``impl='device'``)
+against the host path (the numba core, itself tested against brute-force path
+enumeration and NeMo's semantics in tests/test_tdt.py / tests/test_multiblank.py)
+and against JAX's device path (pure XLA) on the same inputs.
+
+No GPU here: the kernel runs on CPU tensors in Triton's interpreter, selected with
+``TRITON_INTERPRET=1`` for this module only (as tests/test_device_torch.py).
+Tiny sizes: the interpreter runs each program's loops in Python.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import duoloss.torch as dt  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    from duoloss.torch._triton import _tdt_kernels
+    if not _tdt_kernels.INTERPRETED:  # defined by an earlier, non-interpreted import
+        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
+    yield
+    if old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def _close(a, b, dtype, what):
+    """Equal to TOL[dtype] relative to the larger magnitude (inf/NaN positions equal)."""
+    a = a.detach().to(torch.float64)
+    b = b.detach().to(torch.float64)
+    assert torch.equal(torch.isnan(a), torch.isnan(b)), what
+    assert torch.equal(torch.isinf(a), torch.isinf(b)), what
+    fin = torch.isfinite(a)
+    if fin.any():
+        scale = max(a[fin].abs().max().item(), b[fin].abs().max().item(), 1.0)
+        err = (a[fin] - b[fin]).abs().max().item()
+        assert err <= TOL[dtype] * scale, f"{what}: {err} > {TOL[dtype]} * {scale}"
+
+
+def _logits(seed, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def _both(f, x, targets, il, tl, cot=None, **kw):
+    """``[(loss, grad) device, (loss, grad) host]`` of ``(loss * cot).sum()``."""
+    out = []
+    for impl in ("device", "host"):
+        xi = x.clone().requires_grad_()
+        loss = f(xi, targets, il, tl, impl=impl, **kw)
+        (loss * (1 if cot is None else cot)).sum().backward()
+        out.append((loss, xi.grad))
+    return out
+
+
+def _check(f, x, targets, il, tl, dtype, cot=None, **kw):
+    (ld, gd), (lh, gh) = _both(f, x, targets, il, tl, cot, **kw)
+    assert ld.dtype == dtype and gd.dtype == dtype
+    _close(ld, lh, dtype, f"{f.__name__} loss {kw}")
+    _close(gd, gh, dtype, f"{f.__name__} grad {kw}")
+    return ld, gd
+
+
+TDT_CASES = [
+    # durations with 0 (the within-frame label chain), NeMo's options, a cotangent
+    dict(durations=[0, 1, 2], blank=3, sigma=0.05, fastemit_lambda=0.1, clamp=0.3,
+         reduction="none"),
+    # no duration 0, long jumps past T_b, the omega mixture, batch mean
+    dict(durations=[1, 2, 3, 4, 5], blank=3, omega=0.4, reduction="mean"),
+    # blank not last, NeMo's recommended durations, only the RNN-T part (omega = 1)
+    dict(durations=[0, 1, 2, 3, 4], blank=0, omega=1.0, reduction="sum"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", range(len(TDT_CASES)), ids=["d012-opts", "d1-5-omega",
+                                                               "d0-4-blank0-rnnt"])
+def test_tdt_device_equals_host(case, dtype):
+    kw = dict(TDT_CASES[case])
+    n_dur = len(kw["durations"])
+    x = _logits(case, (2, 6, 3, 4 + n_dur), dtype)
+    targets = torch.tensor([[1, 2], [2, 0]]) if kw["blank"] == 3 else torch.tensor([[1, 3],
+                                                                                  [2, 0]])
+    il, tl = torch.tensor([6, 4]), torch.tensor([2, 1])
+    cot = torch.tensor([0.5, -2.0], dtype=dtype) if kw["reduction"] == "none" else None
+    loss, grad = _check(dt.tdt_loss, x, targets, il, tl, dtype, cot, **kw)
+    assert torch.isfinite(loss).all() and grad[1, 4:].abs().max() == 0  # past T_b: zero
+
+
+def test_tdt_infeasible_inf_zero_grad_and_nan():
+    """``durations=[2]`` and an odd ``T_b``: no path, ``+inf`` and zero gradient
+    (the other sequence unaffected); a NaN logit inside a box: NaN loss and NaN
+    gradient over that box, as the core."""
+    dtype = torch.float64
+    x = _logits(7, (2, 5, 2, 3 + 1), dtype)
+    targets = torch.tensor([[1], [0]])
+    loss, grad = _check(dt.tdt_loss, x, targets, torch.tensor([5, 4]), torch.tensor([1, 1]),
+                        dtype, reduction="none", durations=[2], blank=2)
+    assert torch.isinf(loss[0]) and loss[0] > 0 and torch.isfinite(loss[1])
+    assert grad[0].abs().max() == 0 and grad[1].abs().max() > 0
+    x = _logits(8, (2, 5, 2, 3 + 2), dtype)
+    x[1, 1, 0, 0] = float("nan")
+    loss, grad = _check(dt.tdt_loss, x, targets, torch.tensor([5, 4]), torch.tensor([1, 1]),
+                        dtype, reduction="none", durations=[1, 2], blank=2)
+    assert torch.isnan(loss[1]) and torch.isnan(grad[1]).any() and not torch.isnan(grad[0]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_multiblank_device_equals_host(dtype):
+    """Big blanks of durations 2 and 3 at ``blank - 1``, ``blank - 2``; sigma,
+    FastEmit and clamp on every logit."""
+    x = _logits(11, (2, 6, 3, 6), dtype)
+    targets = torch.tensor([[1, 0], [2, 0]])
+    cot = torch.tensor([1.5, -0.5], dtype=dtype)
+    loss, _ = _check(dt.multiblank_rnnt_loss, x, targets, torch.tensor([6, 5]),
+                     torch.tensor([2, 1]), dtype, cot, blank=5, big_blank_durations=[2, 3],
+                     sigma=0.05, fastemit_lambda=0.2, clamp=0.4, reduction="none")
+    assert torch.isfinite(loss).all()
+
+
+def test_closed_form_on_device():
+    """The docstring examples' hand counts: TDT log 27, multi-blank -log(2/64 + 1/16)."""
+    loss = dt.tdt_loss(torch.zeros((1, 2, 2, 5), dtype=torch.float64), torch.tensor([[0]]),
+                       (2,), (1,), blank=2, durations=[0, 1], impl="device")
+    assert abs(float(loss) - np.log(27.0)) < 1e-12
+    loss = dt.multiblank_rnnt_loss(torch.zeros((1, 2, 2, 4), dtype=torch.float64),
+                                   torch.tensor([[0]]), (2,), (1,), blank=3,
+                                   big_blank_durations=[2], impl="device")
+    assert abs(float(loss) + np.log(2 / 64 + 1 / 16)) < 1e-12
+
+
+def test_torch_device_equals_jax_device():
+    jax = pytest.importorskip("jax")
+    import duoloss.jax as dj
+    x = _logits(3, (2, 5, 3, 4 + 3), torch.float64)
+    targets = torch.tensor([[1, 2], [0, 0]])
+    il, tl = (5, 3), (2, 1)
+    kw = dict(blank=3, durations=[0, 1, 2], sigma=0.05, fastemit_lambda=0.1, omega=0.25,
+              reduction="sum")
+    xi = x.clone().requires_grad_()
+    ours = dt.tdt_loss(xi, targets, il, tl, impl="device", **kw)
+    ours.backward()
+    with jax.enable_x64(True):
+        jnp = jax.numpy
+        theirs, g = jax.value_and_grad(
+            lambda z: dj.tdt_loss(z, targets.numpy(), il, tl, impl="device", **kw))(
+                jnp.asarray(x.numpy()))
+        _close(ours, torch.tensor(float(theirs), dtype=torch.float64), torch.float64,
+               "tdt torch vs jax")
+        _close(xi.grad, torch.from_numpy(np.array(g)), torch.float64, "tdt grad torch vs jax")
+
+
+def test_module_and_no_grad():
+    """``TDTLoss(impl='device')`` is the function; no-grad gives the same loss."""
+    x = _logits(5, (1, 4, 2, 3 + 2), torch.float64)
+    targets, il, tl = torch.tensor([[1]]), (4,), (1,)
+    a = dt.TDTLoss(2, [1, 2], impl="device")(x, targets, il, tl)
+    with torch.no_grad():
+        b = dt.tdt_loss(x, targets, il, tl, 2, [1, 2], impl="device")
+    c = dt.tdt_loss(x, targets, il, tl, 2, [1, 2], impl="host")
+    assert torch.equal(a, b)
+    _close(a, c, torch.float64, "module")
