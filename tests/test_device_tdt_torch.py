@@ -173,3 +173,24 @@ def test_module_and_no_grad():
     c = dt.tdt_loss(x, targets, il, tl, 2, [1, 2], impl="host")
     assert torch.equal(a, b)
     _close(a, c, torch.float64, "module")
+
+
+@pytest.mark.parametrize("shape,tg,il,tl", [
+    ((0, 3, 2, 5), [[0]][:0], [], []),          # N = 0
+    ((2, 0, 2, 5), [[1], [0]], [0, 0], [0, 1]),  # T = 0: 0 for an empty target, else +inf
+    ((2, 3, 1, 5), [[], []], [3, 2], [0, 0]),    # U = 0
+], ids=["N0", "T0", "U0"])
+def test_empty_shapes(shape, tg, il, tl):
+    x = _logits(9, shape, torch.float64)
+    targets = torch.tensor(tg, dtype=torch.int64).reshape(shape[0], shape[2] - 1)
+    _check(dt.tdt_loss, x, targets, torch.tensor(il, dtype=torch.int64),
+           torch.tensor(tl, dtype=torch.int64), torch.float64, reduction="sum", blank=2,
+           durations=[0, 1])
+
+
+def test_half_runs_in_float32():
+    x = _logits(10, (2, 3, 2, 5), torch.float32).half()
+    (ld, gd), (lh, gh) = _both(dt.tdt_loss, x, torch.tensor([[1], [0]]), (3, 2), (1, 1),
+                               blank=2, durations=[0, 1])
+    assert ld.dtype == gd.dtype == torch.float16
+    assert torch.equal(ld, lh) and (gd.float() - gh.float()).abs().max() <= 1e-3
