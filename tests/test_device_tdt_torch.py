@@ -194,3 +194,18 @@ def test_half_runs_in_float32():
                                blank=2, durations=[0, 1])
     assert ld.dtype == gd.dtype == torch.float16
     assert torch.equal(ld, lh) and (gd.float() - gh.float()).abs().max() <= 1e-3
+
+
+def test_func_grad_and_second_order_raises():
+    x = _logits(12, (2, 4, 2, 5), torch.float64)
+    targets = torch.tensor([[1], [0]])
+
+    def f(z, impl):
+        return dt.tdt_loss(z, targets, (4, 3), (1, 1), blank=2, durations=[0, 1], impl=impl)
+
+    _close(torch.func.grad(f)(x, "device"), torch.func.grad(f)(x, "host"), torch.float64,
+           "torch.func.grad")
+    xi = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(xi, "device"), xi, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives are not implemented"):
+        g.sum().backward()
