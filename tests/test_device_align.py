@@ -1,5 +1,5 @@
-"""``ctc_align(impl='device')`` (duoloss/jax/_xla/align.py, a max-plus scan with int8
-back-pointers) against the host path (the numba core is the oracle): the same labels,
+"""``ctc_align`` and ``rnnt_align`` with ``impl='device'`` (duoloss/jax/_xla/align.py:
+max-plus scans with one-byte back-pointers) against the host path (the numba core is the oracle): the same labels,
 and the same scores bit for bit with ``jax_enable_x64`` on (float32 rounding with it
 off); ties (equal log-probabilities) broken by the core's rule; infeasible, empty,
 invalid (traced) and NaN cases; ``jit`` (no callback in the jaxpr) and ``vmap``.
@@ -55,6 +55,8 @@ def test_random_equals_host(dtype, x64):
         s = np.asarray(dev[1])
         assert s[3] == 0 and s[4] == -np.inf and s[5] == -np.inf  # empty, 0 frames, infeasible
         assert (np.asarray(dev[0])[[3, 4, 5]] == -1).all()
+        if dtype == np.float32 and x64:
+            return
         # jit (no callback) and vmap over a leading axis of two batches
         f = jax.jit(lambda x: dj.ctc_align(x, tg, il, tl, impl="device"))
         assert "callback" not in str(jax.make_jaxpr(f)(lp))
@@ -122,3 +124,88 @@ def test_bad_impl_and_eager_validation():
     tg[0, 0] = 0
     with pytest.raises(ValueError, match="ctc_align"):
         dj.ctc_align(lp, tg, il, tl, impl="device")
+
+
+# ---------------------------------------------------------------- RNN-T
+def rnnt_case(dtype, seed=0, n=6, t=6, u=3, v=4):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, t, u + 1, v)).astype(dtype)
+    tg = rng.integers(0, v - 1, (n, u))                  # blank = v - 1 (the default -1)
+    il = np.array([t, 4, 0, 0, 2, 1])[:n]               # zero frames with and without labels
+    tl = np.array([3, 2, 0, 1, 3, 0])[:n]
+    return logits, tg, il, tl
+
+
+def check_rnnt(host, dev, exact):
+    for h, d in zip(host[:2], dev[:2]):                  # alignment, label frames
+        assert d.dtype == h.dtype and d.shape == h.shape
+        np.testing.assert_array_equal(np.asarray(d), np.asarray(h))
+    check_equal((host[0], host[2]), (dev[0], dev[2]), exact)
+
+
+def rnnt_both(*args, **kw):
+    return dj.rnnt_align(*args, impl="host", **kw), dj.rnnt_align(*args, impl="device", **kw)
+
+
+@pytest.mark.parametrize("dtype,x64", MODES, ids=MODE_IDS)
+def test_rnnt_random_equals_host(dtype, x64):
+    with jax.enable_x64(x64):
+        logits, tg, il, tl = rnnt_case(dtype)
+        host, dev = rnnt_both(logits, tg, il, tl)
+        check_rnnt(host, dev, exact=x64)
+        s = np.asarray(dev[2])
+        assert s[2] == 0 and s[3] == -np.inf and (np.asarray(dev[0])[3] == -1).all()
+        if dtype == np.float32 and x64:
+            return
+        f = jax.jit(lambda x: dj.rnnt_align(x, tg, il, tl, impl="device"))
+        assert "callback" not in str(jax.make_jaxpr(f)(logits))
+        check_rnnt(host, f(logits), exact=x64)
+        out = jax.vmap(lambda x: dj.rnnt_align(x, tg, il, tl, impl="device"))(
+            jnp.stack([logits, logits[:, ::-1]]))
+        check_rnnt(host, [o[0] for o in out], exact=x64)
+        check_rnnt(dj.rnnt_align(logits[:, ::-1], tg, il, tl, impl="host"), [o[1] for o in out],
+                   exact=x64)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x64off", "x64on"])
+def test_rnnt_ties_and_special_values(x64):
+    with jax.enable_x64(x64):
+        # uniform logits: every path ties; symbols as late as possible (the core's rule)
+        align, frames, scores = dj.rnnt_align(np.zeros((1, 2, 2, 3), np.float32), np.array([[0]]),
+                                              np.array([2]), np.array([1]), impl="device")
+        assert align.tolist() == [[2, 0, 2]] and frames.tolist() == [[1]]
+        # integer-valued log-probs (fused_log_softmax=False): many exact ties
+        rng = np.random.default_rng(4)
+        lg = rng.choice([-1.0, -2.0], (6, 5, 4, 4)).astype(np.float32)
+        tg = rng.integers(0, 3, (6, 3))
+        il, tl = np.array([5, 5, 3, 1, 0, 4]), np.array([3, 2, 3, 1, 0, 0])
+        check_rnnt(*rnnt_both(lg, tg, il, tl, fused_log_softmax=False), exact=True)
+        lg[1, :, :, tg[1, 0]] = -np.inf                  # its first label never: infeasible
+        lg[2, 1, 1, :] = np.nan                          # a NaN node in sequence 2
+        lg[0, 4, 3, :] = np.inf                          # the final node: score +inf
+        lg[5, :, 1:, :] = np.nan                         # nodes past its (empty) target: unread
+        host, dev = rnnt_both(lg, tg, il, tl, fused_log_softmax=False)
+        check_rnnt(host, dev, exact=True)
+        assert np.asarray(dev[2])[1] == -np.inf and np.isnan(np.asarray(dev[2])[2])
+        # invalid traced values: NaN and -1, as the host path
+        tg2, il2 = tg.copy(), il.copy()
+        tg2[0, 1] = 3                                    # the blank
+        il2[1] = 9                                       # longer than T
+        f = jax.jit(lambda a, b, c, d, impl: dj.rnnt_align(a, b, c, d, impl=impl),
+                    static_argnames="impl")
+        dev = f(lg, tg2, il2, tl, "device")
+        check_rnnt(f(lg, tg2, il2, tl, "host"), dev, exact=x64)
+        assert np.isnan(np.asarray(dev[2])[:2]).all() and (np.asarray(dev[0])[:2] == -1).all()
+
+
+def test_rnnt_empty_shapes_and_bad_impl():
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(5)
+        for n, t, u in [(2, 3, 0), (2, 0, 2), (0, 3, 2)]:
+            lg = rng.standard_normal((n, t, u + 1, 3))
+            tg = rng.integers(0, 2, (n, u))
+            il = np.full(n, t)
+            tl = np.full(n, u)
+            check_rnnt(*rnnt_both(lg, tg, il, tl), exact=True)
+        with pytest.raises(ValueError, match="rnnt_align: argument 'impl'"):
+            dj.rnnt_align(lg, tg, il, tl, impl=None)

@@ -25,6 +25,7 @@ from ._args import (as_array, as_int_array, check_bool, index_dtype, is_concrete
 from ._callback import pure_callback
 from ._xla import check_impl, use_device
 from ._xla.transducer import transducer_losses as _device_transducer_losses
+from ._xla.align import rnnt_tokens, transducer_viterbi_regular
 
 __all__ = ["rnnt_loss", "rnnt_align"]
 
@@ -268,9 +269,15 @@ def rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
 
 
 def rnnt_align(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
-               target_lengths: ArrayLike, blank: int = -1, fused_log_softmax: bool = True
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+               target_lengths: ArrayLike, blank: int = -1, fused_log_softmax: bool = True, *,
+               impl: str = "auto") -> tuple[jax.Array, jax.Array, jax.Array]:
     """Viterbi RNN-T alignment; see [`duoloss.torch.rnnt_align`][duoloss.torch.rnnt_align].
+
+    ``impl``: ``'auto'`` (default: the XLA device path when ``logits`` lives on an
+    accelerator, else the host), ``'device'`` (a max-plus scan over anti-diagonals
+    with one-byte back-pointers, no callback) or ``'host'`` (the numba core); both
+    give the same alignments, and the same scores bit for bit under
+    ``jax_enable_x64``; see the Devices page.
 
     Returns:
       ``(alignment (N, T + U), label_frames (N, U), scores (N,))``: integer
@@ -286,6 +293,7 @@ def rnnt_align(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
         ([[2, 0, 2]], [[1]], -3.2958)
     """
     fn = "rnnt_align"
+    check_impl(fn, impl)
     check_bool(fn, "fused_log_softmax", fused_log_softmax)
     logits, targets, blank, il, tl = _validate(fn, logits, targets, logit_lengths,
                                                target_lengths, blank)
@@ -293,6 +301,10 @@ def rnnt_align(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
     px, py, boundary = _lattice(jax.lax.stop_gradient(logits), targets, il, tl, blank,
                                 bool(fused_log_softmax))
     idt = index_dtype()
+    if use_device(fn, impl, logits):
+        scores, frames = transducer_viterbi_regular(px, py, boundary)
+        align = rnnt_tokens(scores, frames, targets, il, tl, blank, t_max)
+        return align.astype(idt), frames.astype(idt), scores.astype(px.dtype)
     specs = (jax.ShapeDtypeStruct((n, t_max + u1 - 1), idt),
              jax.ShapeDtypeStruct((n, u1 - 1), idt),
              jax.ShapeDtypeStruct((n,), px.dtype))

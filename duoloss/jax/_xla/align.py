@@ -17,7 +17,8 @@ U_n + 1``), exactly the trellis of `duoloss.core.losses.ctc._ctc_trellis_forward
 in the tropical semiring.  The forward keeps the ``(N, S')`` row as carry and
 stores which predecessor won, ``step_t(s)`` in ``{0: stay, 1: advance, 2: skip}``
 (``(T, N, S')`` int8); the reverse scan walks ``s <- s - step_t(s)`` from the best
-final state.  Memory: ``T N S'`` bytes of back-pointers.
+final state.  Memory: ``T N S'`` bytes of back-pointers.  Each function is
+jitted (one compile per shape, also for eager calls).
 
 **Bit-identity with the host path** (`duoloss.core.losses.align.ctc_align`):
 the same comparisons in the same order (``stay``, then ``advance`` if strictly
@@ -36,15 +37,18 @@ score keeps its traced path; frames at or past ``L`` are ``-1``.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ._logsem import NEG_INF, shift_right
 
-__all__ = ["ctc_viterbi"]
+__all__ = ["ctc_viterbi", "transducer_viterbi_regular"]
 
 
+@functools.partial(jax.jit, static_argnames=("blank", "index_dtype"))
 def ctc_viterbi(log_probs, targets, input_lengths, target_lengths, blank: int, index_dtype):
     """``(labels (N, T), scores (N,))`` of the Viterbi CTC alignment on the device.
 
@@ -120,3 +124,100 @@ def ctc_viterbi(log_probs, targets, input_lengths, target_lengths, blank: int, i
     _, frame_labels = lax.scan(backward, s_final.astype(jnp.int32),
                                (jnp.arange(t_max, dtype=jnp.int32), steps), reverse=True)
     return frame_labels.T.astype(index_dtype), score.astype(out_dtype)
+
+
+@jax.jit
+def transducer_viterbi_regular(px, py, boundary):
+    r"""Best path through a regular transducer lattice on the device: ``(scores (N,),
+    frames (N, U))`` as `duoloss.core.losses.transducer.transducer_viterbi` with
+    boundaries ``(0, 0, U_b, T_b)`` (``(0, 0, -1, -1)`` marks an invalid sequence).
+
+    The tropical table ``v[i, j] = max(v[i, j-1] + py[i, j-1], v[i-1, j] + px[i-1, j])``
+    (NaN propagating, the ``py`` term first, as the core) runs over the anti-diagonals
+    ``d = i + j`` with the ``(N, U+1)`` diagonal as carry; each cell stores whether the
+    core's backtrace would take the symbol move there (``cx >= cy`` and ``cx > -inf``:
+    ties go to the symbol), and a reverse scan over the diagonals walks that choice
+    from ``(U_b, T_b)`` writing ``frames[i - 1] = j`` on each symbol move.  Scores in
+    float64 under ``jax_enable_x64`` (bit-identical to the core), else float32.
+
+    Args:
+      px: ``(N, U, T + 1)`` symbol moves; py: ``(N, U + 1, T)`` blank moves.
+      boundary: ``(N, 4)`` integers.
+    """
+    n, u1, t_max = py.shape
+    u_max = u1 - 1
+    work = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    px = px.astype(work)
+    py = py.astype(work)
+    bd = boundary.astype(jnp.int32)
+    valid = ((bd[:, 0] == 0) & (bd[:, 1] == 0) & (bd[:, 2] >= 0) & (bd[:, 2] <= u_max)
+             & (bd[:, 3] >= 0) & (bd[:, 3] <= t_max))
+    ub = jnp.where(valid, bd[:, 2], 0)
+    tb = jnp.where(valid, bd[:, 3], 0)
+    ii = jnp.arange(u1)[None, :]                                   # (1, U+1)
+    rows = jnp.arange(n)[:, None]
+    n_levels = u_max + t_max + 1
+
+    def cell_moves(d, prev):
+        """``(cx, cy, inside)`` at level ``d`` from the level ``d - 1`` diagonal."""
+        j = d - ii
+        inside = (j >= 0) & (j <= tb[:, None]) & (ii <= ub[:, None])
+        py_d = py[rows, ii, jnp.clip(j - 1, 0, max(t_max - 1, 0))] if t_max else \
+            jnp.full((n, u1), NEG_INF, work)
+        px_d = px[rows, jnp.clip(ii - 1, 0, max(u_max - 1, 0)), jnp.clip(j, 0, t_max)] \
+            if u_max else jnp.full((n, u1), NEG_INF, work)
+        cy = jnp.where(inside & (j > 0), prev + py_d, NEG_INF)
+        cx = jnp.where(inside & (ii > 0), shift_right(prev, 1) + px_d, NEG_INF)
+        return cx, cy, inside
+
+    end = ub + tb                                                  # the last level
+    v0 = jnp.broadcast_to(jnp.where(ii == 0, 0.0, NEG_INF).astype(work), (n, u1))
+
+    def forward(carry, d):
+        prev, score = carry
+        cx, cy, inside = cell_moves(d, prev)
+        best = jnp.where(jnp.isnan(cy) | jnp.isnan(cx), jnp.nan, jnp.where(cy >= cx, cy, cx))
+        v = jnp.where(inside, best, NEG_INF)
+        score = jnp.where(d == end, v[jnp.arange(n), ub], score)
+        return (v, score), (ii > 0) & (cx >= cy) & (cx > NEG_INF)
+
+    score0 = jnp.where(end == 0, 0.0, NEG_INF).astype(work)
+    levels = jnp.arange(1, n_levels, dtype=jnp.int32)
+    (_, score), symbol = lax.scan(forward, (v0, score0), levels)  # symbol: (L-1, N, U+1)
+    score = jnp.where(valid, score, jnp.nan)
+    traced = valid & (score > NEG_INF)                              # NaN: False
+    cols = jnp.arange(u_max)[None, :]
+
+    def backward(carry, xs):
+        i, frames = carry
+        d, sym_d = xs
+        live = traced & (d <= end)
+        take = live & sym_d[jnp.arange(n), i]
+        frames = jnp.where(take[:, None] & (cols == (i - 1)[:, None]), (d - i)[:, None], frames)
+        return (i - take.astype(jnp.int32), frames), None
+
+    frames0 = jnp.full((n, u_max), -1, jnp.int32)
+    (_, frames), _ = lax.scan(backward, (ub, frames0), (levels, symbol), reverse=True)
+    return score, frames
+
+
+@functools.partial(jax.jit, static_argnames=("blank", "t_max"))
+def rnnt_tokens(scores, frames, targets, logit_lengths, target_lengths, blank: int, t_max: int):
+    """`duoloss.core.losses.transducer.rnnt_alignment` in jnp: ``(N, T + U)`` tokens, for
+    each frame ``t < T_b`` the labels with ``frames == t`` then one blank, then ``-1``
+    (all ``-1`` without a finite score).  Symbol ``s`` lands at ``s + frames[s]`` and
+    frame ``t``'s blank at ``t + #{s < U_b: frames[s] <= t}``."""
+    n, u_max = frames.shape
+    width = u_max + t_max
+    ok = jnp.isfinite(scores)
+    ub = jnp.where(ok, target_lengths.astype(jnp.int32), 0)
+    tb = jnp.where(ok, logit_lengths.astype(jnp.int32), 0)
+    rows = jnp.arange(n)[:, None]
+    sym = jnp.arange(u_max)[None, :] < ub[:, None]
+    pos_s = jnp.where(sym, jnp.arange(u_max)[None, :] + frames, width)
+    t = jnp.arange(t_max)[None, :]
+    before = ((frames[:, None, :] <= t[:, :, None]) & sym[:, None, :]).sum(axis=2)
+    pos_b = jnp.where(t < tb[:, None], t + before, width)
+    out = jnp.full((n, width), -1, jnp.int32)
+    out = out.at[rows, pos_s].set(targets.astype(jnp.int32), mode="drop")
+    return out.at[rows, pos_b].set(jnp.int32(blank), mode="drop")
