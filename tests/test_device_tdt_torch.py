@@ -209,3 +209,21 @@ def test_func_grad_and_second_order_raises():
     (g,) = torch.autograd.grad(f(xi, "device"), xi, create_graph=True)
     with pytest.raises(NotImplementedError, match="second derivatives are not implemented"):
         g.sum().backward()
+
+
+def test_torch_compile_takes_the_host_path():
+    """``impl='device'`` traced by ``torch.compile(fullgraph=True)`` compiles (the host
+    operator) and equals the eager device path."""
+    x = _logits(13, (2, 4, 2, 5), torch.float64)
+    targets, il, tl = torch.tensor([[1], [0]]), torch.tensor([4, 3]), torch.tensor([1, 1])
+
+    def f(z):
+        return dt.tdt_loss(z, targets, il, tl, blank=2, durations=[0, 1], impl="device")
+
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    lc = torch.compile(f, fullgraph=True, backend="aot_eager")(xc)
+    lc.backward()
+    le = f(xe)
+    le.backward()
+    _close(lc, le, torch.float64, "compiled loss")
+    _close(xc.grad, xe.grad, torch.float64, "compiled grad")
