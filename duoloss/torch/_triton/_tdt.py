@@ -147,6 +147,10 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
     from . import _tdt_kernels
     n, t_max, u1 = term.shape
     dev = x.device
+    if dev.type == "cpu" and not _tdt_kernels.INTERPRETED:
+        raise RuntimeError("impl='device' on CPU tensors needs TRITON_INTERPRET=1 in the "
+                           "environment before the first device call (the kernel was defined "
+                           "for a GPU)")
     pos = [(d, w) for (d, _), w in zip(lab_moves, lab_w) if d > 0]
     zero = [w for (d, _), w in zip(lab_moves, lab_w) if d == 0]
     lab = (torch.stack([w for _, w in pos]) if pos else term.new_empty((1,))).contiguous()
