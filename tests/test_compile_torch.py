@@ -122,6 +122,28 @@ def test_compiled_vmap_folds_into_one_operator_call(case):
         torch.testing.assert_close(got, torch.func.vmap(f)(*stacked), rtol=1e-12, atol=1e-12)
 
 
+def test_compiled_vmap_backward_raises_instead_of_dropping_the_gradient():
+    """Differentiating torch.compile(torch.func.vmap(loss)): the traced inputs hide
+    requires_grad, so the operator computes no gradient; the backward must say so
+    rather than leave ``x.grad`` silently None (the uncompiled vmap differentiates)."""
+    torch.manual_seed(0)
+    t, n, c, s = 6, 2, 4, 2
+    x = torch.randn(3, t, n, c, dtype=torch.float64, requires_grad=True)
+    tg = torch.randint(1, c, (n, s))
+    il, tl = torch.full((n,), t), torch.full((n,), s)
+
+    def f(z):
+        return dt.ctc_loss(z.log_softmax(-1), tg, il, tl, reduction="sum")
+
+    torch.func.vmap(f)(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().max() > 0
+    x.grad = None
+    compiled = torch.compile(torch.func.vmap(f), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="computed no gradient"):
+        compiled(x).sum().backward()
+    assert x.grad is None
+
+
 @pytest.mark.xfail(strict=True, reason="pytorch#168393: a custom op with register_autograd "
                    "cannot run under torch.func.grad, and compiled code must use the op; "
                    "eager torch.func.grad/vmap(grad) work (test_func_torch.py)")

@@ -194,6 +194,14 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grads):
     g = grads[0]
+    if g is not None and not any(ctx.want):
+        # autograd reached a loss that computed no gradient: its inputs looked
+        # constant when it was traced (torch.compile of a torch.func.vmap hides
+        # requires_grad); returning None would silently drop the gradient
+        raise RuntimeError(
+            f"{ctx.name}: the loss computed no gradient (its inputs did not require grad "
+            f"when traced); differentiating torch.compile(torch.func.vmap(loss)) is not "
+            f"supported: differentiate the uncompiled vmap, or compile a batched call")
     saved = ctx.saved_tensors
     k = len(saved) // 2
     grads_in, inputs = iter(saved[:k]), iter(saved[k:])
