@@ -19,6 +19,8 @@ from duoloss.core.losses.graph_loss import check_graph_args
 from ._adapter import to_numpy
 from ._args import check_tensor, host_graphs, int_array, int_lengths
 from ._asg import _prepare
+from ._device_align import ctc_viterbi
+from ._triton import check_impl
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"]
 
@@ -40,8 +42,8 @@ def _floats(t):
 
 def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor,
               input_lengths: torch.Tensor | Sequence[int],
-              target_lengths: torch.Tensor | Sequence[int], *, blank: int = 0
-              ) -> Tuple[torch.Tensor, torch.Tensor]:
+              target_lengths: torch.Tensor | Sequence[int], *, blank: int = 0,
+              impl: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Viterbi CTC forced alignment (the best CTC path of each target).
 
     Like ``torchaudio.functional.forced_align``, batched:
@@ -62,6 +64,11 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor,
       input_lengths: ``(N,)`` tensor or tuple of ints in ``[0, T]``.
       target_lengths: ``(N,)`` tensor or tuple of ints in ``[0, S]``.
       blank: the blank class.
+      impl: ``'auto'`` (default: the device path for CUDA tensors, else the
+        host), ``'device'`` (a max-plus loop over frames in torch operations on
+        ``log_probs``' device with int8 back-pointers, any device, no Triton) or
+        ``'host'`` (the numba core); both give the same labels and scores bit
+        for bit; see the Devices page.
 
     Returns:
       ``(labels, scores)``: ``(N, T)`` int64 frame labels (the blank included;
@@ -83,6 +90,7 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor,
         ([[1, 2, 0]], -0.6694)
     """
     fn = "ctc_align"
+    check_impl(fn, impl)
     check_tensor(fn, "log_probs", log_probs)
     check_tensor(fn, "targets", targets)
     il = int_lengths(fn, "input_lengths", input_lengths, log_probs)
@@ -97,6 +105,12 @@ def ctc_align(log_probs: torch.Tensor, targets: torch.Tensor,
     il = il.astype(np.int64, copy=False).reshape(-1)
     tl = tl.astype(np.int64, copy=False).reshape(-1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
+    if impl == "device" or (impl == "auto" and log_probs.device.type == "cuda"):
+        dev = log_probs.device
+        labels, scores = ctc_viterbi(lp.detach(), torch.from_numpy(padded).to(dev),
+                                     torch.from_numpy(il).to(dev), torch.from_numpy(tl).to(dev),
+                                     int(blank))
+        return (labels, scores) if batched else (labels[0], scores[0])
     labels, scores = _ctc_align(_floats(lp), padded, il, tl, blank=int(blank))
     labels, scores = _out(labels, scores, log_probs)
     return (labels, scores) if batched else (labels[0], scores[0])

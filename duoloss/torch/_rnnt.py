@@ -29,6 +29,7 @@ from . import _joiner, _private
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
+from ._device_align import rnnt_tokens, transducer_viterbi_regular
 from ._triton import check_impl, resolve_impl, rnnt_device_tail
 from ._weights import flush_subnormals
 
@@ -503,7 +504,8 @@ class RNNTLoss(torch.nn.Module):
 def rnnt_align(logits: torch.Tensor, targets: torch.Tensor,
                logit_lengths: torch.Tensor | Sequence[int],
                target_lengths: torch.Tensor | Sequence[int], blank: int = -1,
-               fused_log_softmax: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               fused_log_softmax: bool = True, *, impl: str = "auto"
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Viterbi RNN-T alignment: the single best alignment of each target.
 
     $$
@@ -520,6 +522,11 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor,
       target_lengths: ``(N,)`` target lengths, as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       blank: the blank index (``-1``: the last class), as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
       fused_log_softmax: as in [`rnnt_loss`][duoloss.torch.rnnt_loss].
+      impl: ``'auto'`` (default: the device path for CUDA tensors, else the
+        host), ``'device'`` (a max-plus loop over the lattice's anti-diagonals in
+        torch operations on ``logits``' device, any device, no Triton) or
+        ``'host'`` (the numba core); both give the same results bit for bit; see
+        the Devices page.
 
     Returns:
       ``(alignment, label_frames, scores)``:
@@ -546,11 +553,17 @@ def rnnt_align(logits: torch.Tensor, targets: torch.Tensor,
         ([[2, 0, 2]], [[1]], -3.2958)
     """
     fn = "rnnt_align"
+    check_impl(fn, impl)
     check_bool(fn, "fused_log_softmax", fused_log_softmax)
     blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
     with torch.no_grad():
         px, py, boundary = _lattice(logits.detach(), targets, il, tl, blank,
                                     bool(fused_log_softmax))
+    if impl == "device" or (impl == "auto" and logits.device.type == "cuda"):
+        scores, frames = transducer_viterbi_regular(px, py, tl, il)
+        align = rnnt_tokens(scores, frames, targets, il, tl, blank, logits.shape[1])
+        return align, frames, scores.to(px.dtype)
+    with torch.no_grad():
         scores, frames = transducer_viterbi(to_numpy(px), to_numpy(py), to_numpy(boundary),
                                             "regular")
     il_h, tl_h = to_numpy(il), to_numpy(tl)
