@@ -158,3 +158,17 @@ def test_bad_impl():
     logits, tg, il, tl = rnnt_case(torch.float64)
     with pytest.raises(ValueError, match="rnnt_align: argument 'impl' must be one of"):
         dt.rnnt_align(logits, tg, il, tl, impl=None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_many_ties_equal_host(seed):
+    """Scores rounded to whole numbers: many equal-score paths, broken by the core's rules."""
+    g = torch.Generator().manual_seed(100 + seed)
+    lp = -torch.randint(0, 3, (8, 5, 4), generator=g).to(torch.float64)
+    tg = torch.randint(1, 4, (5, 3), generator=g)
+    ctc_both(lp, tg, torch.tensor([8, 7, 6, 5, 4]), torch.tensor([3, 2, 3, 1, 2]))
+    logits = torch.randint(0, 2, (3, 5, 4, 4), generator=g).to(torch.float32)
+    tg = torch.randint(0, 3, (3, 3), generator=g)
+    for fused in (True, False):
+        rnnt_both(logits, tg, torch.tensor([5, 4, 2]), torch.tensor([3, 2, 3]),
+                  fused_log_softmax=fused)
