@@ -84,9 +84,9 @@ def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     return losses, target_lengths, batched
 
 
-def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
-             reduction: str = "mean", zero_infinity: bool = False, *,
-             impl: str = "auto") -> jax.Array:
+def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
+             target_lengths: ArrayLike, blank: int = 0, reduction: str = "mean",
+             zero_infinity: bool = False, *, impl: str = "auto") -> jax.Array:
     r"""Connectionist Temporal Classification loss with ``torch.nn.functional.ctc_loss``'s API.
 
     Same arguments, layouts and numbers as [`duoloss.torch.ctc_loss`][duoloss.torch.ctc_loss] (both
@@ -156,8 +156,9 @@ def _check_right_padding(fn, arg, pad):
     return pad
 
 
-def optax_ctc_loss(logits, logit_paddings, labels, label_paddings, *, blank_id: int = 0,
-                   log_epsilon: float = -1e5, impl: str = "auto") -> jax.Array:
+def optax_ctc_loss(logits: ArrayLike, logit_paddings: ArrayLike, labels: ArrayLike,
+                   label_paddings: ArrayLike, *, blank_id: int = 0, log_epsilon: float = -1e5,
+                   impl: str = "auto") -> jax.Array:
     """Drop-in for ``optax.ctc_loss``: same signature, per-sequence losses ``(B,)``.
 
     Args:
