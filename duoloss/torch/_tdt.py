@@ -155,7 +155,6 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
       >>> loss = tdt_loss(logits, targets, (6, 4), (2, 1), blank=4, durations=[0, 1, 2],
       ...                 sigma=0.05)
       >>> loss.backward()
-      >>> import torch
       >>> import duoloss.torch as d
       >>> logits = torch.zeros((1, 2, 2, 3 + 2))  # (N, T, U + 1, V + D): uniform tokens (V=3) and durations [0, 1]
       >>> loss = d.tdt_loss(logits, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1]), blank=2, durations=[0, 1])
@@ -241,7 +240,6 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
       >>> loss = multiblank_rnnt_loss(logits, targets, (8, 5), (2, 1), blank=6,
       ...                             big_blank_durations=[2, 4], sigma=0.05)
       >>> loss.backward()
-      >>> import torch
       >>> import duoloss.torch as d
       >>> logits = torch.zeros((1, 2, 2, 4))  # (N, T, U + 1, V): uniform; blank 3, big blank 2 of duration 2
       >>> loss = d.multiblank_rnnt_loss(logits, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([1]), blank=3,
