@@ -87,6 +87,7 @@ from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import logaddexp_fast as _lae
 from .._numerics import exp_poly, fast_exp, run_batch
 from .._spec import LossKernel
+from .transducer import check_targets_and_lengths
 
 __all__ = ["TDT_KERNEL", "MULTIBLANK_KERNEL", "check_tdt_args", "check_multiblank_args",
            "check_duration_options", "check_host_impl", "durations_key", "tdt_loss_and_grad",
@@ -573,18 +574,7 @@ def _check_common(fn, logits, targets, logit_lengths, target_lengths, n_lab, lay
     v.check_ndim(fn, "logits", logits.shape, (4,), layout)
     v.check_dtype(fn, "logits", logits.dtype, v.FLOAT_DTYPES, "a floating")
     n, t_max, u1, _ = (int(s) for s in logits.shape)
-    v.check_ndim(fn, "targets", targets.shape, (2,), f"an (N, U) = ({n}, {u1 - 1})-array")
-    v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
-    if tuple(int(s) for s in targets.shape) != (n, u1 - 1):
-        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = ({n}, {u1 - 1}) "
-                         f"(from logits {v.shape_str(logits.shape)}), "
-                         f"got {v.shape_str(targets.shape)}")
-    for arg, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
-        v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
-        v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
-        if int(x.shape[0]) != n:
-            raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
-                             f"got shape {v.shape_str(x.shape)}")
+    check_targets_and_lengths(fn, logits.shape, targets, logit_lengths, target_lengths)
     return n, t_max, u1
 
 

@@ -802,18 +802,7 @@ def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *
     blank = v.check_int_scalar(fn, "blank", blank, -n_cls, n_cls)
     if blank < 0:
         blank += n_cls
-    v.check_ndim(fn, "targets", targets.shape, (2,), f"an (N, U) = ({n}, {u1 - 1})-array")
-    v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
-    if tuple(int(s) for s in targets.shape) != (n, u1 - 1):
-        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = ({n}, {u1 - 1}) "
-                         f"(from logits {v.shape_str(logits.shape)}), "
-                         f"got {v.shape_str(targets.shape)}")
-    for arg, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
-        v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
-        v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
-        if int(x.shape[0]) != n:
-            raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
-                             f"got shape {v.shape_str(x.shape)}")
+    check_targets_and_lengths(fn, logits.shape, targets, logit_lengths, target_lengths)
     if concrete:
         il = np.asarray(logit_lengths).astype(np.int64)
         tl = np.asarray(target_lengths).astype(np.int64)
@@ -822,6 +811,27 @@ def check_rnnt_args(fn, logits, targets, logit_lengths, target_lengths, blank, *
         v.check_labels(fn, "targets", np.asarray(targets).astype(np.int64), tl, n_cls,
                        forbidden=blank, forbidden_what="the blank")
     return blank
+
+
+def check_targets_and_lengths(fn, logits_shape, targets, logit_lengths, target_lengths):
+    """Shapes and dtypes of a transducer's ``targets`` ``(N, U)`` and lengths ``(N,)``
+    against logits of shape ``(N, T, U + 1, ...)`` (any array or tracer with
+    ``.shape``/``.dtype``); the error messages every transducer loss shares."""
+    from .. import _validate as v
+
+    n, u1 = int(logits_shape[0]), int(logits_shape[2])
+    v.check_ndim(fn, "targets", targets.shape, (2,), f"an (N, U) = ({n}, {u1 - 1})-array")
+    v.check_dtype(fn, "targets", targets.dtype, v.INT_DTYPES, "an integer")
+    if tuple(int(s) for s in targets.shape) != (n, u1 - 1):
+        raise ValueError(f"{fn}: argument 'targets' must have shape (N, U) = ({n}, {u1 - 1}) "
+                         f"(from logits {v.shape_str(logits_shape)}), "
+                         f"got {v.shape_str(targets.shape)}")
+    for arg, x in (("logit_lengths", logit_lengths), ("target_lengths", target_lengths)):
+        v.check_ndim(fn, arg, x.shape, (1,), f"an (N,)-array with N = {n}")
+        v.check_dtype(fn, arg, x.dtype, v.INT_DTYPES, "an integer")
+        if int(x.shape[0]) != n:
+            raise ValueError(f"{fn}: argument '{arg}' must be an (N,)-array with N = {n}, "
+                             f"got shape {v.shape_str(x.shape)}")
 
 
 def check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda,
