@@ -9,8 +9,6 @@ Tiny sizes: the interpreter runs each program's loops in Python.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -18,36 +16,12 @@ import torch
 pytest.importorskip("triton")
 
 import duoloss.torch as dt  # noqa: E402
+from test_device_torch import TOL, _close, interpreted  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _interpreter():
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    from duoloss.torch._triton import _tdt_kernels
-    if not _tdt_kernels.INTERPRETED:  # defined by an earlier, non-interpreted import
-        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
-    yield
-    if old is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = old
-
-
-TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
-
-
-def _close(a, b, dtype, what):
-    """Equal to TOL[dtype] relative to the larger magnitude (inf/NaN positions equal)."""
-    a = a.detach().to(torch.float64)
-    b = b.detach().to(torch.float64)
-    assert torch.equal(torch.isnan(a), torch.isnan(b)), what
-    assert torch.equal(torch.isinf(a), torch.isinf(b)), what
-    fin = torch.isfinite(a)
-    if fin.any():
-        scale = max(a[fin].abs().max().item(), b[fin].abs().max().item(), 1.0)
-        err = (a[fin] - b[fin]).abs().max().item()
-        assert err <= TOL[dtype] * scale, f"{what}: {err} > {TOL[dtype]} * {scale}"
+    yield from interpreted("_tdt_kernels")
 
 
 def _logits(seed, shape, dtype):

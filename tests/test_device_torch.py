@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import importlib
+
 import pytest
 import torch
 
@@ -20,18 +22,25 @@ pytest.importorskip("triton")
 import duoloss.torch as dt  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter():
+def interpreted(kernels: str):
+    """Body of a module fixture: ``TRITON_INTERPRET=1`` while the module's tests run,
+    skipping them when ``duoloss.torch._triton.<kernels>`` was already defined
+    without the interpreter; the variable is restored afterwards."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    from duoloss.torch._triton import _kernels
-    if not _kernels.INTERPRETED:  # defined by an earlier, non-interpreted import
+    module = importlib.import_module(f"duoloss.torch._triton.{kernels}")
+    if not module.INTERPRETED:  # defined by an earlier, non-interpreted import
         pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
     yield
     if old is None:
         del os.environ["TRITON_INTERPRET"]
     else:
         os.environ["TRITON_INTERPRET"] = old
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    yield from interpreted("_kernels")
 
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
