@@ -125,17 +125,7 @@ def _host_run(kernel, static, want, base_shapes, out_dtypes, *arrays):
             outs.append(_host_run(kernel, static, want, base_shapes, out_dtypes, *inst))
         return tuple(np.stack([o[j] for o in outs]).reshape(lead + outs[0][j].shape)
                      for j in range(len(outs[0])))
-    m = int(np.prod(lead))
-    folded = []
-    for a, axis, base in zip(arrays, kernel.batch_axes, base_shapes):
-        if axis is None:
-            folded.append(a.reshape(base))
-            continue
-        a = np.broadcast_to(a, lead + tuple(base))
-        a = np.moveaxis(a, tuple(range(k)), tuple(range(axis, axis + k)))
-        shape = list(base)
-        shape[axis] = m * base[axis]
-        folded.append(np.ascontiguousarray(a).reshape(shape))
+    folded = _fold_instances(kernel, arrays, base_shapes, k, lead)
     losses, grads = kernel.run(tuple(folded), want, **static)
     n = _batch_size(kernel, base_shapes)
     out = [losses.reshape(lead + (n,))]
