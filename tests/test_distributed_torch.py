@@ -80,6 +80,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         part = slice(rank * NB // world, (rank + 1) * NB // world)
         grads, params = train(model, (x[:, part], tg[part], il[part], tl[part]))
         torch.save({"grads": grads, "params": params}, out)
+        dist.barrier()  # no rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -124,3 +125,10 @@ def test_ddp_gloo_two_processes_equals_full_batch(tmp_path):
 
 if __name__ == "__main__":
     worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    # torch 2.13's gloo can abort during interpreter finalisation ("terminate called
+    # without an active exception", about 1 run in 30 here, after all Python code has
+    # finished; pytorch/pytorch#179291 describes the race).  The result is saved and the
+    # group destroyed, so leave without running C++ static destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
