@@ -9,6 +9,12 @@ result is then canonicalised to float32 and rejected ("Incorrect output dtype
 random.  64-bit results therefore cross as pairs of uint32 (which no x64 setting
 touches; a zero-copy view on the host) and are bitcast back inside the traced
 program, where float64/int64 are valid types because they were declared there.
+
+The host function receives JAX's buffers as *read-only* numpy arrays.  numba types
+a read-only array as a different type from a writeable one, so every core kernel
+would be compiled (and cached) a second time for JAX alone.  The core never writes
+to its inputs, so the callback hands it writeable views of the same memory instead
+(`_writeable`, zero-copy): one compiled signature serves both frontends.
 """
 from __future__ import annotations
 
@@ -20,8 +26,40 @@ import numpy as np
 __all__ = ["pure_callback"]
 
 
+class _Memory:
+    """The memory of a read-only array, exposed as writeable (keeps the array alive)."""
+
+    __slots__ = ("__array_interface__", "_array")
+
+    def __init__(self, array: np.ndarray):
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+        self._array = array
+
+
+def _writeable(a):
+    """A host array (a callback's ``jax.Array`` as numpy) that numba types as writeable:
+    ``a`` itself, or for read-only memory a writeable view of it (no copy)."""
+    if isinstance(a, jax.Array):
+        a = np.asarray(a)
+    if isinstance(a, np.ndarray) and not a.flags.writeable and a.size:
+        view = np.asarray(_Memory(a))
+        if view.dtype == a.dtype:  # (structured/object dtypes keep the original)
+            return view
+    return a
+
+
+def _with_writeable_inputs(fn: Callable) -> Callable:
+    def host(*arrays):
+        return fn(*jax.tree.map(_writeable, arrays))
+
+    return host
+
+
 def pure_callback(fn: Callable, result_shape_dtypes, *args, vmap_method: str):
     """``jax.pure_callback(fn, result_shape_dtypes, *args, vmap_method=...)``, x64-safe."""
+    fn = _with_writeable_inputs(fn)
     flat, tree = jax.tree.flatten(result_shape_dtypes)
     dtypes = [np.dtype(s.dtype) for s in flat]
     wide = [dt.itemsize == 8 for dt in dtypes]
