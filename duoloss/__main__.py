@@ -189,8 +189,13 @@ _PROG = "python -m duoloss"
 _COMMANDS = ("demo", "warmup")
 
 
+def _plain(text):
+    """The module docstring as terminal text (no Markdown/reST markup)."""
+    return text.replace("**", "").replace("``", "")
+
+
 def _parser():
-    p = argparse.ArgumentParser(prog=_PROG, description=__doc__,
+    p = argparse.ArgumentParser(prog=_PROG, description=_plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="{demo,warmup}",
                            help="demo (the default when no command is given) or warmup")
