@@ -19,7 +19,7 @@ import numpy as np
 __all__ = ["FAMILIES", "warmup"]
 
 #: The kernel families, in the order ``warmup()`` compiles them.
-FAMILIES = ("ctc", "asg", "graph", "rnnt", "k2", "align")
+FAMILIES = ("ctc", "asg", "graph", "rnnt", "k2", "tdt", "align")
 
 _DTYPES = ("float32", "float64")
 
@@ -87,6 +87,17 @@ def _torch_calls(family: str) -> List[Callable[[str], None]]:
                                          am_only_scale=0.0, boundary=boundary)
         (simple + pruned + smoothed).backward()
 
+    def tdt(dtype):
+        rng = _rng()
+        t32 = tg.to(torch.int32)
+        il32, tl32 = torch.tensor([6, 5], dtype=torch.int32), tl.to(torch.int32)
+        x = tensor(rng.standard_normal((2, 6, 4, 5 + 3)), dtype)
+        dt.tdt_loss(x, t32, il32, tl32, blank=0, durations=[0, 1, 2]).backward()
+        x = tensor(rng.standard_normal((2, 6, 4, 5 + 2)), dtype)
+        mb = torch.tensor([[1, 2, 3], [3, 2, 1]], dtype=torch.int32)  # big blanks: 4, 5
+        dt.multiblank_rnnt_loss(x, mb, il32, tl32, blank=6, big_blank_durations=[2, 3]
+                                ).backward()
+
     def align(dtype):
         rng = _rng()
         lp = tensor(np.log(_softmax(rng.standard_normal((12, 2, 6)))), dtype, grad=False)
@@ -146,6 +157,17 @@ def _jax_calls(family: str) -> List[Callable[[str], None]]:
         boundary = jnp.asarray([[0, 0, 3, 6], [0, 0, 2, 5]])
         run(lambda lm, am: dj.rnnt_loss_simple(lm, am, tg, termination_symbol=0,
                                                boundary=boundary, reduction="sum"), lm, am)
+
+    def tdt(dtype):
+        rng = _rng()
+        t32 = tg.astype(np.int32)
+        il32, tl32 = np.array([6, 5], np.int32), tl.astype(np.int32)
+        x = jnp.asarray(rng.standard_normal((2, 6, 4, 5 + 3)), dtype)
+        run(lambda x: dj.tdt_loss(x, t32, il32, tl32, blank=0, durations=[0, 1, 2]), x)
+        x = jnp.asarray(rng.standard_normal((2, 6, 4, 5 + 2)), dtype)
+        mb = np.array([[1, 2, 3], [3, 2, 1]], np.int32)  # big blanks: 4, 5
+        run(lambda x: dj.multiblank_rnnt_loss(x, mb, il32, tl32, blank=6,
+                                              big_blank_durations=[2, 3]), x)
 
     def align(dtype):
         lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
@@ -259,7 +281,7 @@ def _in_workers(chosen, jobs, report):
 
 
 #: Relative compile cost of each family (to start the longest first).
-_COST = {"rnnt": 6, "graph": 5, "asg": 4, "align": 3, "k2": 2, "ctc": 1}
+_COST = {"rnnt": 6, "graph": 5, "asg": 4, "align": 3, "tdt": 3, "k2": 2, "ctc": 1}
 
 
 def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
@@ -282,7 +304,7 @@ def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
     Args:
       families: which to compile, from ``"ctc"``, ``"asg"``, ``"graph"`` (WFST losses,
         scores, compose), ``"rnnt"`` (transducer and joiner), ``"k2"`` (simple and pruned
-        RNN-T), ``"align"`` (aligners); ``None`` (default) for all of them.
+        RNN-T), ``"tdt"`` (TDT and multi-blank RNN-T), ``"align"`` (aligners); ``None`` (default) for all of them.
       verbose: print one line per family (its name and seconds) to stderr.
       jobs: how many families compile at once, each in its own worker process (numba
         compiles on one thread); default: the number of CPUs this process may use, at

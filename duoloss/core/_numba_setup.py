@@ -149,7 +149,7 @@ _FAMILY_OF_MODULE = {
     "losses.ctc": "ctc", "losses.asg": "asg", "losses.graph_loss": "graph",
     "graph.scores": "graph", "graph.compose": "graph", "graph.ops": "graph",
     "graph.graph": "graph", "graph.io": "graph", "graph.compare": "graph",
-    "losses.transducer": "rnnt", "losses.joiner": "rnnt", "losses.tdt": "rnnt",
+    "losses.transducer": "rnnt", "losses.joiner": "rnnt", "losses.tdt": "tdt",
     "losses.rnnt_k2": "k2", "losses.align": "align",
 }
 
@@ -157,7 +157,8 @@ _FAMILY_OF_MODULE = {
 #: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
 FAMILIES = {
     "ctc": ("CTC", 10), "asg": ("ASG", 30), "graph": ("WFST graph", 55),
-    "rnnt": ("RNN-T", 30), "k2": ("k2 RNN-T", 15), "align": ("alignment", 25),
+    "rnnt": ("RNN-T", 30), "k2": ("k2 RNN-T", 15), "tdt": ("TDT/multi-blank RNN-T", 30),
+    "align": ("alignment", 25),
     "core": ("shared", 5),
 }
 
