@@ -62,6 +62,8 @@ References:
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +73,7 @@ from .asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
 from .ctc import ctc_states
 from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from .graph_loss import PackedGraphs, _frames_forward, _load_graph
+from .. import _numerics
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import run_batch, sequence_ok
 
@@ -78,29 +81,58 @@ __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"
            "check_token_spans_args", "count_token_spans"]
 
 _PARALLEL_MIN_CELLS = 200_000
+#: Pending (bounded-memory) sequences of more cells than this, together, run on threads.
+_PENDING_THREADS_MIN_CELLS = _PARALLEL_MIN_CELLS
 
 
 def _run(kernel_serial, kernel_parallel, cells, args):
+    """Run a batch kernel (serial or parallel twin, ``(order, *args)``) over the
+    sequences, largest first; returns ``order``."""
     n = cells.shape[0]
     order = np.argsort(-cells, kind="stable").astype(np.int64)
     run_batch(kernel_serial, kernel_parallel, n, int(cells.sum()), _PARALLEL_MIN_CELLS,
               (order,) + tuple(args))
+    return order
+
+
+def _run_pending(kernel, order, pending, cells, args):
+    """Run ``kernel(idx, *args)`` on the sequences the batch kernel marked
+    ``pending`` (the bounded-memory path, compiled only when a sequence needs it),
+    largest first; several of them, with enough cells, on a thread pool (one
+    sequence per task; the kernels are nogil).  While ``duoloss.warmup`` runs
+    (`duoloss.core._numerics._compile_both`) an empty batch still calls the
+    kernel, so that it compiles with the signature real calls use."""
+    idx = np.ascontiguousarray(order[pending[order] != 0], dtype=np.int64)
+    m = idx.shape[0]
+    if m == 0:
+        if _numerics._compile_both:
+            kernel(idx, *args)
+        return
+    workers = min(m, numba.get_num_threads())
+    if workers < 2 or int(cells[idx].sum()) < _PENDING_THREADS_MIN_CELLS:
+        kernel(idx, *args)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(lambda j: kernel(idx[j:j + 1], *args), range(m)):
+            pass
 
 
 # --------------------------------------------------------------------------- #
 # CTC                                                                          #
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
-def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels, scores):
+def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels, scores,
+                   pending):
     """Viterbi alignment of sequence ``b``: the CTC trellis of
     `duoloss.core.losses.ctc._ctc_trellis_forward` in the tropical semiring.
 
     No back-pointers are stored: backtracking asks
     `_ctc_best_step` again, on the same table
     values, so it takes the same steps (and ties) as the forward did.  A
-    sequence of more than ``checkpoint_cells`` trellis cells takes the
-    bounded-memory path (`_ctc_align_checkpointed`), which reads the same
-    values.
+    sequence of more than ``checkpoint_cells`` trellis cells is only marked
+    (``pending[b] = 1``, its labels ``-1``): `_ctc_align_big` then aligns it
+    on the bounded-memory path (`_ctc_align_checkpointed`), which reads the
+    same values.
     """
     t_max, _, n_cls = logp.shape
     input_len = in_len[b]
@@ -116,7 +148,7 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, la
         return
     lab, skip = ctc_states(targets, b, target_len, blank)
     if input_len * lab.shape[0] > checkpoint_cells:
-        _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores)
+        pending[b] = 1
         return
     delta = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
     score, s = _ctc_trellis_final(delta, True)
@@ -236,18 +268,28 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _ctc_align_parallel(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                        scores):
+                        scores, pending):
     for i in numba.prange(order.shape[0]):
         _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                       scores)
+                       scores, pending)
 
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_serial(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                      scores):
+                      scores, pending):
     for i in range(order.shape[0]):
         _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                       scores)
+                       scores, pending)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_align_big(order, logp, targets, in_len, tg_len, blank, labels, scores):
+    """The sequences ``order`` that `_ctc_align_one` marked pending (valid, with
+    ``T_b > 0``; labels already ``-1``), on the bounded-memory path."""
+    for i in range(order.shape[0]):
+        b = order[i]
+        lab, skip = ctc_states(targets, b, tg_len[b], blank)
+        _ctc_align_checkpointed(b, in_len[b], lab, skip, logp, labels, scores)
 
 
 def _int_buffers(targets, input_lengths, target_lengths, n):
@@ -296,8 +338,11 @@ def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: n
     if n:
         cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
         limit = CTC_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
-        _run(_ctc_align_serial, _ctc_align_parallel, cells,
-             (logp, tg, il, tl, int(blank), limit, labels, scores))
+        pending = np.zeros(n, np.int8)
+        order = _run(_ctc_align_serial, _ctc_align_parallel, cells,
+                     (logp, tg, il, tl, int(blank), limit, labels, scores, pending))
+        _run_pending(_ctc_align_big, order, pending, cells,
+                     (logp, tg, il, tl, int(blank), labels, scores))
     return labels, scores.astype(dtype, copy=False)
 
 
@@ -306,12 +351,14 @@ def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: n
 # --------------------------------------------------------------------------- #
 @numba.njit(cache=True, nogil=True)
 def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, checkpoint_cells,
-                   labels, scores):
+                   labels, scores, pending):
     """Viterbi alignment of sequence ``b``: the target trellis of
     `duoloss.core.losses.asg._asg_target_forward` in the tropical semiring;
     backtracking asks `_asg_best_target_step` again
-    instead of storing back-pointers.  Above ``checkpoint_cells`` cells: the
-    bounded-memory path (`_asg_align_checkpointed`), same results."""
+    instead of storing back-pointers.  Above ``checkpoint_cells`` cells the
+    sequence is only marked (``pending[b] = 1``, labels ``-1``) for
+    `_asg_align_big`: the bounded-memory path (`_asg_align_checkpointed`),
+    same results."""
     t_max, _, n_cls = em.shape
     input_len = in_len[b]
     target_len = tg_len[b]
@@ -324,13 +371,13 @@ def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, chec
     if input_len == 0 or target_len == 0 or target_len > input_len:
         scores[b] = 0.0 if (input_len == 0 and target_len == 0) else _NEG_INF
         return
+    if input_len * target_len > checkpoint_cells:
+        pending[b] = 1
+        return
     lab = np.empty(target_len, np.int64)
     for l in range(target_len):
         lab[l] = targets[b, l]
     stay, advance = _asg_target_weights(lab, trans, has_trans)
-    if input_len * target_len > checkpoint_cells:
-        _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels, scores)
-        return
     delta = _asg_target_forward(b, input_len, lab, stay, advance, em, start, True)
     score = delta[input_len - 1, target_len - 1]
     if score == _NEG_INF:
@@ -425,18 +472,32 @@ def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels,
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _asg_align_parallel(order, em, trans, start, has_trans, targets, in_len, tg_len,
-                        checkpoint_cells, labels, scores):
+                        checkpoint_cells, labels, scores, pending):
     for i in numba.prange(order.shape[0]):
         _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len,
-                       checkpoint_cells, labels, scores)
+                       checkpoint_cells, labels, scores, pending)
 
 
 @numba.njit(cache=True, nogil=True)
 def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_len,
-                      checkpoint_cells, labels, scores):
+                      checkpoint_cells, labels, scores, pending):
     for i in range(order.shape[0]):
         _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len,
-                       checkpoint_cells, labels, scores)
+                       checkpoint_cells, labels, scores, pending)
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_align_big(order, em, trans, start, has_trans, targets, in_len, tg_len, labels, scores):
+    """The sequences ``order`` that `_asg_align_one` marked pending (valid,
+    ``0 < L_b <= T_b``; labels already ``-1``), on the bounded-memory path."""
+    for i in range(order.shape[0]):
+        b = order[i]
+        target_len = tg_len[b]
+        lab = np.empty(target_len, np.int64)
+        for l in range(target_len):
+            lab[l] = targets[b, l]
+        stay, advance = _asg_target_weights(lab, trans, has_trans)
+        _asg_align_checkpointed(b, in_len[b], lab, stay, advance, em, start, labels, scores)
 
 
 def _asg_params(em, transitions, start_transitions):
@@ -488,8 +549,11 @@ def asg_align(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt
     if n:
         cells = np.clip(il, 0, t_max) * np.clip(tl, 1, tg.shape[1] + 1)
         limit = ASG_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
-        _run(_asg_align_serial, _asg_align_parallel, cells,
-             (em, trans, start, has_trans, tg, il, tl, limit, labels, scores))
+        pending = np.zeros(n, np.int8)
+        order = _run(_asg_align_serial, _asg_align_parallel, cells,
+                     (em, trans, start, has_trans, tg, il, tl, limit, labels, scores, pending))
+        _run_pending(_asg_align_big, order, pending, cells,
+                     (em, trans, start, has_trans, tg, il, tl, labels, scores))
     return labels, scores.astype(dtype, copy=False)
 
 
