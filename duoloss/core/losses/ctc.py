@@ -76,6 +76,7 @@ from .._numerics import FLUSH as _FLUSH
 from .._numerics import fast_exp
 from .._numerics import logaddexp as _logaddexp
 from .._numerics import run_batch, sequence_ok
+from .. import _numerics
 from .._spec import LossKernel
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
@@ -462,19 +463,23 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-             grad):
+             grad, pending):
     """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
-    module docstring.
+    module docstring.  Writes ``losses[b]``, ``grad[:, b, :]`` and ``pending[b]``
+    only.
 
     Steps: validate; frame probabilities (`_ctc_frame_probs`); rescaled
     forward (`_ctc_forward_linear`); backward sweep with the per-frame
-    check (`_ctc_backward_linear`); the exact log-space trellis
-    (`_ctc_log_space`) where linear space lost precision.
+    check (`_ctc_backward_linear`).  Where linear space lost precision,
+    ``pending[b]`` is set (1: the gradient only, 2: loss and gradient) and the
+    driver runs the exact log-space trellis afterwards (`_ctc_log_space_batch`,
+    a kernel compiled only when first needed).
     """
     t_max, _, n_cls = logp.shape
     scale = gscale[b] if gscale.shape[0] > b else 1.0
     input_len = in_len[b]
     target_len = tg_len[b]
+    pending[b] = 0
     # Memory safety first: anything out of range makes the sequence NaN.
     ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, True)
     if want_grad:
@@ -507,17 +512,14 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
         if want_grad:
             _fill_rows(grad, b, 0, input_len, np.nan)
         return
-    if state == 1 and linear_loss:
-        # Nothing was flushed, so the forward's log Z is exact; only the
-        # gradient's sweep lost precision: recompute the gradient alone.
-        _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
-    elif state == 1:
-        logz = _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
-        if logz != logz:
-            losses[b] = np.nan
-            if want_grad:
-                _fill_rows(grad, b, 0, input_len, np.nan)
-            return
+    if state == 1:
+        # Linear space lost precision: the exact log-space trellis runs after the
+        # batch (`_ctc_log_space_batch`).  1: nothing was flushed, so the
+        # forward's log Z (kept, negated, in losses[b]) is exact and only the
+        # gradient is recomputed; 2: both.
+        pending[b] = 1 if linear_loss else 2
+        losses[b] = -logz
+        return
     if logz == -np.inf:
         losses[b] = 0.0 if zero_inf else np.inf
         if want_grad:
@@ -526,33 +528,56 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
     losses[b] = -logz
 
 
+# The batch kernels: the same argument list ``(order, inputs..., outputs...)``;
+# each processes exactly the sequences listed in the int64 array ``order`` and
+# writes only their entries of the preallocated outputs ``losses`` (N,) float64,
+# ``grad`` (like logp, or (0, 0, 0) without a gradient) and ``pending`` (N,) int8.
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_batch_parallel(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale):
-    t_max, n, _ = logp.shape
-    losses = np.empty(n)
-    grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
-    # Longest sequences first; with chunk size 1 the threads balance themselves.
-    cost = np.empty(n, np.int64)
-    for b in range(n):
-        tb = min(max(in_len[b], 0), t_max)
-        lb = min(max(tg_len[b], 0), targets.shape[1])
-        cost[b] = -tb * (2 * lb + 1)
-    order = np.argsort(cost)
-    for i in numba.prange(n):
+def _ctc_batch_parallel(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
+                        losses, grad, pending):
+    for i in numba.prange(order.shape[0]):
         _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                 losses, grad)
-    return losses, grad
+                 losses, grad, pending)
 
 
 @numba.njit(cache=True, nogil=True)
-def _ctc_batch_serial(logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale):
-    n = logp.shape[1]
-    losses = np.empty(n)
-    grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
-    for b in range(n):
-        _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-                 grad)
-    return losses, grad
+def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
+                      losses, grad, pending):
+    for i in range(order.shape[0]):
+        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
+                 losses, grad, pending)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ctc_log_space_batch(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
+                         gscale, losses, grad, pending):
+    """The sequences of ``order`` that `_ctc_one` marked in ``pending``, exactly in
+    log space: the same steps, in the same order, as if `_ctc_one` had run them
+    itself (its grad rows are already zero)."""
+    for i in range(order.shape[0]):
+        b = order[i]
+        if pending[b] == 0:
+            continue
+        scale = gscale[b] if gscale.shape[0] > b else 1.0
+        input_len = in_len[b]
+        lab, skip = ctc_states(targets, b, tg_len[b], blank)
+        if pending[b] == 1:
+            # Nothing was flushed: the forward's log Z (losses[b]) stands.
+            _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
+            continue
+        logz = _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale)
+        if logz != logz:
+            losses[b] = np.nan
+            if want_grad:
+                _fill_rows(grad, b, 0, input_len, np.nan)
+        elif logz == -np.inf:
+            losses[b] = 0.0 if zero_inf else np.inf
+            if want_grad:
+                _fill_rows(grad, b, 0, input_len, 0.0)
+        else:
+            losses[b] = -logz
 
 
 def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndarray:
@@ -601,9 +626,24 @@ def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
     tl = np.ascontiguousarray(target_lengths, dtype=np.int64)
     gscale = (_NO_SCALE if grad_weights is None
               else np.ascontiguousarray(grad_weights, dtype=np.float64).reshape(n))
-    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale)
-    losses, grad = run_batch(_ctc_batch_serial, _ctc_batch_parallel, n,
-                             logp.shape[0] * (2 * tg.shape[1] + 1) * n, _PARALLEL_MIN_CELLS, args)
+    t_max, s_cap = logp.shape[0], tg.shape[1]
+    losses = np.empty(n)
+    grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
+    pending = np.zeros(n, np.int8)
+    # Longest sequences first (stable: ties in batch order); with numba's chunk
+    # size 1 the threads balance themselves.  The order decides only which
+    # thread runs which sequence, never a bit of the results.
+    cost = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, s_cap) + 1)
+    order = np.argsort(-cost, kind="stable")
+    args = (order, logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
+            losses, grad, pending)
+    run_batch(_ctc_batch_serial, _ctc_batch_parallel, n, t_max * (2 * s_cap + 1) * n,
+              _PARALLEL_MIN_CELLS, args)
+    # The exact log-space fallback compiles only when a call first needs it (and
+    # under duoloss.warmup, with no sequence to run, so that it is cached).
+    fallback = np.flatnonzero(pending)
+    if fallback.size or _numerics._compile_both:
+        _ctc_log_space_batch(fallback, *args[1:])
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 
@@ -698,7 +738,6 @@ def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_d
 _check_ctc_static_cached = functools.lru_cache(maxsize=256, typed=True)(_check_ctc_static)
 
 
-@numba.njit(cache=True, nogil=True)
 def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
     """(code, b, i, value) of the first invalid entry; code 0 when all is valid.
 
