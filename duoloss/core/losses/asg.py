@@ -53,7 +53,10 @@ both forward-backward passes in *linear* space in float64 with per-frame
 rescaling, check on every frame that the posteriors sum to one, and fall back to
 an exact log-space recursion for a sequence where that check fails or a frame's
 mass underflows (e.g. a transition needed by the target that is ~700 nats below
-the best one).  Those exact recursions are the same code as the Viterbi decoders
+the best one).  The fallback runs as a second kernel over those sequences only
+(`_asg_batch_exact`: the whole sequence again, with the log-space recursions),
+so numba compiles it only when a call first needs it.  Those exact recursions
+are the same code as the Viterbi decoders
 of `duoloss.core.losses.align` in the other semiring: one token trellis (the
 normaliser; `asg_viterbi`) and one target trellis
 (`asg_align`), with the semiring a compile-time
@@ -85,6 +88,7 @@ import numpy.typing as npt
 
 # NB: the kernels inline these; numba's on-disk cache is keyed on this file's
 # mtime only, so touch it after editing _numerics.py.
+from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FALLBACK as _FALLBACK
 from .._numerics import FLUSH as _FLUSH
@@ -650,49 +654,42 @@ def _frame_probs(b, tb, em, probs):
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st):
-    """Zero sequence ``b``'s slices of the wanted gradients."""
+def _asg_fill(b, tb, v, want_e, want_t, want_s, g_em, g_tr, g_st):
+    """Set sequence ``b``'s slices of the wanted gradients to ``v`` (of the
+    emission gradient, its first ``tb`` frames only)."""
     if want_e:
-        for t in range(g_em.shape[0]):
+        for t in range(max(0, min(tb, g_em.shape[0]))):
             for k in range(g_em.shape[2]):
-                g_em[t, b, k] = 0.0
+                g_em[t, b, k] = v
     if want_t:
         for i in range(g_tr.shape[1]):
             for j in range(g_tr.shape[2]):
-                g_tr[b, i, j] = 0.0
+                g_tr[b, i, j] = v
     if want_s:
         for k in range(g_st.shape[1]):
-            g_st[b, k] = 0.0
+            g_st[b, k] = v
 
 
-@numba.njit(cache=True, nogil=True)
-def _asg_params_flushed(sp, m, start, trans, has_trans):
-    """Whether a start or transition probability from a finite score came out
-    below ``_FLUSH`` (linear space then cannot be trusted without its check)."""
-    n_cls = start.shape[0]
-    flushed = False
-    for k in range(n_cls):
-        if sp[0, k] < _FLUSH and np.float64(start[k]) != _NEG_INF:
-            flushed = True
-    if has_trans:
-        for i in range(n_cls):
-            for j in range(n_cls):
-                if m[i, j] < _FLUSH and np.float64(trans[i, j]) != _NEG_INF:
-                    flushed = True
-    return flushed
-
-
+# ``exact`` (the last argument of the per-sequence functions below) selects
+# what a failed linear-space check does.  ``None`` (the batch kernels): return
+# status ``_FALLBACK``, and `_asg_one` records the sequence in ``pending``;
+# numba prunes the ``exact is None`` branches at compile time, so those
+# kernels never compile the log-space recursions.  ``True``
+# (`_asg_batch_exact`, which the driver runs on the pending sequences only):
+# run the log-space recursion then and there.  Either way a sequence's
+# results are those of one complete pass over it, so they do not depend on
+# whether it went through the fast kernel first.
 @numba.njit(cache=True, nogil=True)
 def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans, want,
-                    want_cnt, shift, flushed, pn, cnt, gs):
+                    want_cnt, shift, flushed, pn, cnt, gs, exact):
     """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
 
     Rescaled linear space first (`_norm_linear`; its value is
     ``shift + linear_log_z``), the exact log space (`_norm_log`) on a
-    failed check: it gives the value only when the linear one is not exact, and
-    the gradient whenever the linear sweep failed.  With ``want``, ``pn``,
-    ``cnt`` and ``gs`` receive the posteriors, the expected transition counts
-    and the first frame's posteriors.
+    failed check (with ``exact``; else status ``_FALLBACK``): it gives the value
+    only when the linear one is not exact, and the gradient whenever the linear
+    sweep failed.  With ``want``, ``pn``, ``cnt`` and ``gs`` receive the
+    posteriors, the expected transition counts and the first frame's posteriors.
     """
     lz, st, norm_lin = _norm_linear(input_len, probs, mt, m, sp, has_trans, want, want_cnt, pn,
                                     cnt, flushed)
@@ -702,6 +699,8 @@ def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans,
             for k in range(sp.shape[1]):
                 gs[k] = pn[0, k]
     elif st == _FALLBACK:
+        if exact is None:
+            return logz, lz, st, norm_lin
         pn[:, :] = 0.0
         cnt[:, :] = 0.0
         lg = _norm_log(b, input_len, em, trans, start, has_trans, want, pn, cnt, gs)
@@ -714,13 +713,14 @@ def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans,
 @numba.njit(cache=True, nogil=True)
 def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, targets,
                    has_trans, want, want_cnt, flushed, logz, lz, norm_lin, shift, losses, pn,
-                   cnt, gs):
+                   cnt, gs, exact):
     """The target paths of sequence ``b`` (``0 < target_len <= input_len``):
     writes ``losses[b]`` and subtracts the target posteriors and counts from
     ``pn``, ``cnt``, ``gs``; returns ``(status, feasible)``.
 
     Rescaled linear space first (`_num_linear`), exact log space
-    (`_num_log`) on a failed check, with the normaliser's loss rule.
+    (`_num_log`) on a failed check (with ``exact``; else status
+    ``_FALLBACK``), with the normaliser's loss rule.
     """
     n_cls = em.shape[2]
     feasible = True
@@ -756,10 +756,13 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
                 if l > 0:
                     cnt[lab[l], lab[l - 1]] -= ncnt[1, l]
     elif st == _FALLBACK:
+        if exact is None:
+            return st, feasible
         ne = np.zeros((input_len, n_cls))
         nt = np.zeros((n_cls, n_cls) if has_trans and want else (0, 0))
         ns = np.zeros(n_cls)
         lognum = _num_log(b, input_len, lab, em, trans, start, has_trans, want, ne, nt, ns)
+        st = _OK
         if num_lin:
             pass  # the linear value stands; log space gives the gradient
         elif lognum != lognum or lognum == np.inf:
@@ -783,13 +786,17 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len, has_trans,
-             want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st):
+def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len, tg_len,
+             has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st, pending,
+             exact):
     """Loss and gradients of sequence ``b``; see the module docstring.
 
     Steps: validate; frame probabilities (`_frame_probs`); the
     normaliser (`_asg_normaliser`); the target paths
     (`_asg_numerator`); store the gradients (normaliser minus target).
+    ``pflushed``: whether a start or transition probability flushed (see
+    `_params_flushed`).  Without ``exact`` a failed linear-space check stops
+    here with ``pending[b]`` = 1 (normaliser) or 2 (target paths); see above.
     """
     t_max, _, n_cls = em.shape
     cp = sp.shape[1]
@@ -797,10 +804,11 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     target_len = tg_len[b]
     want = want_e or want_t or want_s
     want_cnt = has_trans and want_t
-    _asg_zero_grads(b, want_e, want_t, want_s, g_em, g_tr, g_st)
+    _asg_fill(b, t_max, 0.0, want_e, want_t, want_s, g_em, g_tr, g_st)
     ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, -1, False)
     if not ok:
-        _asg_nan(b, t_max, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        losses[b] = np.nan
+        _asg_fill(b, t_max, np.nan, want_e, want_t, want_s, g_em, g_tr, g_st)
         return
     if input_len == 0:
         losses[b] = 0.0 if (target_len == 0 or zero_inf) else np.inf
@@ -809,7 +817,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     # log of everything the rescaled recursions divide out besides their c_t
     shift, flushed = _frame_probs(b, input_len, em, probs)
     shift += sigma
-    if _asg_params_flushed(sp, m, start, trans, has_trans):
+    if pflushed:
         flushed = True
     if input_len > 1:
         shift += (input_len - 1) * tau
@@ -824,9 +832,13 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     # linear sweep failed.
     logz, lz, st, norm_lin = _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start,
                                              has_trans, want, want_cnt, shift, flushed, pn, cnt,
-                                             gs)
+                                             gs, exact)
+    if st == _FALLBACK:
+        pending[b] = 1
+        return
     if st == _NAN:
-        _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+        losses[b] = np.nan
+        _asg_fill(b, input_len, np.nan, want_e, want_t, want_s, g_em, g_tr, g_st)
         return
     if logz == _NEG_INF:
         # No labelling has finite weight: infeasible, zero gradient.
@@ -836,9 +848,13 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
     if feasible:
         st, feasible = _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start,
                                       targets, has_trans, want, want_cnt, flushed, logz, lz,
-                                      norm_lin, shift, losses, pn, cnt, gs)
+                                      norm_lin, shift, losses, pn, cnt, gs, exact)
+        if st == _FALLBACK:
+            pending[b] = 2
+            return
         if st == _NAN:
-            _asg_nan(b, input_len, want_e, want_t, want_s, losses, g_em, g_tr, g_st)
+            losses[b] = np.nan
+            _asg_fill(b, input_len, np.nan, want_e, want_t, want_s, g_em, g_tr, g_st)
             return
     if not feasible:
         if zero_inf:
@@ -860,22 +876,6 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_nan(b, tb, want_e, want_t, want_s, losses, g_em, g_tr, g_st):
-    losses[b] = np.nan
-    if want_e:
-        for t in range(max(0, min(tb, g_em.shape[0]))):
-            for k in range(g_em.shape[2]):
-                g_em[t, b, k] = np.nan
-    if want_t:
-        for i in range(g_tr.shape[1]):
-            for j in range(g_tr.shape[2]):
-                g_tr[b, i, j] = np.nan
-    if want_s:
-        for k in range(g_st.shape[1]):
-            g_st[b, k] = np.nan
-
-
-@numba.njit(cache=True, nogil=True)
 def _shifted_exp(x, out):
     """``out[:x.size] = exp(x - max(x))`` (flattened) and the shift: 0 when
     ``max(x)`` is ``-inf``, NaN when ``x`` has a NaN (then all of it is NaN)."""
@@ -892,47 +892,65 @@ def _shifted_exp(x, out):
     return mx
 
 
-@numba.njit(cache=True, nogil=True)
-def _prepare(em, trans, start, has_trans, in_len):
-    """Zero-padded exponentiated transitions (and transpose), start scores, their
-    shifts, and the sequences ordered longest (most cells) first."""
-    t_max, n, n_cls = em.shape
+def _exp_params(n_cls, trans, start, has_trans):
+    """Zero-padded exponentiated start scores ``sp (1, cp)``, transitions ``m``
+    and their transpose ``mt (cp, cp)``, their shifts ``sigma`` and ``tau``, and
+    whether a probability from a finite score came out below ``_FLUSH`` (then
+    linear space cannot be trusted without its check)."""
     cp = max(8, (n_cls + 7) // 8 * 8)   # multiple of the vector width
     sp = np.zeros((1, cp))
     sigma = _shifted_exp(start, sp[0])
+    flushed = bool(np.any((sp[0, :n_cls] < _FLUSH) & (start != _NEG_INF)))
     m = np.zeros((cp, cp) if has_trans else (0, 0))
-    mt = np.zeros((cp, cp) if has_trans else (0, 0))
     tau = 0.0
     if has_trans:
         flat = np.empty(n_cls * n_cls)
         tau = _shifted_exp(trans.ravel(), flat)
-        for i in range(n_cls):
-            for j in range(n_cls):
-                m[i, j] = flat[i * n_cls + j]
-                mt[j, i] = flat[i * n_cls + j]
-    cost = np.empty(n, np.int64)
-    for b in range(n):
-        cost[b] = -min(max(in_len[b], 0), t_max)
-    order = np.argsort(cost, kind="mergesort")
-    return order, m, mt, tau, sp, sigma
+        m[:n_cls, :n_cls] = flat.reshape(n_cls, n_cls)
+        flushed |= bool(np.any((m[:n_cls, :n_cls] < _FLUSH) & (trans != _NEG_INF)))
+    return sp, sigma, m, np.ascontiguousarray(m.T), tau, flushed
 
 
+# The batch kernels: identical argument lists, each processes exactly the
+# sequences listed in ``order`` (int64), writing only their outputs.
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_batch_parallel(em, trans, start, targets, in_len, tg_len, has_trans, want_e, want_t,
-                        want_s, zero_inf, losses, g_em, g_tr, g_st):
-    order, m, mt, tau, sp, sigma = _prepare(em, trans, start, has_trans, in_len)
+def _asg_batch_parallel(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
+                        in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
+                        g_em, g_tr, g_st, pending):
     for i in numba.prange(order.shape[0]):
-        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len,
-                 has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st)
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
+                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
+                 pending, None)
 
 
 @numba.njit(cache=True, nogil=True)
-def _asg_batch_serial(em, trans, start, targets, in_len, tg_len, has_trans, want_e, want_t,
-                      want_s, zero_inf, losses, g_em, g_tr, g_st):
-    order, m, mt, tau, sp, sigma = _prepare(em, trans, start, has_trans, in_len)
+def _asg_batch_serial(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
+                      in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
+                      g_em, g_tr, g_st, pending):
     for i in range(order.shape[0]):
-        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, targets, in_len, tg_len,
-                 has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st)
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
+                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
+                 pending, None)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _asg_batch_exact_parallel(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
+                              in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf,
+                              losses, g_em, g_tr, g_st, pending):
+    for i in numba.prange(order.shape[0]):
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
+                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
+                 pending, True)
+
+
+@numba.njit(cache=True, nogil=True)
+def _asg_batch_exact(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
+                     tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr,
+                     g_st, pending):
+    for i in range(order.shape[0]):
+        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
+                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
+                 pending, True)
 
 
 def asg_loss_and_grad(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt.ArrayLike,
@@ -989,10 +1007,24 @@ def asg_loss_and_grad(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targ
     g_tr = np.empty((n, n_cls, n_cls), f64) if want_t else np.empty((0, 0, 0), f64)
     g_st = np.empty((n, n_cls), f64) if want_s else np.empty((0, 0), f64)
     if n > 0:
-        args = (em, trans, start, tg, il, tl, has_trans, want_e, want_t, want_s,
-                bool(zero_infinity), losses, g_em, g_tr, g_st)
-        cells = int(np.clip(il, 0, t_max).sum()) * ((n_cls * n_cls) if has_trans else n_cls)
-        run_batch(_asg_batch_serial, _asg_batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
+        sp, sigma, m, mt, tau, pflushed = _exp_params(n_cls, trans, start, has_trans)
+        # longest (most cells) first, so that threads balance
+        frames = np.clip(il, 0, t_max)
+        order = np.argsort(-frames, kind="stable")
+        pending = np.zeros(n, np.int8)
+        args = (order, em, m, mt, tau, trans, sp, sigma, start, pflushed, tg, il, tl, has_trans,
+                want_e, want_t, want_s, bool(zero_infinity), losses, g_em, g_tr, g_st, pending)
+        per_frame = (n_cls * n_cls) if has_trans else n_cls
+        run_batch(_asg_batch_serial, _asg_batch_parallel, n, int(frames.sum()) * per_frame,
+                  _PARALLEL_MIN_CELLS, args)
+        # The sequences whose linear-space check failed, again with the exact
+        # log-space recursions: compiled on first need, or by warmup, which runs
+        # both twins on none (n = 1 then: run_batch skips an empty batch).
+        redo = order[pending[order] != 0]
+        if redo.size or _numerics._compile_both:
+            run_batch(_asg_batch_exact, _asg_batch_exact_parallel, max(redo.size, 1),
+                      int(frames[redo].sum()) * per_frame, _PARALLEL_MIN_CELLS,
+                      (redo,) + args[1:])
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_tr.astype(dtype, copy=False) if want_t else None,
                                               g_st.astype(dtype, copy=False) if want_s else None)
