@@ -92,6 +92,7 @@ from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
 from .._numerics import logaddexp as _lae
 from .._numerics import run_batch
+from .. import _numerics
 
 __all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
            "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
@@ -506,12 +507,15 @@ def _normaliser(b, tb, probs, fmax, ge):
 @numba.njit(cache=True, nogil=True)
 def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
                gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
-               losses, g_em, g_w):
-    """Loss and gradients of sequence ``b``: linear-space forward-backward
-    (`_graph_linear`), or the exact log-space one (`_graph_log`)
-    when the former reports a fallback."""
+               losses, g_em, g_w, pending):
+    """Loss and gradients of sequence ``b`` by the linear-space forward-backward
+    (`_graph_linear`); writes ``losses[b]``, ``g_em[:, b]``, ``g_w[b]`` and
+    ``pending[b]`` only.  When linear space reports a fallback, ``pending[b]`` is
+    set (its gradient rows left zero) and the driver runs the exact log-space one
+    afterwards (`_graph_log_batch`, a kernel compiled only when first needed)."""
     t_max, _, n_cls = em.shape
     k_n = theta.shape[0]
+    pending[b] = 0
     if want_e:
         for t in range(t_max):
             for k in range(n_cls):
@@ -528,7 +532,6 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
         return
     a_n = src.shape[0]
     omega, w, eps_ok = _linear_weights(lw, a_e)
-    want = want_e or want_w
     lognorm = 0.0
     ge = np.zeros((max(tb, 1), n_cls))
     if normalize:
@@ -544,10 +547,20 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
         logz, st = _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs,
                                  fmax, want_w, ne, cnt)
     if st == _FALLBACK:
-        ne[:, :] = 0.0
-        cnt[:] = 0.0
-        logz = _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ne, cnt)
-        st = _NAN if (logz != logz or logz == np.inf) else _OK
+        pending[b] = 1
+        return
+    _graph_finish(b, st, logz, lognorm, ge, ne, cnt, a0, perm, widx_all, tb, t_max, normalize,
+                  want_e, want_w, zero_inf, losses, g_em, g_w)
+
+
+@numba.njit(cache=True, nogil=True)
+def _graph_finish(b, st, logz, lognorm, ge, ne, cnt, a0, perm, widx_all, tb, t_max, normalize,
+                  want_e, want_w, zero_inf, losses, g_em, g_w):
+    """Sequence ``b``'s loss and gradients from its forward-backward's result
+    (status ``st``, ``logz``, posteriors ``ne`` per frame and class, expected arc
+    counts ``cnt``) and the normaliser (``lognorm``, softmax ``ge``)."""
+    n_cls = ge.shape[1]
+    a_n = cnt.shape[0]
     if st == _NAN:
         _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
         return
@@ -574,6 +587,35 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
 
 
 @numba.njit(cache=True, nogil=True)
+def _graph_log_batch(order, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all,
+                     lab_all, gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w,
+                     zero_inf, losses, g_em, g_w, pending):
+    """The sequences of ``order`` that `_graph_one` marked in ``pending``, by the
+    exact log-space forward-backward (`_graph_log`): the same steps, in the same
+    order, as if `_graph_one` had run them itself (their gradient rows are zero)."""
+    t_max, _, n_cls = em.shape
+    for i in range(order.shape[0]):
+        b = order[i]
+        if pending[b] == 0:
+            continue
+        tb = in_len[b]
+        ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept = _load_graph(
+            b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
+            gw_all, start_all, accept_all, widx_all)
+        lognorm = 0.0
+        ge = np.zeros((max(tb, 1), n_cls))
+        if normalize:
+            lognorm, _ = _normaliser(b, tb, probs, fmax, ge)
+        ne = np.zeros((tb, n_cls))
+        cnt = np.zeros(src.shape[0])
+        logz = _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em,
+                          want_e or want_w, ne, cnt)
+        st = _NAN if (logz != logz or logz == np.inf) else _OK
+        _graph_finish(b, st, logz, lognorm, ge, ne, cnt, a0, perm, widx_all, tb, t_max,
+                      normalize, want_e, want_w, zero_inf, losses, g_em, g_w)
+
+
+@numba.njit(cache=True, nogil=True)
 def _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w):
     losses[b] = np.nan
     if want_e:
@@ -588,21 +630,21 @@ def _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w):
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _graph_batch_parallel(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
                           lab, gw, start, accept, widx, normalize, want_e, want_w, zero_inf,
-                          losses, g_em, g_w):
+                          losses, g_em, g_w, pending):
     for i in numba.prange(order.shape[0]):
         _graph_one(order[i], em, probs, fmax, theta, in_len, node_off, arc_off, src, dst, lab,
                    gw, start, accept, widx, normalize, want_e, want_w, zero_inf, losses, g_em,
-                   g_w)
+                   g_w, pending)
 
 
 @numba.njit(cache=True, nogil=True)
 def _graph_batch_serial(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
                         lab, gw, start, accept, widx, normalize, want_e, want_w, zero_inf,
-                        losses, g_em, g_w):
+                        losses, g_em, g_w, pending):
     for i in range(order.shape[0]):
         _graph_one(order[i], em, probs, fmax, theta, in_len, node_off, arc_off, src, dst, lab,
                    gw, start, accept, widx, normalize, want_e, want_w, zero_inf, losses, g_em,
-                   g_w)
+                   g_w, pending)
 
 
 class PackedGraphs(NamedTuple):
@@ -913,9 +955,14 @@ def graph_loss_and_grad(emissions: npt.ArrayLike, packed: PackedGraphs,
         order = np.argsort(-cells, kind="stable").astype(np.int64)
         args = (order, lp, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
                 accept, widx, bool(normalize), want_e, want_w, bool(zero_infinity), losses,
-                g_em, g_w)
+                g_em, g_w, np.zeros(n, np.int8))
         run_batch(_graph_batch_serial, _graph_batch_parallel, n, int(cells.sum()),
                   _PARALLEL_MIN_CELLS, args)
+        # The exact log-space fallback compiles only when a call first needs it (and
+        # under duoloss.warmup, with no sequence to run, so that it is cached).
+        fallback = np.flatnonzero(args[-1])
+        if fallback.size or _numerics._compile_both:
+            _graph_log_batch(fallback, *args[1:])
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_w.astype(dtype, copy=False) if want_w else None)
 
