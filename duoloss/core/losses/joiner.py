@@ -52,8 +52,9 @@ from numba.extending import overload
 # NB: the kernels inline exp_core and call transducer._one_linear; numba's
 # on-disk cache is keyed on this file's mtime only, so touch it after editing
 # _numerics.py or transducer.py.
+from .. import _numerics
 from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly, run_batch
-from .transducer import _one_linear
+from .transducer import _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
            "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits"]
@@ -750,22 +751,12 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
 # --------------------------------------------------------------------------- #
 # The whole RNN-T loss, one sequence at a time                                 #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True, inline="always")
-def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
-               cx, cy, out):
-    """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
-    gradients (`_one_linear`), then, when
-    ``want``, the gradient ``out[b]`` for the cotangents ``gx * scale``
+@numba.njit(cache=True, nogil=True)
+def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
+    """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
     (rounded to ``x``'s dtype, as a framework multiplies them, subnormals
-    flushed) while ``x[b]`` is still in cache."""
+    flushed) and ``gy * scale``; ``out[b]`` holds the forward's exponentials."""
     t_max = x.shape[1]
-    # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
-    keep = out.reshape(-1, x.shape[3])
-    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
-                            px, py, lse, keep if want else keep[:0])
-    _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
-    if not want:
-        return
     sc = _cast_like(cx, scale)
     # subnormal cotangents flushed to (signed) zero, as the general path's
     # core reduction (duoloss.core._reduce.flush_subnormals) hands them out
@@ -783,20 +774,53 @@ def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losse
                              (b + 1) * t_max, out, True)
 
 
+@numba.njit(cache=True, nogil=True)
+def _fused_one(b, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse, losses,
+               gx, gy, cx, cy, out, pending):
+    """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
+    gradients (`_one_linear`), then, when ``want``, its gradient
+    (`_fused_grad`) while ``x[b]`` is still in cache -- unless `_one_linear`
+    marked it in ``pending`` (`rnnt_loss_from_logits` finishes it then)."""
+    t_max = x.shape[1]
+    # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
+    keep = out.reshape(-1, x.shape[3])
+    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
+                            px, py, lse, keep if want else keep[:0])
+    status = _one_linear(b, px, py, bd, modified, want, want, losses, gx, gy)
+    pending[b] = status
+    if want and status == 0:
+        _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+
+
+# The fused kernels: the same argument list ``(order, inputs..., outputs...)``;
+# each processes exactly the sequences listed in the int64 array ``order`` and
+# writes only their entries of the outputs (``px`` .. ``pending``).
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _fused_parallel(x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
-                    cx, cy, out):
-    for b in numba.prange(x.shape[0]):
-        _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
-                   cx, cy, out)
+def _fused_parallel(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                    losses, gx, gy, cx, cy, out, pending):
+    for i in numba.prange(order.shape[0]):
+        _fused_one(order[i], x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                   losses, gx, gy, cx, cy, out, pending)
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_serial(x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
-                  cx, cy, out):
-    for b in range(x.shape[0]):
-        _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy,
-                   cx, cy, out)
+def _fused_serial(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                  losses, gx, gy, cx, cy, out, pending):
+    for i in range(order.shape[0]):
+        _fused_one(order[i], x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                   losses, gx, gy, cx, cy, out, pending)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fused_finish(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                  losses, gx, gy, cx, cy, out, pending):
+    """`_fused_grad` for the sequences of ``order`` (those `_one_linear` left
+    to the log-space fallback, once it has run)."""
+    for i in range(order.shape[0]):
+        if want:
+            _fused_grad(order[i], x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
 
 
 def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boundary,
@@ -849,10 +873,17 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     cx = np.empty(shape_x, x.dtype)
     cy = np.empty(shape_y, x.dtype)
     out = np.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
+    pending = np.zeros(n, np.int8)
     if n:
-        args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
-                cx, cy, out)
-        run_batch(_fused_serial, _fused_parallel, n, x.size, _PARALLEL_MIN_ELEMS, args)
+        args = (x, targets, il, tl, blank, bd, False, float(scale), want, px, py, lse, losses,
+                gx, gy, cx, cy, out, pending)
+        run_batch(_fused_serial, _fused_parallel, n, x.size, _PARALLEL_MIN_ELEMS,
+                  (np.arange(n, dtype=np.int64),) + args)
+        # the sequences the linear sweep could not certify: exactly in log space,
+        # then their gradients
+        todo = run_fallback((px, py, bd, False, want, want, losses, gx, gy, pending))
+        if todo.size or _numerics._compile_both:
+            _fused_finish(todo, *args)
     if not want:
         return losses, lse, None, None, None
     return losses, lse, gx, gy, out

@@ -301,19 +301,19 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
 
 
 @numba.njit(cache=True, nogil=True)
-def _serial(x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma, lam,
-            clamp, dur_grad, want, gw, losses, g):
-    for b in range(x.shape[0]):
-        _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma,
-             lam, clamp, dur_grad, want, gw, losses, g)
+def _serial(order, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma,
+            lam, clamp, dur_grad, want, gw, losses, g):
+    for i in range(order.shape[0]):
+        _seq(order[i], x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
+             sigma, lam, clamp, dur_grad, want, gw, losses, g)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _parallel(x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma, lam,
-              clamp, dur_grad, want, gw, losses, g):
-    for b in prange(x.shape[0]):
-        _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma,
-             lam, clamp, dur_grad, want, gw, losses, g)
+def _parallel(order, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
+              sigma, lam, clamp, dur_grad, want, gw, losses, g):
+    for i in prange(order.shape[0]):
+        _seq(order[i], x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
+             sigma, lam, clamp, dur_grad, want, gw, losses, g)
 
 
 def _run_tables(x, targets, logit_lengths, target_lengths, n_lab, n_dur, tables, sigma, lam,
@@ -334,8 +334,9 @@ def _run_tables(x, targets, logit_lengths, target_lengths, n_lab, n_dur, tables,
     g = np.zeros(x.shape if want else (0, 0, 0, 0), x.dtype)
     w = np.ones(n) if weights is None else np.ascontiguousarray(weights, np.float64).reshape(n)
     if n > 0:
-        args = (x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
-                float(sigma), float(lam), float(clamp), bool(dur_grad), bool(want), w, losses, g)
+        args = (np.arange(n, dtype=np.int64), x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di,
+                blk_sym, blk_dur, blk_di, float(sigma), float(lam), float(clamp), bool(dur_grad),
+                bool(want), w, losses, g)
         cells = n * x.shape[1] * x.shape[2]
         run_batch(_serial, _parallel, n, cells, _PARALLEL_MIN_CELLS, args)
     return losses, (g if want else None)

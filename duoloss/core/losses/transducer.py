@@ -105,6 +105,7 @@ import numpy.typing as npt
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import NEG_INF as _NEG_INF
+from .. import _numerics
 from .._numerics import exp_poly, fast_exp, run_batch
 from .._numerics import logaddexp_fast as _lae
 from .._spec import LossKernel
@@ -335,24 +336,25 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
 def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
 
-    Falls back to `_one` (exact log space) for anything the linear sweep
-    cannot certify; ``gx``/``gy`` are zero on entry.  See the module docstring.
+    Returns 0 when done; else the exact log-space recursion `_one` must
+    finish the sequence (`_fallback_batch`: compiled only when first needed):
+    1 for its loss and gradients, 2 for its gradients only (``losses[b]`` is
+    already exact and stays).  ``gx``/``gy`` are zero on entry, and zero in
+    the box again on a nonzero return.  See the module docstring.
 
     NB: longer than the house's ~120 lines on purpose: the forward sweep, the
     flush record, the per-level check and the backward sweep share the level
     window, the move exponentials ``ex``/``ey``, the level scales and the
     fallback state; each exit to `_one` must happen before any gradient
-    is written.
+    is written (or after clearing the box).
     """
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
     if not _box_ok(bd, b, n_s, n_t):
-        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
-        return
+        return 1
     s0, t0, s1, t1, ns, nt = _box(bd, b)
     if modified and ns > nt:  # no complete path: the log-space kernel's +inf / zeros
-        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
-        return
+        return 1
     n_lev = nt if modified else ns + nt - 1
     ex, ey, m, bad, flushed = _exp_moves(b, px, py, s0, t0, ns, nt, modified)
     state = 1 if (bad and n_lev > 1) else 0  # 0: fine, 1: recompute in log space
@@ -447,37 +449,65 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
             nhi = hi
     if state == 0:
         losses[b] = -logz
-        return
-    if want:  # clear what the linear sweep wrote, then recompute exactly
+        return 0
+    if want:  # clear what the linear sweep wrote; `_one` recomputes exactly
         if want_x:
             _fill_box(gx, b, s0, s1, t0, min(t1 + 1, gx.shape[2]), 0.0)
         if want_y:
             _fill_box(gy, b, s0, s1 + 1, t0, t1, 0.0)
     if linear_loss:
         # Nothing was flushed: the forward's log Z is exact; only the gradient's
-        # sweep lost precision (the log-space pass below recomputes it).
-        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        # sweep lost precision (the log-space pass recomputes it).
         losses[b] = -logz
-    else:
-        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        return 2
+    return 1
+
+
+# The batch kernels: the same argument list ``(order, inputs..., outputs...)``;
+# each processes exactly the sequences listed in the int64 array ``order`` and
+# writes only their entries of the preallocated outputs ``losses`` (N,) float64,
+# ``gx``/``gy`` (zero on entry; (0, 0, 0) when not wanted) and ``pending`` (N,)
+# int8 (`_one_linear`'s status).
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _batch_parallel(px, py, bd, modified, want_x, want_y, losses, gx, gy, log_space):
-    for b in numba.prange(bd.shape[0]):
-        if log_space:
-            _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
-        else:
-            _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+def _batch_parallel(order, px, py, bd, modified, want_x, want_y, losses, gx, gy, pending):
+    for i in numba.prange(order.shape[0]):
+        b = order[i]
+        pending[b] = _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
 
 
 @numba.njit(cache=True, nogil=True)
-def _batch_serial(px, py, bd, modified, want_x, want_y, losses, gx, gy, log_space):
-    for b in range(bd.shape[0]):
-        if log_space:
-            _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
-        else:
-            _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+def _batch_serial(order, px, py, bd, modified, want_x, want_y, losses, gx, gy, pending):
+    for i in range(order.shape[0]):
+        b = order[i]
+        pending[b] = _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fallback_batch(order, px, py, bd, modified, want_x, want_y, losses, gx, gy, pending):
+    """The sequences of ``order`` that `_one_linear` marked in ``pending``,
+    exactly in log space (`_one`): the same steps as if `_one_linear` had
+    called `_one` itself (their boxes in ``gx``/``gy`` are zero)."""
+    for i in range(order.shape[0]):
+        b = order[i]
+        if pending[b] == 0:
+            continue
+        loss = losses[b]
+        _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
+        if pending[b] == 2:  # the linear forward's log Z stands
+            losses[b] = loss
+
+
+def run_fallback(args):
+    """`_fallback_batch` over the sequences marked in ``args[-1]`` (``pending``),
+    ``args`` as for the batch kernels less ``order``.  It compiles only when a call
+    first needs it (and under duoloss.warmup, with no sequence to run, so that it
+    is cached).  Returns those sequences (int64)."""
+    todo = np.flatnonzero(args[-1]).astype(np.int64, copy=False)
+    if todo.size or _numerics._compile_both:
+        _fallback_batch(todo, *args)
+    return todo
 
 
 def _check_rnnt_type(fn, rnnt_type):
@@ -550,9 +580,14 @@ def transducer_loss_and_grad(px: npt.ArrayLike, py: npt.ArrayLike,
     gx = np.zeros(px.shape if want_x else (0, 0, 0), dtype)
     gy = np.zeros(py.shape if want_y else (0, 0, 0), dtype)
     if n > 0:
-        args = (px, py, bd, modified, want_x, want_y, losses, gx, gy, bool(_log_space))
-        cells = n * py.shape[1] * (py.shape[2] + 1)
-        run_batch(_batch_serial, _batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
+        # _log_space: every sequence straight to the exact log-space recursion
+        pending = np.ones(n, np.int8) if _log_space else np.zeros(n, np.int8)
+        args = (px, py, bd, bool(modified), want_x, want_y, losses, gx, gy, pending)
+        if not _log_space:
+            cells = n * py.shape[1] * (py.shape[2] + 1)
+            run_batch(_batch_serial, _batch_parallel, n, cells, _PARALLEL_MIN_CELLS,
+                      (np.arange(n, dtype=np.int64),) + args)
+        run_fallback(args)
     return losses.astype(dtype, copy=False), (gx if want_x else None, gy if want_y else None)
 
 
@@ -714,15 +749,15 @@ def _viterbi_checkpointed(b, px, py, s0, t0, ns, nt, modified, scores, frames):
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _viterbi_parallel(px, py, bd, modified, checkpoint_cells, scores, frames):
-    for b in numba.prange(bd.shape[0]):
-        _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames)
+def _viterbi_parallel(order, px, py, bd, modified, checkpoint_cells, scores, frames):
+    for i in numba.prange(order.shape[0]):
+        _viterbi_one(order[i], px, py, bd, modified, checkpoint_cells, scores, frames)
 
 
 @numba.njit(cache=True, nogil=True)
-def _viterbi_serial(px, py, bd, modified, checkpoint_cells, scores, frames):
-    for b in range(bd.shape[0]):
-        _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames)
+def _viterbi_serial(order, px, py, bd, modified, checkpoint_cells, scores, frames):
+    for i in range(order.shape[0]):
+        _viterbi_one(order[i], px, py, bd, modified, checkpoint_cells, scores, frames)
 
 
 #: Sequences of more lattice cells (``(U_b + 1) (T_b + 1)``) than this are aligned
@@ -767,7 +802,8 @@ def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.Array
         cells = n * py.shape[1] * (py.shape[2] + 1)
         limit = RNNT_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         run_batch(_viterbi_serial, _viterbi_parallel, n, cells, _PARALLEL_MIN_CELLS,
-                  (px, py, bd, modified, limit, scores, frames))
+                  (np.arange(n, dtype=np.int64), px, py, bd, bool(modified), limit, scores,
+                   frames))
     return scores, frames
 
 

@@ -1,0 +1,246 @@
+"""The cold-compile restructuring of the transducer kernels (issue 19 point 3).
+
+* The exact log-space recursion (``transducer._one``) is compiled only when a
+  sequence needs it: the linear sweep marks such sequences in ``pending`` and
+  the drivers run ``_fallback_batch`` over them (over none under
+  ``duoloss.warmup``, so that it is cached).
+* Fallback results (lattice loss and the fused joiner path) match an
+  independent brute-force reference (every path enumerated).
+* The batch kernels process exactly the sequences of ``order`` (any subset).
+* No kernel compiles a second signature for a ``prange`` index (uint64) or a
+  literal argument.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+
+import numpy as np
+import pytest
+from numba.core import types
+from numba.core.registry import CPUDispatcher
+
+from duoloss.core import _numerics
+from duoloss.core.losses import joiner, transducer
+from duoloss.core.losses.transducer import transducer_loss_and_grad
+
+
+def _brute(px, py, bd, modified):
+    """``(loss, gx, gy)`` of one sequence by enumerating every path of its box
+    (moves as sequences of 'x' / 'y'); float64, log-sum-exp in Python."""
+    s0, t0, s1, t1 = (int(v) for v in bd)
+    ns, nt = s1 - s0, t1 - t0
+    gx = np.zeros(px.shape)
+    gy = np.zeros(py.shape)
+    paths = []
+    n_y = nt - ns if modified else nt  # a modified symbol move also advances a frame
+    if n_y < 0:
+        return math.inf, gx, gy
+    for xs in itertools.combinations(range(ns + n_y), ns):
+        s, t, score, moves = s0, t0, 0.0, []
+        for k in range(ns + n_y):
+            if k in xs:
+                score += float(px[s, t])
+                moves.append(("x", s, t))
+                s, t = s + 1, t + (1 if modified else 0)
+            else:
+                score += float(py[s, t])
+                moves.append(("y", s, t))
+                t += 1
+        paths.append((score, moves))
+    scores = np.array([p[0] for p in paths])
+    m = scores.max()
+    if m == -math.inf:
+        return math.inf, gx, gy
+    logz = m + math.log(np.exp(scores - m).sum())
+    for score, moves in paths:
+        w = math.exp(score - logz)
+        for kind, s, t in moves:
+            (gx if kind == "x" else gy)[s, t] -= w
+    return -logz, gx, gy
+
+
+def _lattice(rng, n, s, t, modified, scale):
+    px = rng.normal(size=(n, s, t if modified else t + 1)) * scale
+    py = rng.normal(size=(n, s + 1, t)) * scale
+    if not modified:
+        px[:, :, t] = -np.inf
+    bd = np.zeros((n, 4), np.int64)
+    bd[:, 2] = s
+    bd[:, 3] = t
+    return px, py, bd
+
+
+class _Spy:
+    """Records the ``order`` arrays ``_fallback_batch`` is called with."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.orders = []
+
+    def __call__(self, order, *args):
+        self.orders.append(order.copy())
+        return self.kernel(order, *args)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    s = _Spy(transducer._fallback_batch)
+    monkeypatch.setattr(transducer, "_fallback_batch", s)
+    return s
+
+
+def test_fallback_not_called_when_the_linear_sweep_certifies(spy):
+    px, py, bd = _lattice(np.random.default_rng(0), 3, 2, 4, False, 1.0)
+    transducer_loss_and_grad(px, py, bd)
+    assert spy.orders == []
+
+
+def test_warmup_compiles_the_fallback_with_an_empty_order(spy, monkeypatch):
+    monkeypatch.setattr(_numerics, "_compile_both", True)
+    px, py, bd = _lattice(np.random.default_rng(0), 3, 2, 4, False, 1.0)
+    transducer_loss_and_grad(px, py, bd)
+    assert len(spy.orders) == 1
+    assert spy.orders[0].dtype == np.int64 and spy.orders[0].shape == (0,)
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified"])
+@pytest.mark.parametrize("scale", [300.0, 3000.0])
+def test_fallback_matches_brute_force(spy, rnnt_type, scale):
+    modified = rnnt_type != "regular"
+    rng = np.random.default_rng(1)
+    px, py, bd = _lattice(rng, 4, 2, 5, modified, scale)
+    bd[1] = (0, 1, 2, 5)
+    bd[2] = (0, 0, 3, 5)  # invalid row: NaN loss and gradients
+    if modified:
+        bd[3] = (0, 0, 2, 1)  # infeasible: +inf, zero gradients
+    losses, (gx, gy) = transducer_loss_and_grad(px, py, bd, rnnt_type=rnnt_type)
+    assert spy.orders and spy.orders[0].size  # the fallback ran
+    assert np.isnan(losses[2]) and np.isnan(gx[2]).all() and np.isnan(gy[2]).all()
+    for b in (0, 1, 3):
+        loss, rx, ry = _brute(px[b], py[b], bd[b], modified)
+        np.testing.assert_allclose(losses[b], loss, rtol=1e-12)
+        np.testing.assert_allclose(gx[b], rx, atol=1e-12)
+        np.testing.assert_allclose(gy[b], ry, atol=1e-12)
+    # a forward-only call gives the same losses
+    only, _ = transducer_loss_and_grad(px, py, bd, rnnt_type=rnnt_type,
+                                       want_grad=(False, False))
+    np.testing.assert_array_equal(only, losses)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_joiner_fallback_equals_the_three_steps_and_brute_force(spy, dtype):
+    from duoloss.core.losses.joiner import (rnnt_loss_from_logits, transducer_log_probs,
+                                            transducer_log_probs_grad)
+
+    rng = np.random.default_rng(2)
+    n, t, u, v = 3, 6, 2, 5
+    x = (rng.normal(size=(n, t, u + 1, v)) * 400).astype(dtype)
+    tg = rng.integers(1, v, (n, u))
+    il = np.array([t, t - 1, 3])
+    tl = np.array([u, 1, 2])
+    bd = np.zeros((n, 4), np.int64)
+    bd[:, 2] = tl
+    bd[:, 3] = il
+    scale = 1 / 3
+    losses, lse, gx, gy, grad = rnnt_loss_from_logits(x, tg, il, tl, 0, bd, scale)
+    assert spy.orders and spy.orders[0].size  # the fallback ran
+    px, py, lse3 = transducer_log_probs(x, tg, il, tl, 0)
+    l3, (gx3, gy3) = transducer_loss_and_grad(px, py, bd)
+    tiny = np.finfo(dtype).tiny  # subnormal cotangents flushed, as the fused kernel does
+    cx, cy = (np.where(np.abs(c) < tiny, c * 0, c) for c in (gx3 * dtype(scale),
+                                                             gy3 * dtype(scale)))
+    g3 = transducer_log_probs_grad(x, lse3, tg, il, tl, 0, cx, cy)
+    np.testing.assert_array_equal(losses.astype(dtype), l3)
+    np.testing.assert_array_equal(lse, lse3)
+    np.testing.assert_array_equal(gx, gx3)
+    np.testing.assert_array_equal(gy, gy3)
+    np.testing.assert_array_equal(grad, g3)
+    for b in range(n):
+        loss, _, _ = _brute(px[b].astype(np.float64), py[b].astype(np.float64), bd[b], False)
+        np.testing.assert_allclose(losses[b], loss, rtol=1e-12)
+    only = rnnt_loss_from_logits(x, tg, il, tl, 0, bd, scale, want_grad=False)[0]
+    np.testing.assert_array_equal(only, losses)
+
+
+def test_batch_kernels_process_exactly_the_order():
+    rng = np.random.default_rng(3)
+    px, py, bd = _lattice(rng, 5, 3, 6, False, 1.0)
+    px[3] *= 3000  # falls back
+    full, (fx, fy) = transducer_loss_and_grad(px, py, bd)
+    order = np.array([4, 1, 3], np.int64)
+    losses = np.full(5, -7.0)
+    gx = np.zeros_like(px)
+    gy = np.zeros_like(py)
+    pending = np.zeros(5, np.int8)
+    args = (px, py, bd, False, True, True, losses, gx, gy, pending)
+    transducer._batch_serial(order, *args)
+    assert pending[3] != 0
+    transducer.run_fallback(args)
+    for b in range(5):
+        if b in order:
+            assert losses[b] == full[b]
+            np.testing.assert_array_equal(gx[b], fx[b])
+            np.testing.assert_array_equal(gy[b], fy[b])
+        else:
+            assert losses[b] == -7.0 and not gx[b].any() and not gy[b].any()
+
+
+def test_fused_kernels_process_exactly_the_order():
+    rng = np.random.default_rng(4)
+    n, t, u, v = 4, 5, 2, 6
+    x = rng.normal(size=(n, t, u + 1, v))
+    tg = rng.integers(1, v, (n, u))
+    il = np.full(n, t)
+    tl = np.full(n, u)
+    bd = np.zeros((n, 4), np.int64)
+    bd[:, 2] = tl
+    bd[:, 3] = il
+    ref = joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
+    px = np.zeros((n, u, t + 1))
+    py = np.zeros((n, u + 1, t))
+    lse = np.zeros((n, t, u + 1))
+    losses = np.zeros(n)
+    gx, gy = np.zeros_like(px), np.zeros_like(py)
+    cx, cy = np.empty_like(px), np.empty_like(py)
+    out = np.zeros_like(x)
+    pending = np.zeros(n, np.int8)
+    order = np.array([2, 0], np.int64)
+    joiner._fused_serial(order, x, tg, il, tl, 0, bd, False, 0.5, True, px, py, lse, losses, gx,
+                         gy, cx, cy, out, pending)
+    assert not pending.any()
+    for b in range(n):
+        if b in order:
+            assert losses[b] == ref[0][b]
+            np.testing.assert_array_equal(out[b], ref[4][b])
+        else:
+            assert losses[b] == 0 and not out[b].any() and not px[b].any()
+
+
+def _bad_signatures():
+    """Transducer-family kernels with a uint64 argument or a literal one."""
+    found = set()
+    mods = ("duoloss.core.losses.transducer", "duoloss.core.losses.joiner",
+            "duoloss.core.losses.tdt")
+    for obj in gc.get_objects():
+        if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ in mods:
+            for sig in obj.signatures:
+                if any(t == types.uint64 or isinstance(t, types.Literal) for t in sig):
+                    found.add((obj.py_func.__qualname__, str(sig)))
+    return found
+
+
+def test_serial_and_parallel_twins_share_one_signature(monkeypatch):
+    """Under warmup both twins run: their callees must see the same types."""
+    monkeypatch.setattr(_numerics, "_compile_both", True)
+    rng = np.random.default_rng(5)
+    px, py, bd = _lattice(rng, 2, 2, 3, False, 1.0)
+    transducer_loss_and_grad(px, py, bd)
+    x = rng.normal(size=(2, 3, 3, 4))
+    tg = rng.integers(1, 4, (2, 2))
+    ln = np.array([3, 2])
+    bd = np.array([[0, 0, 2, 3], [0, 0, 2, 2]])
+    joiner.rnnt_loss_from_logits(x, tg, ln, np.array([2, 2]), 0, bd)
+    bad = _bad_signatures()
+    assert not {b for b in bad if b[0] in ("_one_linear", "_one", "_fused_one")}, bad
