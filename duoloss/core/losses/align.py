@@ -38,7 +38,10 @@ its full table: the forward keeps two rows and every ``k``-th row, and the
 backtrace recomputes each stretch of ``k`` frames from its checkpoint on the
 window of states the path can still reach (`_ctc_align_checkpointed`,
 `_asg_align_checkpointed`), ``O((T S)^(2/3))`` floats.  Labels, scores and
-ties are the full table's, bit for bit.
+ties are the full table's, bit for bit.  The batch kernel only marks such a
+sequence pending; a separate kernel (`_ctc_align_big`, `_asg_align_big`) aligns
+the pending ones, so the bounded-memory code compiles only when a call needs it
+(and in ``duoloss.warmup``).
 
 **Ties** are broken deterministically: whenever two predecessors (or two final
 states) have the same score, the one with the **higher state index** wins
