@@ -118,6 +118,10 @@ _PARALLEL_MIN_CELLS = 40_000
 # LLVM vectorise the matrix loops along the wrong axis, with gathers.)
 _FM = {"contract"}
 _FM_SUM = {"reassoc", "contract"}
+# Cold compile (issue 19): numba compiles each overload once per argument-type
+# combination, so the fast kernels allocate float64 scratch only as
+# ``np.empty((a, b))`` / ``np.zeros((a, b))`` (a 1-D array is row 0 of a
+# ``(1, n)`` one) and pass row numbers as runtime int64 values, not literals.
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FM_SUM)
@@ -208,7 +212,9 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
     cp = probs.shape[1]
     z = np.uint64(0)
     ucp = np.uint64(cp)
-    cs = np.empty(tb)
+    r1 = np.int64(1)  # runtime row numbers: literals would compile another signature
+    r2 = np.int64(2)
+    cs = np.empty((1, tb))[0]
     lsum = 0.0
     prod = 1.0
     for t in range(tb):
@@ -249,7 +255,10 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
     # flushed; a failed _MAX_SCALE check only sends the counts to log space.
     status = _OK
     # rows: beta_t, w = P_t beta_t, next beta (unnormalised)
-    vec = np.ones((3, cp))
+    vec = np.empty((3, cp))
+    for i in range(3):
+        for k in range(cp):
+            vec[i, k] = 1.0
     q = 1.0
     for t in range(tb - 1, -1, -1):
         r = _dot_rows(alpha, t, vec, 0, z, ucp)
@@ -263,7 +272,7 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
             continue
         for k in range(cp):
             vec[1, k] = probs[t, k] * vec[0, k]
-        _matvec(m, vec, 1, vec, 2)
+        _matvec(m, vec, r1, vec, r2)
         if want_cnt and status == _OK:
             # Expected j -> i transitions into frame t:
             # alpha_{t-1}(j) m[i, j] P_t(i) beta_t(i) / (c_t r_t).
@@ -272,7 +281,7 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
                 status = _FALLBACK
             else:
                 _rank1(cnt, m, vec, 1, scale, alpha, t - 1)
-        d = _sum_row(vec, 2, z, ucp)
+        d = _sum_row(vec, r2, z, ucp)
         if not d >= _TINY:
             return lsum, _FALLBACK, not flushed
         inv_d = 1.0 / d
@@ -304,7 +313,7 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed)
     """
     n_lab = lab.shape[0]
     one = np.uint64(1)
-    cs = np.empty(tb)
+    cs = np.empty((1, tb))[0]
     lsum = 0.0
     prod = 1.0
     for t in range(tb):
@@ -381,7 +390,7 @@ def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed)
         hi1 = np.uint64(min(n_lab - 1, t - 1)) + one
         for l in range(lo1, hi1):
             vec[0, l] = vec[1, l] * ws[l] + vec[1, l + one] * wa[l + one]
-        d = _sum_row(vec, 0, lo1, hi1)
+        d = _sum_row(vec, np.int64(0), lo1, hi1)
         if not d >= _TINY:
             return lsum, _FALLBACK, not flushed
         inv_d = 1.0 / d
@@ -724,9 +733,10 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
     """
     n_cls = em.shape[2]
     feasible = True
-    lab = np.empty(target_len, np.int64)
-    stay_prob = np.zeros(target_len + 1)
-    advance_prob = np.zeros(target_len + 1)
+    lab = np.empty(target_len, np.uint64)
+    weights = np.zeros((2, target_len + 1))
+    stay_prob = weights[0]
+    advance_prob = weights[1]
     for i in range(target_len):
         lab[i] = targets[b, i]
     for l in range(target_len):
@@ -740,7 +750,7 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
                 advance_prob[l] = 1.0
     na = np.empty((input_len, target_len + 1))
     ncnt = np.zeros((2, target_len))
-    ln, st, num_lin = _num_linear(input_len, lab.astype(np.uint64), probs, stay_prob,
+    ln, st, num_lin = _num_linear(input_len, lab, probs, stay_prob,
                                   advance_prob, sp, want, want_cnt, na, ncnt, flushed)
     if num_lin:
         losses[b] = (lz - ln) if norm_lin else (logz - (shift + ln))
@@ -825,7 +835,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_l
     # transition counts; gs: for the first frame (start scores).
     pn = np.empty((input_len, cp))
     cnt = np.zeros((cp, cp) if has_trans and want else (0, 0))
-    gs = np.zeros(cp)
+    gs = np.zeros((1, cp))[0]
     # Loss rule (the same with or without a gradient): a linear value that is
     # exact (nothing flushed, or the sweep's check passed) is the value; log
     # space gives the value only otherwise, and the gradient whenever the
