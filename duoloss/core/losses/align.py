@@ -226,13 +226,15 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
     lo0 = max(0, n_states - 2 * input_len)
     for x in range(n_states):
         row0[x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
-    ckpt[0, :] = row0
+    for x in range(n_states):  # element loops: no array-broadcast setitem to compile
+        ckpt[0, x] = row0[x]
     for t in range(1, input_len):
         cur = rows[t & 1]
         _ctc_tropical_row(b, t, input_len, lab, skip, logp, rows[(t - 1) & 1], cur, 0,
                           n_states - 1)
         if t % k == 0:
-            ckpt[t // k, :] = cur
+            for x in range(n_states):
+                ckpt[t // k, x] = cur[x]
     last = rows[(input_len - 1) & 1]
     s = n_states - 1
     if n_states > 1 and last[n_states - 2] > last[n_states - 1]:
@@ -434,13 +436,15 @@ def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels,
     for x in range(n_lab):
         row0[x] = _NEG_INF
     row0[0] = np.float64(start[lab[0]]) + np.float64(em[0, b, lab[0]])
-    ckpt[0, :] = row0
+    for x in range(n_lab):  # element loops: no array-broadcast setitem to compile
+        ckpt[0, x] = row0[x]
     for t in range(1, input_len):
         cur = rows[t & 1]
         _asg_tropical_row(b, t, input_len, lab, stay, advance, em, rows[(t - 1) & 1], cur, 0,
                           n_lab - 1)
         if t % k == 0:
-            ckpt[t // k, :] = cur
+            for x in range(n_lab):
+                ckpt[t // k, x] = cur[x]
     score = rows[(input_len - 1) & 1][n_lab - 1]
     if score == _NEG_INF:
         scores[b] = _NEG_INF
