@@ -88,14 +88,14 @@ _TINY = 1e-200
 _PARALLEL_MIN_CELLS = 40_000
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _fill_rows(grad, b, t0, t1, value):
     for t in range(t0, t1):
         for k in range(grad.shape[2]):
             grad[t, b, k] = value
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _flush_row(grad, t, b, lab, lo, hi, row, scale):
     """grad[t, b, k] = -scale * row[k] for the classes of states lo..hi; reset row.
 
@@ -280,7 +280,7 @@ def ctc_states(targets, b, n_labels, blank):
 # not.  Hence its own kernels, specialised for speed.
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _ctc_frame_probs(b, logp, lab, input_len):
     """Per frame the probabilities of the classes the sequence reads (the
     input of the specialised linear-space kernels, see the comment above).
@@ -294,7 +294,12 @@ def _ctc_frame_probs(b, logp, lab, input_len):
     """
     n_cls = logp.shape[2]
     n_states = lab.shape[0]
-    slot = np.full(n_cls, -1, np.int64)
+    # Buffers: only np.empty(n, np.int64 / np.float64) and np.empty((m, n),
+    # np.float64) in these kernels, filled by loops: every other form of
+    # np.full/np.zeros/np.empty is one more overload numba compiles at the first call.
+    slot = np.empty(n_cls, np.int64)
+    for k in range(n_cls):
+        slot[k] = -1
     used = np.empty((n_states + 1) // 2, np.int64)
     n_used = 0
     column = np.empty(n_states, np.int64)
@@ -305,8 +310,8 @@ def _ctc_frame_probs(b, logp, lab, input_len):
             used[n_used] = k
             n_used += 1
         column[s] = slot[k]
-    probs = np.empty((input_len, n_used))
-    frame_max = np.empty(input_len)
+    probs = np.empty((input_len, n_used), np.float64)
+    frame_max = np.empty(input_len, np.float64)
     flushed = False
     for t in range(input_len):
         m = -np.inf
@@ -329,7 +334,7 @@ def _ctc_frame_probs(b, logp, lab, input_len):
     return probs, frame_max, column, flushed
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     """Rescaled forward: ``(alpha, log_scale, status, logz, flushed)``.
 
@@ -344,8 +349,11 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     """
     input_len = probs.shape[0]
     n_states = column.shape[0]
-    alpha = np.zeros((input_len, n_states))
-    log_scale = np.empty(input_len)
+    alpha = np.empty((input_len, n_states), np.float64)
+    for t in range(input_len):
+        for s in range(n_states):
+            alpha[t, s] = 0.0
+    log_scale = np.empty(input_len, np.float64)
     status = 0
     acc = 0.0
     for t in range(input_len):
@@ -390,7 +398,7 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     return alpha, log_scale, status, logz, flushed
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
@@ -404,9 +412,14 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
     input_len = probs.shape[0]
     n_states = lab.shape[0]
     status = 0
-    beta = np.zeros(n_states)
-    emit_beta = np.zeros(n_states)
-    row = np.zeros(grad.shape[2] if want_grad else 0)
+    beta = np.empty(n_states, np.float64)
+    emit_beta = np.empty(n_states, np.float64)
+    for s in range(n_states):
+        beta[s] = 0.0
+        emit_beta[s] = 0.0
+    row = np.empty(grad.shape[2] if want_grad else 0, np.float64)
+    for k in range(row.shape[0]):
+        row[k] = 0.0
     beta[n_states - 1] = 1.0
     if n_states > 1:
         beta[n_states - 2] = 1.0
@@ -630,20 +643,23 @@ def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
     losses = np.empty(n)
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
     pending = np.zeros(n, np.int8)
-    # Longest sequences first (stable: ties in batch order); with numba's chunk
-    # size 1 the threads balance themselves.  The order decides only which
-    # thread runs which sequence, never a bit of the results.
-    cost = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, s_cap) + 1)
-    order = np.argsort(-cost, kind="stable")
+    cells = t_max * (2 * s_cap + 1) * n
+    if n > 1 and (cells >= _PARALLEL_MIN_CELLS or _numerics._compile_both):
+        # For the parallel kernel: longest sequences first (stable: ties in batch
+        # order); with numba's chunk size 1 the threads balance themselves.  The
+        # order decides only which thread runs which sequence, never a bit.
+        cost = np.minimum(np.maximum(il, 0), t_max) * (
+            2 * np.minimum(np.maximum(tl, 0), s_cap) + 1)
+        order = np.argsort(-cost, kind="stable")
+    else:
+        order = np.arange(n)
     args = (order, logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
             losses, grad, pending)
-    run_batch(_ctc_batch_serial, _ctc_batch_parallel, n, t_max * (2 * s_cap + 1) * n,
-              _PARALLEL_MIN_CELLS, args)
+    run_batch(_ctc_batch_serial, _ctc_batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
     # The exact log-space fallback compiles only when a call first needs it (and
     # under duoloss.warmup, with no sequence to run, so that it is cached).
-    fallback = np.flatnonzero(pending)
-    if fallback.size or _numerics._compile_both:
-        _ctc_log_space_batch(fallback, *args[1:])
+    if pending.any() or _numerics._compile_both:
+        _ctc_log_space_batch(np.flatnonzero(pending), *args[1:])
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 
