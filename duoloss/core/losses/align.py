@@ -65,7 +65,6 @@ References:
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -78,7 +77,8 @@ from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from .graph_loss import PackedGraphs, _frames_forward, _load_graph
 from .. import _numerics
 from .._numerics import NEG_INF as _NEG_INF
-from .._numerics import run_batch, sequence_ok
+from .._numerics import sequence_ok
+from .._pool import run_batch
 
 __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans",
            "check_token_spans_args", "count_token_spans"]
@@ -88,21 +88,20 @@ _PARALLEL_MIN_CELLS = 200_000
 _PENDING_THREADS_MIN_CELLS = _PARALLEL_MIN_CELLS
 
 
-def _run(kernel_serial, kernel_parallel, cells, args):
-    """Run a batch kernel (serial or parallel twin, ``(order, *args)``) over the
-    sequences, largest first; returns ``order``."""
-    n = cells.shape[0]
+def _run(kernel, cells, args):
+    """Run a batch kernel ``kernel(order, *args)`` over the sequences, largest
+    first (on several threads for a large batch: `duoloss.core._pool.run_batch`);
+    returns ``order``."""
     order = np.argsort(-cells, kind="stable").astype(np.int64)
-    run_batch(kernel_serial, kernel_parallel, n, int(cells.sum()), _PARALLEL_MIN_CELLS,
-              (order,) + tuple(args))
+    run_batch(kernel, order, int(cells.sum()), _PARALLEL_MIN_CELLS, tuple(args))
     return order
 
 
 def _run_pending(kernel, order, pending, cells, args):
     """Run ``kernel(idx, *args)`` on the sequences the batch kernel marked
     ``pending`` (the bounded-memory path, compiled only when a sequence needs it),
-    largest first; several of them, with enough cells, on a thread pool (one
-    sequence per task; the kernels are nogil).  While ``duoloss.warmup`` runs
+    largest first; several of them, with enough cells, on the thread pool
+    (`duoloss.core._pool.run_batch`).  While ``duoloss.warmup`` runs
     (`duoloss.core._numerics._compile_both`) an empty batch still calls the
     kernel, so that it compiles with the signature real calls use."""
     idx = np.ascontiguousarray(order[pending[order] != 0], dtype=np.int64)
@@ -111,13 +110,7 @@ def _run_pending(kernel, order, pending, cells, args):
         if _numerics._compile_both:
             kernel(idx, *args)
         return
-    workers = min(m, numba.get_num_threads())
-    if workers < 2 or int(cells[idx].sum()) < _PENDING_THREADS_MIN_CELLS:
-        kernel(idx, *args)
-        return
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for _ in pool.map(lambda j: kernel(idx[j:j + 1], *args), range(m)):
-            pass
+    run_batch(kernel, idx, int(cells[idx].sum()), _PENDING_THREADS_MIN_CELLS, tuple(args))
 
 
 # --------------------------------------------------------------------------- #
@@ -271,13 +264,6 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
         s -= step
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_align_parallel(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                        scores, pending):
-    for i in numba.prange(order.shape[0]):
-        _ctc_align_one(order[i], logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
-                       scores, pending)
-
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_align_serial(order, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels,
@@ -344,7 +330,7 @@ def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: n
         cells = np.clip(il, 0, t_max) * (2 * np.clip(tl, 0, tg.shape[1]) + 1)
         limit = CTC_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         pending = np.zeros(n, np.int8)
-        order = _run(_ctc_align_serial, _ctc_align_parallel, cells,
+        order = _run(_ctc_align_serial, cells,
                      (logp, tg, il, tl, int(blank), limit, labels, scores, pending))
         _run_pending(_ctc_align_big, order, pending, cells,
                      (logp, tg, il, tl, int(blank), labels, scores))
@@ -477,13 +463,6 @@ def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels,
         l -= step
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_align_parallel(order, em, trans, start, has_trans, targets, in_len, tg_len,
-                        checkpoint_cells, labels, scores, pending):
-    for i in numba.prange(order.shape[0]):
-        _asg_align_one(order[i], em, trans, start, has_trans, targets, in_len, tg_len,
-                       checkpoint_cells, labels, scores, pending)
-
 
 @numba.njit(cache=True, nogil=True)
 def _asg_align_serial(order, em, trans, start, has_trans, targets, in_len, tg_len,
@@ -557,7 +536,7 @@ def asg_align(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt
         cells = np.clip(il, 0, t_max) * np.clip(tl, 1, tg.shape[1] + 1)
         limit = ASG_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
         pending = np.zeros(n, np.int8)
-        order = _run(_asg_align_serial, _asg_align_parallel, cells,
+        order = _run(_asg_align_serial, cells,
                      (em, trans, start, has_trans, tg, il, tl, limit, labels, scores, pending))
         _run_pending(_asg_align_big, order, pending, cells,
                      (em, trans, start, has_trans, tg, il, tl, labels, scores))
@@ -601,11 +580,6 @@ def _asg_viterbi_serial(order, em, trans, start, has_trans, in_len, labels, scor
         _asg_viterbi_one(order[i], em, trans, start, has_trans, in_len, labels, scores)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_viterbi_parallel(order, em, trans, start, has_trans, in_len, labels, scores):
-    for i in numba.prange(order.shape[0]):
-        _asg_viterbi_one(order[i], em, trans, start, has_trans, in_len, labels, scores)
-
 
 def asg_viterbi(emissions: npt.ArrayLike, transitions: npt.ArrayLike, input_lengths: npt.ArrayLike,
                 *, start_transitions: npt.ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -631,7 +605,7 @@ def asg_viterbi(emissions: npt.ArrayLike, transitions: npt.ArrayLike, input_leng
     scores = np.empty(n, np.float64)
     if n:
         cells = np.clip(il, 0, t_max) * n_cls * n_cls
-        _run(_asg_viterbi_serial, _asg_viterbi_parallel, cells,
+        _run(_asg_viterbi_serial, cells,
              (em, trans, start, has_trans, il, labels, scores))
     return labels, scores.astype(dtype, copy=False)
 
@@ -692,13 +666,6 @@ def _graph_align_serial(order, em, theta, in_len, node_off, arc_off, src, dst, l
                          start, accept, widx, labels, arcs, scores)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _graph_align_parallel(order, em, theta, in_len, node_off, arc_off, src, dst, lab, gw, start,
-                          accept, widx, labels, arcs, scores):
-    for i in numba.prange(order.shape[0]):
-        _graph_align_one(order[i], em, theta, in_len, node_off, arc_off, src, dst, lab, gw,
-                         start, accept, widx, labels, arcs, scores)
-
 
 def graph_align(emissions: npt.ArrayLike, packed: PackedGraphs, input_lengths: npt.ArrayLike, *,
                 weights: npt.ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -741,7 +708,7 @@ def graph_align(emissions: npt.ArrayLike, packed: PackedGraphs, input_lengths: n
         n_g = max(node_off.shape[0] - 1, 1)
         n_arcs = np.diff(arc_off) if node_off.shape[0] > 1 else np.zeros(1, np.int64)
         cells = np.clip(il, 0, t_max) * (n_arcs[np.arange(n) % n_g] + 1)
-        _run(_graph_align_serial, _graph_align_parallel, cells,
+        _run(_graph_align_serial, cells,
              (em, theta, il, node_off, arc_off, src, dst, lab, gw.astype(np.float64, copy=False),
               start.astype(np.int8, copy=False), accept.astype(np.int8, copy=False), widx,
               labels, arcs, scores))
