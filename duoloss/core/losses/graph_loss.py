@@ -100,6 +100,27 @@ __all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denom
 _TINY = 1e-200
 _PARALLEL_MIN_CELLS = 40_000
 
+# Buffers in these kernels: only np.empty(n, np.int64 / np.float64 / np.bool_) and
+# np.empty((m, n), np.float64), zeroed by loops: every other form of
+# np.zeros/np.full/np.empty is one more overload numba compiles at the first call.
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _zeros1(n):
+    out = np.empty(n, np.float64)
+    for i in range(n):
+        out[i] = 0.0
+    return out
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _zeros2(m, n):
+    out = np.empty((m, n), np.float64)
+    for i in range(m):
+        for j in range(n):
+            out[i, j] = 0.0
+    return out
+
 
 @numba.njit(cache=True, nogil=True)
 def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs, fmax,
@@ -121,8 +142,8 @@ def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs
     13.5 ms for a batch that takes the log-space path (`_graph_log`).
     """
     a_n = src.shape[0]
-    alpha = np.zeros((tb + 1, v_n))
-    log_a = np.empty(tb + 1)
+    alpha = _zeros2(tb + 1, v_n)
+    log_a = np.empty(tb + 1, np.float64)
     c = 0.0
     for n in range(v_n):
         if start[n]:
@@ -166,9 +187,9 @@ def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs
     if zf < _TINY:
         return 0.0, _FALLBACK
     logz = log_a[tb] + math.log(zf)
-    beta = np.zeros(v_n)
-    nb = np.zeros(v_n)
-    u = np.empty(a_n if want_cnt else 0)
+    beta = _zeros1(v_n)
+    nb = _zeros1(v_n)
+    u = np.empty(a_n if want_cnt else 0, np.float64)
     for n in range(v_n):
         if accept[n]:
             beta[n] = 1.0
@@ -336,7 +357,9 @@ def _eps_order(v_n, src, dst, lab, perm):
     for a cycle of epsilon arcs."""
     a_n = src.shape[0]
     a_e = 0
-    indeg = np.zeros(v_n, np.int64)
+    indeg = np.empty(v_n, np.int64)
+    for n in range(v_n):
+        indeg[n] = 0
     n_eps = 0
     for a in range(a_n):
         if lab[a] >= 0:
@@ -348,7 +371,9 @@ def _eps_order(v_n, src, dst, lab, perm):
     if n_eps == 0:
         return a_e
     # Kahn's algorithm on the epsilon subgraph (adjacency by a counting sort).
-    out_off = np.zeros(v_n + 1, np.int64)
+    out_off = np.empty(v_n + 1, np.int64)
+    for n in range(v_n + 1):
+        out_off[n] = 0
     for a in range(a_n):
         if lab[a] < 0:
             out_off[src[a] + 1] += 1
@@ -427,12 +452,13 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
     if a_e < 0:
         empty_i = np.empty(0, np.int64)
         empty_b = np.empty(0, np.bool_)
-        return (False, a0, 0, 0, empty_i, empty_i, empty_i, empty_i, np.empty(0), empty_b,
+        return (False, a0, 0, 0, empty_i, empty_i, empty_i, empty_i, np.empty(0, np.float64),
+                empty_b,
                 empty_b)
     src = np.empty(a_n, np.int64)
     dst = np.empty(a_n, np.int64)
     lab = np.empty(a_n, np.int64)
-    lw = np.empty(a_n)
+    lw = np.empty(a_n, np.float64)
     for i in range(a_n):
         o = a0 + perm[i]
         src[i] = src_all[o]
@@ -451,7 +477,7 @@ def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_
     return True, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _linear_weights(lw, a_e):
     """Linear-space arc weights for `_graph_linear`: ``(omega, w, eps_ok)``.
 
@@ -467,7 +493,7 @@ def _linear_weights(lw, a_e):
             omega = lw[i]
     if omega == _NEG_INF or omega != omega:
         omega = 0.0
-    w = np.empty(a_n)
+    w = np.empty(a_n, np.float64)
     eps_ok = True
     for i in range(a_n):
         if i < a_e:
@@ -479,7 +505,7 @@ def _linear_weights(lw, a_e):
     return omega, w, eps_ok
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _normaliser(b, tb, probs, fmax, ge):
     """Forward score of the unconstrained emissions of sequence ``b`` (``normalize``).
 
@@ -533,14 +559,14 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
     a_n = src.shape[0]
     omega, w, eps_ok = _linear_weights(lw, a_e)
     lognorm = 0.0
-    ge = np.zeros((max(tb, 1), n_cls))
+    ge = _zeros2(max(tb, 1), n_cls)
     if normalize:
         lognorm, nan = _normaliser(b, tb, probs, fmax, ge)
         if nan:
             _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w)
             return
-    ne = np.zeros((tb, n_cls))
-    cnt = np.zeros(a_n)
+    ne = _zeros2(tb, n_cls)
+    cnt = _zeros1(a_n)
     st = _FALLBACK
     logz = 0.0
     if eps_ok:
@@ -603,11 +629,11 @@ def _graph_log_batch(order, em, probs, fmax, theta, in_len, node_off, arc_off, s
             b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
             gw_all, start_all, accept_all, widx_all)
         lognorm = 0.0
-        ge = np.zeros((max(tb, 1), n_cls))
+        ge = _zeros2(max(tb, 1), n_cls)
         if normalize:
             lognorm, _ = _normaliser(b, tb, probs, fmax, ge)
-        ne = np.zeros((tb, n_cls))
-        cnt = np.zeros(src.shape[0])
+        ne = _zeros2(tb, n_cls)
+        cnt = _zeros1(src.shape[0])
         logz = _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em,
                           want_e or want_w, ne, cnt)
         st = _NAN if (logz != logz or logz == np.inf) else _OK
@@ -615,7 +641,7 @@ def _graph_log_batch(order, em, probs, fmax, theta, in_len, node_off, arc_off, s
                       normalize, want_e, want_w, zero_inf, losses, g_em, g_w)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w):
     losses[b] = np.nan
     if want_e:
