@@ -3,7 +3,8 @@
 The batch kernels run the rescaled linear-space passes only; a sequence whose check
 fails is marked pending (1: the normaliser, 2: the target paths), and
 `_asg_batch_exact` runs it again, whole, with the log-space recursions (`_norm_log`,
-`_num_log`), so a first call that needs no fallback never compiles them:
+`_num_log`; float64 only, on a compacted copy of those sequences), so a first
+call that needs no fallback never compiles them:
 
 * pending sequences (either term) match brute force and float64 central differences;
 * mixed batches (pending and not, NaN, inf, infeasible, ``zero_infinity``, each
@@ -12,8 +13,8 @@ fails is marked pending (1: the normaliser, 2: the target paths), and
 * the batch kernels write only the sequences listed in ``order`` (any subset), so
   they can be split over threads;
 * a fresh process whose call needs no fallback compiles neither `_norm_log` nor
-  `_num_log`; under ``_compile_both`` (warmup) both exact kernels compile with an
-  empty index array and the signature a real call then uses.
+  `_num_log`; under ``_compile_both`` (warmup) the exact kernel compiles with an
+  empty index array and the signature real calls of either dtype then use.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from numba.core import types
 
 from duoloss.core import _numerics
 from duoloss.core.losses import asg
@@ -151,7 +153,7 @@ def test_mixed_batches_equal_one_sequence_calls(rng, n):
 
 
 def test_batch_kernels_write_only_the_listed_sequences(rng):
-    em, tr, st, tg, il, tl = _mixed_case(rng, 1, 6)
+    em, tr, st, tg, il, tl = _mixed_case(rng, 0, 6)
     em[:, 1] *= 400.0  # pending
     full = asg.asg_loss_and_grad(em, tr, tg, il, tl, start_transitions=st)
     order = np.array([4, 1, 3], np.int64)
@@ -172,18 +174,19 @@ def test_batch_kernels_write_only_the_listed_sequences(rng):
         _assert_same_bits(g_st[order].astype(em.dtype), full[1][2][order])
 
 
-def test_compile_both_compiles_the_exact_kernels_with_the_real_signature(monkeypatch):
+def test_compile_both_compiles_the_exact_kernel_with_the_real_signature(monkeypatch):
+    """One float64 signature serves every dtype; warmup compiles it with none pending."""
     em, tr, st, tg, il, tl = _underflow_batch()
     plain = np.zeros_like(em, np.float32)
     monkeypatch.setattr(_numerics, "_compile_both", True)
     asg.asg_loss_and_grad(plain, tr.astype(np.float32), tg, il, tl)
     monkeypatch.setattr(_numerics, "_compile_both", False)
     sigs = set(asg._asg_batch_exact.signatures)
-    par = set(asg._asg_batch_exact_parallel.signatures)
-    assert sigs and par
-    asg.asg_loss_and_grad(em.astype(np.float32), tr.astype(np.float32), tg, il, tl)
+    assert sigs
+    for dtype in (np.float32, np.float64):
+        asg.asg_loss_and_grad(em.astype(dtype), tr.astype(dtype), tg, il, tl)
     assert set(asg._asg_batch_exact.signatures) == sigs
-    assert set(asg._asg_batch_exact_parallel.signatures) == par
+    assert all(sig[1].dtype == types.float64 for sig in sigs)
 
 
 _FRESH = """
@@ -199,7 +202,6 @@ assert not asg._asg_batch_exact.signatures, "compiled eagerly"
 _numerics._compile_both = True
 asg.asg_loss_and_grad(em, tr, tg, [6, 5], [2, 1])
 assert len(asg._asg_batch_exact.signatures) == 1
-assert len(asg._asg_batch_exact_parallel.signatures) == 1
 print("OK")
 """
 

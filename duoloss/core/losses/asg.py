@@ -54,7 +54,8 @@ rescaling, check on every frame that the posteriors sum to one, and fall back to
 an exact log-space recursion for a sequence where that check fails or a frame's
 mass underflows (e.g. a transition needed by the target that is ~700 nats below
 the best one).  The fallback runs as a second kernel over those sequences only
-(`_asg_batch_exact`: the whole sequence again, with the log-space recursions),
+(`_asg_batch_exact`: the whole sequence again, with the log-space recursions,
+on a float64 copy of those sequences' emissions: one signature for both dtypes),
 so numba compiles it only when a call first needs it.  Those exact recursions
 are the same code as the Viterbi decoders
 of `duoloss.core.losses.align` in the other semiring: one token trellis (the
@@ -88,7 +89,7 @@ import numpy.typing as npt
 
 # NB: the kernels inline these; numba's on-disk cache is keyed on this file's
 # mtime only, so touch it after editing _numerics.py.
-from .. import _numerics
+from .. import _numerics, _pool
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FALLBACK as _FALLBACK
 from .._numerics import FLUSH as _FLUSH
@@ -922,7 +923,8 @@ def _exp_params(n_cls, trans, start, has_trans):
 
 
 # The batch kernels: identical argument lists, each processes exactly the
-# sequences listed in ``order`` (int64), writing only their outputs.
+# sequences listed in ``order`` (int64), writing only their outputs (so
+# `duoloss.core._pool.run_batch` may split ``order`` over threads).
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _asg_batch_parallel(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
                         in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
@@ -941,16 +943,6 @@ def _asg_batch_serial(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, 
         _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
                  tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
                  pending, None)
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_batch_exact_parallel(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
-                              in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf,
-                              losses, g_em, g_tr, g_st, pending):
-    for i in numba.prange(order.shape[0]):
-        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
-                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
-                 pending, True)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -1028,13 +1020,28 @@ def asg_loss_and_grad(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targ
         run_batch(_asg_batch_serial, _asg_batch_parallel, n, int(frames.sum()) * per_frame,
                   _PARALLEL_MIN_CELLS, args)
         # The sequences whose linear-space check failed, again with the exact
-        # log-space recursions: compiled on first need, or by warmup, which runs
-        # both twins on none (n = 1 then: run_batch skips an empty batch).
+        # log-space recursions: compiled on first need (or by warmup, with none),
+        # for float64 only: they run on a compacted float64 copy of those
+        # sequences (the kernels read emissions as float64 anyway, and the
+        # emission gradient is rounded to its dtype once either way).
         redo = order[pending[order] != 0]
         if redo.size or _numerics._compile_both:
-            run_batch(_asg_batch_exact, _asg_batch_exact_parallel, max(redo.size, 1),
-                      int(frames[redo].sum()) * per_frame, _PARALLEL_MIN_CELLS,
-                      (redo,) + args[1:])
+            r = redo.size
+            sub = (np.ascontiguousarray(em[:, redo], dtype=f64), tg[redo], il[redo], tl[redo])
+            outs = (np.empty(r, f64), np.empty((t_max, r, n_cls) if want_e else (0, 0, 0), f64),
+                    np.empty((r, n_cls, n_cls), f64) if want_t else g_tr,
+                    np.empty((r, n_cls), f64) if want_s else g_st, np.zeros(r, np.int8))
+            args = ((sub[0], m, mt, tau, trans, sp, sigma, start, pflushed) + sub[1:]
+                    + (has_trans, want_e, want_t, want_s, bool(zero_infinity)) + outs)
+            _pool.run_batch(_asg_batch_exact, np.arange(r, dtype=np.int64),
+                            int(frames[redo].sum()) * per_frame, _PARALLEL_MIN_CELLS, args)
+            losses[redo] = outs[0]
+            if want_e:
+                g_em[:, redo] = outs[1]
+            if want_t:
+                g_tr[redo] = outs[2]
+            if want_s:
+                g_st[redo] = outs[3]
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_tr.astype(dtype, copy=False) if want_t else None,
                                               g_st.astype(dtype, copy=False) if want_s else None)
