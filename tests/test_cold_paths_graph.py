@@ -102,7 +102,7 @@ def _big_batch(n=48):
 def test_parallel_with_fallbacks_equals_serial(normalize, monkeypatch, pending_spy):
     em, packed, il, theta = _big_batch()
     for dtype in (np.float64, np.float32):
-        kw = dict(weights=theta, normalize=normalize)
+        kw = {"weights": theta, "normalize": normalize}
         par = gl.graph_loss_and_grad(em.astype(dtype), packed, il, **kw)
         monkeypatch.setattr(gl, "_PARALLEL_MIN_CELLS", 1 << 62)
         ser = gl.graph_loss_and_grad(em.astype(dtype), packed, il, **kw)

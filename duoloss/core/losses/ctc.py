@@ -71,12 +71,11 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
-from .._numerics import fast_exp
+from .._numerics import fast_exp, run_batch, sequence_ok
 from .._numerics import logaddexp as _logaddexp
-from .._numerics import run_batch, sequence_ok
-from .. import _numerics
 from .._spec import LossKernel
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]

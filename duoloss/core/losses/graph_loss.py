@@ -76,15 +76,13 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple, Sequence
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-from typing import Any, NamedTuple, Sequence
-
-from .._spec import LossKernel
-from ..graph.graph import Graph
+from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FALLBACK as _FALLBACK
 from .._numerics import NAN as _NAN
@@ -92,7 +90,8 @@ from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
 from .._numerics import logaddexp as _lae
 from .._numerics import run_batch
-from .. import _numerics
+from .._spec import LossKernel
+from ..graph.graph import Graph
 
 __all__ = ["GRAPH_LOSS_KERNEL", "GRAPH_MMI_KERNEL", "PackedGraphs", "check_denominator",
            "check_graph_args", "graph_loss_and_grad", "pack_graphs"]
@@ -625,9 +624,9 @@ def _graph_log_batch(order, em, probs, fmax, theta, in_len, node_off, arc_off, s
         if pending[b] == 0:
             continue
         tb = in_len[b]
-        ok, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept = _load_graph(
+        _, a0, v_n, a_e, perm, src, dst, lab, lw, start, accept = _load_graph(
             b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
-            gw_all, start_all, accept_all, widx_all)
+            gw_all, start_all, accept_all, widx_all)  # ok: _graph_one checked it
         lognorm = 0.0
         ge = _zeros2(max(tb, 1), n_cls)
         if normalize:
