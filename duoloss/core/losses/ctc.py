@@ -74,7 +74,8 @@ import numpy.typing as npt
 from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
-from .._numerics import fast_exp, run_batch, sequence_ok
+from .._numerics import fast_exp, sequence_ok
+from .._pool import run_batch
 from .._numerics import logaddexp as _logaddexp
 from .._spec import LossKernel
 
@@ -546,13 +547,6 @@ def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscal
 # ``grad`` (like logp, or (0, 0, 0) without a gradient) and ``pending`` (N,) int8.
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _ctc_batch_parallel(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                        losses, grad, pending):
-    for i in numba.prange(order.shape[0]):
-        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                 losses, grad, pending)
-
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
@@ -643,22 +637,24 @@ def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
     pending = np.zeros(n, np.int8)
     cells = t_max * (2 * s_cap + 1) * n
-    if n > 1 and (cells >= _PARALLEL_MIN_CELLS or _numerics._compile_both):
-        # For the parallel kernel: longest sequences first (stable: ties in batch
-        # order); with numba's chunk size 1 the threads balance themselves.  The
-        # order decides only which thread runs which sequence, never a bit.
+    if n > 1 and cells >= _PARALLEL_MIN_CELLS:
+        # For the threads: longest sequences first (stable: ties in batch order),
+        # so that the chunks taken last are the short ones.  The order decides
+        # only which thread runs which sequence, never a bit.
         cost = np.minimum(np.maximum(il, 0), t_max) * (
             2 * np.minimum(np.maximum(tl, 0), s_cap) + 1)
         order = np.argsort(-cost, kind="stable")
     else:
         order = np.arange(n)
-    args = (order, logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
+    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
             losses, grad, pending)
-    run_batch(_ctc_batch_serial, _ctc_batch_parallel, n, cells, _PARALLEL_MIN_CELLS, args)
+    run_batch(_ctc_batch_serial, order, cells, _PARALLEL_MIN_CELLS, args)
     # The exact log-space fallback compiles only when a call first needs it (and
     # under duoloss.warmup, with no sequence to run, so that it is cached).
     if pending.any() or _numerics._compile_both:
-        _ctc_log_space_batch(np.flatnonzero(pending), *args[1:])
+        redo = np.flatnonzero(pending)
+        run_batch(_ctc_log_space_batch, redo, t_max * (2 * s_cap + 1) * redo.shape[0],
+                  _PARALLEL_MIN_CELLS, args)
     return losses.astype(logp.dtype, copy=False), (grad if want_grad else None)
 
 

@@ -89,7 +89,7 @@ from .._numerics import NAN as _NAN
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
 from .._numerics import logaddexp as _lae
-from .._numerics import run_batch
+from .._pool import run_batch
 from .._spec import LossKernel
 from ..graph.graph import Graph
 
@@ -652,15 +652,6 @@ def _graph_nan(b, t_max, want_e, want_w, losses, g_em, g_w):
             g_w[b, k] = np.nan
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _graph_batch_parallel(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
-                          lab, gw, start, accept, widx, normalize, want_e, want_w, zero_inf,
-                          losses, g_em, g_w, pending):
-    for i in numba.prange(order.shape[0]):
-        _graph_one(order[i], em, probs, fmax, theta, in_len, node_off, arc_off, src, dst, lab,
-                   gw, start, accept, widx, normalize, want_e, want_w, zero_inf, losses, g_em,
-                   g_w, pending)
-
 
 @numba.njit(cache=True, nogil=True)
 def _graph_batch_serial(order, em, probs, fmax, theta, in_len, node_off, arc_off, src, dst,
@@ -978,16 +969,16 @@ def graph_loss_and_grad(emissions: npt.ArrayLike, packed: PackedGraphs,
         arcs = np.diff(arc_off) if node_off.shape[0] > 1 else np.zeros(1, np.int64)
         cells = np.clip(il, 0, t_max) * (arcs[np.arange(n) % n_g] + 1)
         order = np.argsort(-cells, kind="stable").astype(np.int64)
-        args = (order, lp, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
+        args = (lp, probs, fmax, theta, il, node_off, arc_off, src, dst, lab, gw, start,
                 accept, widx, bool(normalize), want_e, want_w, bool(zero_infinity), losses,
                 g_em, g_w, np.zeros(n, np.int8))
-        run_batch(_graph_batch_serial, _graph_batch_parallel, n, int(cells.sum()),
-                  _PARALLEL_MIN_CELLS, args)
+        run_batch(_graph_batch_serial, order, int(cells.sum()), _PARALLEL_MIN_CELLS, args)
         # The exact log-space fallback compiles only when a call first needs it (and
         # under duoloss.warmup, with no sequence to run, so that it is cached).
         fallback = np.flatnonzero(args[-1])
         if fallback.size or _numerics._compile_both:
-            _graph_log_batch(fallback, *args[1:])
+            run_batch(_graph_log_batch, fallback, int(cells[fallback].sum()),
+                      _PARALLEL_MIN_CELLS, args)
     return losses.astype(dtype, copy=False), (g_em.astype(dtype, copy=False) if want_e else None,
                                               g_w.astype(dtype, copy=False) if want_w else None)
 
