@@ -751,15 +751,13 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
 # --------------------------------------------------------------------------- #
 # The whole RNN-T loss, one sequence at a time                                 #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
-def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
-    """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
-    (rounded to ``x``'s dtype, as a framework multiplies them, subnormals
-    flushed) and ``gy * scale``; ``out[b]`` holds the forward's exponentials."""
-    t_max = x.shape[1]
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scaled_cotangents(b, scale, gx, gy, cx, cy):
+    """``cx[b]``, ``cy[b]``: the cotangents ``gx[b] * scale``, ``gy[b] * scale``
+    rounded to their dtype (as a framework multiplies them), subnormals
+    flushed to (signed) zero, as the general path's core reduction
+    (duoloss.core._reduce.flush_subnormals) hands them out."""
     sc = _cast_like(cx, scale)
-    # subnormal cotangents flushed to (signed) zero, as the general path's
-    # core reduction (duoloss.core._reduce.flush_subnormals) hands them out
     tiny = _cast_like(cx, 1.1754943508222875e-38 if cx.itemsize == 4
                       else 2.2250738585072014e-308)
     for s in range(gx.shape[1]):
@@ -770,13 +768,34 @@ def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
         for t in range(gy.shape[2]):
             v = gy[b, s, t] * sc
             cy[b, s, t] = v * 0 if abs(v) < tiny else v
-    _lattice_backward_frames(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
-                             (b + 1) * t_max, out, True)
+
+
+# The serial kernel calls the per-sequence steps as functions of their own
+# (`_frames_forward_fn`, `_one_linear`, `_fused_grad`): numba compiles these
+# pieces in far less time than one inlined body (a user's first call, issue
+# 19).  The parallel kernel inlines the frame loops into its prange body
+# (`_fused_one_inline`), as before: measured about 20% faster there than
+# calling them.  Both pass ``modified`` to `_one_linear` as the literal
+# ``False``: that specialisation (its branches on ``modified`` pruned) is
+# measurably faster too.
+_frames_forward_fn = numba.njit(cache=True, nogil=True)(_lattice_forward_frames.py_func)
+_frames_backward_fn = numba.njit(cache=True, nogil=True)(_lattice_backward_frames.py_func)
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_one(b, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse, losses,
-               gx, gy, cx, cy, out, pending):
+def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
+    """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
+    and ``gy * scale`` (`_scaled_cotangents`); ``out[b]`` holds the forward's
+    exponentials."""
+    t_max = x.shape[1]
+    _scaled_cotangents(b, scale, gx, gy, cx, cy)
+    _frames_backward_fn(x, lse, targets, il, tl, blank, cx, cy, b * t_max, (b + 1) * t_max, out,
+                        True)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy, cx,
+               cy, out, pending):
     """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
     gradients (`_one_linear`), then, when ``want``, its gradient
     (`_fused_grad`) while ``x[b]`` is still in cache -- unless `_one_linear`
@@ -784,12 +803,28 @@ def _fused_one(b, x, targets, il, tl, blank, bd, modified, scale, want, px, py, 
     t_max = x.shape[1]
     # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
     keep = out.reshape(-1, x.shape[3])
-    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
-                            px, py, lse, keep if want else keep[:0])
-    status = _one_linear(b, px, py, bd, modified, want, want, losses, gx, gy)
+    _frames_forward_fn(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1), px, py,
+                       lse, keep if want else keep[:0])
+    status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
     pending[b] = status
     if want and status == 0:
         _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fused_one_inline(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
+                      gy, cx, cy, out, pending):
+    """`_fused_one` with the frame loops inlined (the parallel kernel's body)."""
+    t_max = x.shape[1]
+    keep = out.reshape(-1, x.shape[3])
+    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
+                            px, py, lse, keep if want else keep[:0])
+    status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
+    pending[b] = status
+    if want and status == 0:
+        _scaled_cotangents(b, scale, gx, gy, cx, cy)
+        _lattice_backward_frames(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
+                                 (b + 1) * t_max, out, True)
 
 
 # The fused kernels: the same argument list ``(order, inputs..., outputs...)``;
@@ -798,24 +833,24 @@ def _fused_one(b, x, targets, il, tl, blank, bd, modified, scale, want, px, py, 
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _fused_parallel(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
-                    losses, gx, gy, cx, cy, out, pending):
+def _fused_parallel(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
+                    gy, cx, cy, out, pending):
     for i in numba.prange(order.shape[0]):
-        _fused_one(order[i], x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
-                   losses, gx, gy, cx, cy, out, pending)
+        _fused_one_inline(order[i], x, targets, il, tl, blank, bd, scale, want, px, py, lse,
+                          losses, gx, gy, cx, cy, out, pending)
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_serial(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
-                  losses, gx, gy, cx, cy, out, pending):
+def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
+                  gy, cx, cy, out, pending):
     for i in range(order.shape[0]):
-        _fused_one(order[i], x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
-                   losses, gx, gy, cx, cy, out, pending)
+        _fused_one(order[i], x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses,
+                   gx, gy, cx, cy, out, pending)
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_finish(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
-                  losses, gx, gy, cx, cy, out, pending):
+def _fused_finish(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
+                  gy, cx, cy, out, pending):
     """`_fused_grad` for the sequences of ``order`` (those `_one_linear` left
     to the log-space fallback, once it has run)."""
     for i in range(order.shape[0]):
@@ -875,8 +910,8 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     out = np.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
     pending = np.zeros(n, np.int8)
     if n:
-        args = (x, targets, il, tl, blank, bd, False, float(scale), want, px, py, lse, losses,
-                gx, gy, cx, cy, out, pending)
+        args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
+                cx, cy, out, pending)
         run_batch(_fused_serial, _fused_parallel, n, x.size, _PARALLEL_MIN_ELEMS,
                   (np.arange(n, dtype=np.int64),) + args)
         # the sequences the linear sweep could not certify: exactly in log space,

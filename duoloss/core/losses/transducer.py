@@ -302,7 +302,7 @@ def _exp_row(a, b, s, t0, lo, hi, m, out):
     return n_flush
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     """``(ex, ey, m, bad, flushed)``: every move on a complete path exponentiated
     relative to the largest of them, ``m``, in box coordinates (``ex[i, j]``:
@@ -333,32 +333,11 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
 
 
 @numba.njit(cache=True, nogil=True)
-def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
-    """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
-
-    Returns 0 when done; else the exact log-space recursion `_one` must
-    finish the sequence (`_fallback_batch`: compiled only when first needed):
-    1 for its loss and gradients, 2 for its gradients only (``losses[b]`` is
-    already exact and stays).  ``gx``/``gy`` are zero on entry, and zero in
-    the box again on a nonzero return.  See the module docstring.
-
-    NB: longer than the house's ~120 lines on purpose: the forward sweep, the
-    flush record, the per-level check and the backward sweep share the level
-    window, the move exponentials ``ex``/``ey``, the level scales and the
-    fallback state; each exit to `_one` must happen before any gradient
-    is written (or after clearing the box).
-    """
-    n_s = py.shape[1] - 1
-    n_t = py.shape[2]
-    if not _box_ok(bd, b, n_s, n_t):
-        return 1
-    s0, t0, s1, t1, ns, nt = _box(bd, b)
-    if modified and ns > nt:  # no complete path: the log-space kernel's +inf / zeros
-        return 1
-    n_lev = nt if modified else ns + nt - 1
-    ex, ey, m, bad, flushed = _exp_moves(b, px, py, s0, t0, ns, nt, modified)
-    state = 1 if (bad and n_lev > 1) else 0  # 0: fine, 1: recompute in log space
-    # Cell (lev, i) is lattice node (s0 + i, t0 + j), j = lev (modified) or lev - i.
+def _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state, flushed):
+    """`_one_linear`'s rescaled forward sweep: ``(alpha, log_a, state, flushed)``
+    (``state`` 1: a level's mass left the range, recompute in log space;
+    ``flushed``: a product of cells fell below ``_FLUSH``)."""
+    # Cell (lev, i) is box node (i, j), j = lev (modified) or lev - i.
     # alpha[lev, i]: forward score / its level's scale (every move carries e^-m).
     alpha = np.zeros((n_lev, ns))
     log_a = np.empty(n_lev)  # log of the scale of level lev (alpha = alpha-hat * e^log_a)
@@ -397,6 +376,85 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
         log_a[lev] = log_a[lev - 1] + math.log(c) + m
         plo = lo
         phi = hi
+    return alpha, log_a, state, flushed
+
+
+@numba.njit(cache=True, nogil=True)
+def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a, logz, want,
+                     want_x, want_y, gx, gy):
+    """`_one_linear`'s backward sweep: the per-level check and (``want``) the move
+    posteriors into ``gx``/``gy``; 0, or 1 when a level's check fails."""
+    beta = np.zeros(ns)   # level lev + 1, normalised to sum 1
+    nb = np.zeros(ns)
+    beta[ns - 1] = 1.0
+    log_b = 0.0           # log scale of beta (level lev + 1)
+    nlo = ns - 1
+    nhi = ns - 1
+    for lev in range(n_lev - 2, -1, -1):
+        lo, hi = _window(lev, ns, nt, modified)
+        lb = log_b + m  # true beta at lev = nb * e^lb
+        r = 0.0
+        d = 0.0
+        for i in range(lo, hi + 1):
+            j = lev if modified else lev - i
+            v = 0.0
+            if nlo <= i <= nhi:
+                v = ey[i, j] * beta[i]
+            if nlo <= i + 1 <= nhi:
+                v += ex[i, j] * beta[i + 1]
+            nb[i] = v
+            d += v
+            r += alpha[lev, i] * v
+        expected = fast_exp(logz - log_a[lev] - lb)
+        if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY
+                and d >= _TINY and d < np.inf):
+            return 1
+        if want:
+            g = 1.0 / r
+            for i in range(lo, hi + 1):
+                j = lev if modified else lev - i
+                s = s0 + i
+                t = t0 + j
+                a = alpha[lev, i] * g
+                if want_y and nlo <= i <= nhi:
+                    gy[b, s, t] = -(a * ey[i, j] * beta[i])
+                if want_x and nlo <= i + 1 <= nhi:
+                    gx[b, s, t] = -(a * ex[i, j] * beta[i + 1])
+        inv = 1.0 / d
+        for i in range(lo, hi + 1):
+            beta[i] = nb[i] * inv
+        log_b = lb + math.log(d)
+        nlo = lo
+        nhi = hi
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
+    """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
+
+    Returns 0 when done; else the exact log-space recursion `_one` must
+    finish the sequence (`_fallback_batch`: compiled only when first needed):
+    1 for its loss and gradients, 2 for its gradients only (``losses[b]`` is
+    already exact and stays).  ``gx``/``gy`` are zero on entry, and zero in
+    the box again on a nonzero return.  See the module docstring.
+
+    The sweeps are separate functions (`_exp_moves`, `_linear_forward`,
+    `_linear_backward`; called once per sequence): numba compiles these pieces
+    in well under the time one inlined body took (issue 19).
+    """
+    n_s = py.shape[1] - 1
+    n_t = py.shape[2]
+    if not _box_ok(bd, b, n_s, n_t):
+        return 1
+    s0, t0, s1, t1, ns, nt = _box(bd, b)
+    if modified and ns > nt:  # no complete path: the log-space kernel's +inf / zeros
+        return 1
+    n_lev = nt if modified else ns + nt - 1
+    ex, ey, m, bad, flushed = _exp_moves(b, px, py, s0, t0, ns, nt, modified)
+    state = 1 if (bad and n_lev > 1) else 0  # 0: fine, 1: recompute in log space
+    alpha, log_a, state, flushed = _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state,
+                                                   flushed)
     logz = log_a[n_lev - 1] if state == 0 else np.nan  # the last level is one cell = 1
 
     # Backward: beta-hat level by level, the level check, the move posteriors.
@@ -404,49 +462,8 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     linear_loss = state == 0 and not flushed
     want = want_x or want_y
     if state == 0 and (want or flushed):
-        beta = np.zeros(ns)   # level lev + 1, normalised to sum 1
-        nb = np.zeros(ns)
-        beta[ns - 1] = 1.0
-        log_b = 0.0           # log scale of beta (level lev + 1)
-        nlo = ns - 1
-        nhi = ns - 1
-        for lev in range(n_lev - 2, -1, -1):
-            lo, hi = _window(lev, ns, nt, modified)
-            lb = log_b + m  # true beta at lev = nb * e^lb
-            r = 0.0
-            d = 0.0
-            for i in range(lo, hi + 1):
-                j = lev if modified else lev - i
-                v = 0.0
-                if nlo <= i <= nhi:
-                    v = ey[i, j] * beta[i]
-                if nlo <= i + 1 <= nhi:
-                    v += ex[i, j] * beta[i + 1]
-                nb[i] = v
-                d += v
-                r += alpha[lev, i] * v
-            expected = fast_exp(logz - log_a[lev] - lb)
-            if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY
-                    and d >= _TINY and d < np.inf):
-                state = 1
-                break
-            if want:
-                g = 1.0 / r
-                for i in range(lo, hi + 1):
-                    j = lev if modified else lev - i
-                    s = s0 + i
-                    t = t0 + j
-                    a = alpha[lev, i] * g
-                    if want_y and nlo <= i <= nhi:
-                        gy[b, s, t] = -(a * ey[i, j] * beta[i])
-                    if want_x and nlo <= i + 1 <= nhi:
-                        gx[b, s, t] = -(a * ex[i, j] * beta[i + 1])
-            inv = 1.0 / d
-            for i in range(lo, hi + 1):
-                beta[i] = nb[i] * inv
-            log_b = lb + math.log(d)
-            nlo = lo
-            nhi = hi
+        state = _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a,
+                                 logz, want, want_x, want_y, gx, gy)
     if state == 0:
         losses[b] = -logz
         return 0
