@@ -52,7 +52,7 @@ def _kernel_args(em, tr, st, tg, il, tl, zero_infinity=False):
     has_trans = tr is not None
     tr = np.zeros((0, 0)) if tr is None else np.asarray(tr, np.float64)
     st = np.zeros(n_cls) if st is None else np.asarray(st, np.float64)
-    sp, sigma, m, mt, tau, pflushed = asg._exp_params(n_cls, tr, st, has_trans)
+    sp, sigma, m, mt, tau, pflushed = asg._exp_params(tr, st.reshape(1, n_cls), has_trans)
     outs = (np.full(n, 7.0), np.full(em.shape, 7.0, em.dtype), np.full((n, n_cls, n_cls), 7.0),
             np.full((n, n_cls), 7.0), np.zeros(n, np.int8))
     return (em, m, mt, tau, tr, sp, sigma, st, pflushed, tg, il, tl, has_trans, True, has_trans,
@@ -78,7 +78,7 @@ def _underflow_batch():
 def test_underflow_batch_marks_both_terms_pending():
     args = _kernel_args(*_underflow_batch())
     pending = args[-1]
-    asg._asg_batch_serial(np.arange(3, dtype=np.int64), *args)
+    asg._asg_batch(np.arange(3, dtype=np.int64), *args)
     assert list(pending) == [0, 2, 1]
 
 
@@ -139,7 +139,7 @@ def test_mixed_batches_equal_one_sequence_calls(rng, n):
             t = tr if use_tr else None
             losses, grads = asg.asg_loss_and_grad(em, t, tg, il, tl, **kw)
             args = _kernel_args(em, t, kw["start_transitions"], tg, il, tl)
-            asg._asg_batch_serial(np.arange(n, dtype=np.int64), *args)
+            asg._asg_batch(np.arange(n, dtype=np.int64), *args)
             redone += int(np.count_nonzero(args[-1]))
             for b in range(n):
                 one, g1 = asg.asg_loss_and_grad(em[:, b:b + 1], t, tg[b:b + 1], il[b:b + 1],
@@ -158,10 +158,11 @@ def test_batch_kernels_write_only_the_listed_sequences(rng):
     full = asg.asg_loss_and_grad(em, tr, tg, il, tl, start_transitions=st)
     order = np.array([4, 1, 3], np.int64)
     rest = np.setdiff1d(np.arange(6), order)
-    for kernel in (asg._asg_batch_serial, asg._asg_batch_parallel):
+    for parts in ([order], [order[:1], order[1:]]):
         args = _kernel_args(em, tr, st, tg, il, tl)
         losses, g_em, g_tr, g_st, pending = args[-5:]
-        kernel(order, *args)
+        for part in parts:
+            asg._asg_batch(part, *args)
         redo = np.flatnonzero(pending).astype(np.int64)
         assert set(redo) <= set(order)
         asg._asg_batch_exact(redo, *args)

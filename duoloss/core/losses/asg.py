@@ -96,7 +96,7 @@ from .._numerics import FLUSH as _FLUSH
 from .._numerics import NAN as _NAN
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
-from .._numerics import exp_core, fast_exp, run_batch, sequence_ok
+from .._numerics import exp_core, fast_exp, sequence_ok
 from .._numerics import logaddexp as _lae
 from .._spec import LossKernel
 
@@ -888,57 +888,63 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_l
 
 @numba.njit(cache=True, nogil=True)
 def _shifted_exp(x, out):
-    """``out[:x.size] = exp(x - max(x))`` (flattened) and the shift: 0 when
-    ``max(x)`` is ``-inf``, NaN when ``x`` has a NaN (then all of it is NaN)."""
+    """``out[i, j] = exp(x[i, j] - max(x))`` for 2-D ``x`` (``out`` may be larger)
+    and the shift: 0 when ``max(x)`` is ``-inf``, NaN when ``x`` has a NaN (then
+    all of it is NaN)."""
     mx = _NEG_INF
-    for v in x:
-        if v > mx or v != v:
-            mx = v
-            if v != v:
-                break
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            if v > mx or v != v:
+                mx = v
+                if v != v:
+                    break
+        if mx != mx:
+            break
     if mx == _NEG_INF:
         mx = 0.0
     for i in range(x.shape[0]):
-        out[i] = fast_exp(x[i] - mx)
+        for j in range(x.shape[1]):
+            out[i, j] = fast_exp(x[i, j] - mx)
     return mx
 
 
-def _exp_params(n_cls, trans, start, has_trans):
-    """Zero-padded exponentiated start scores ``sp (1, cp)``, transitions ``m``
-    and their transpose ``mt (cp, cp)``, their shifts ``sigma`` and ``tau``, and
-    whether a probability from a finite score came out below ``_FLUSH`` (then
-    linear space cannot be trusted without its check)."""
+@numba.njit(cache=True, nogil=True)
+def _exp_params(trans, start, has_trans):
+    """Zero-padded exponentiated start scores ``sp (1, cp)`` (``start`` is
+    ``(1, C)``), transitions ``m`` and their transpose ``mt (cp, cp)``, their
+    shifts ``sigma`` and ``tau``, and whether a probability from a finite score
+    came out below ``_FLUSH`` (then linear space cannot be trusted without its
+    check).  One float64 signature; the batch kernels get its results."""
+    n_cls = start.shape[1]
     cp = max(8, (n_cls + 7) // 8 * 8)   # multiple of the vector width
     sp = np.zeros((1, cp))
-    sigma = _shifted_exp(start, sp[0])
-    flushed = bool(np.any((sp[0, :n_cls] < _FLUSH) & (start != _NEG_INF)))
-    m = np.zeros((cp, cp) if has_trans else (0, 0))
+    sigma = _shifted_exp(start, sp)
+    flushed = False
+    for k in range(n_cls):
+        if sp[0, k] < _FLUSH and start[0, k] != _NEG_INF:
+            flushed = True
+    nt = cp if has_trans else 0
+    m = np.zeros((nt, nt))
+    mt = np.zeros((nt, nt))
     tau = 0.0
     if has_trans:
-        flat = np.empty(n_cls * n_cls)
-        tau = _shifted_exp(trans.ravel(), flat)
-        m[:n_cls, :n_cls] = flat.reshape(n_cls, n_cls)
-        flushed |= bool(np.any((m[:n_cls, :n_cls] < _FLUSH) & (trans != _NEG_INF)))
-    return sp, sigma, m, np.ascontiguousarray(m.T), tau, flushed
+        tau = _shifted_exp(trans, m)
+        for i in range(n_cls):
+            for j in range(n_cls):
+                mt[j, i] = m[i, j]
+                if m[i, j] < _FLUSH and trans[i, j] != _NEG_INF:
+                    flushed = True
+    return sp, sigma, m, mt, tau, flushed
 
 
-# The batch kernels: identical argument lists, each processes exactly the
-# sequences listed in ``order`` (int64), writing only their outputs (so
-# `duoloss.core._pool.run_batch` may split ``order`` over threads).
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _asg_batch_parallel(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
-                        in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
-                        g_em, g_tr, g_st, pending):
-    for i in numba.prange(order.shape[0]):
-        _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
-                 tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
-                 pending, None)
-
-
+# The batch kernels (the same arguments): each processes exactly the
+# sequences listed in ``order`` (int64), writing only their outputs, so
+# `duoloss.core._pool.run_batch` splits a large batch's ``order`` over threads
+# (no prange twin to compile).
 @numba.njit(cache=True, nogil=True)
-def _asg_batch_serial(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets,
-                      in_len, tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses,
-                      g_em, g_tr, g_st, pending):
+def _asg_batch(order, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len, tg_len,
+               has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st, pending):
     for i in range(order.shape[0]):
         _asg_one(order[i], em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len,
                  tg_len, has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st,
@@ -1009,16 +1015,18 @@ def asg_loss_and_grad(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targ
     g_tr = np.empty((n, n_cls, n_cls), f64) if want_t else np.empty((0, 0, 0), f64)
     g_st = np.empty((n, n_cls), f64) if want_s else np.empty((0, 0), f64)
     if n > 0:
-        sp, sigma, m, mt, tau, pflushed = _exp_params(n_cls, trans, start, has_trans)
-        # longest (most cells) first, so that threads balance
+        sp, sigma, m, mt, tau, pflushed = _exp_params(trans, start.reshape(1, n_cls), has_trans)
         frames = np.clip(il, 0, t_max)
-        order = np.argsort(-frames, kind="stable")
+        per_frame = (n_cls * n_cls) if has_trans else n_cls
+        cells = int(frames.sum()) * per_frame
+        # threads balance better longest (most cells) first; the order never
+        # changes a result
+        order = (np.argsort(-frames, kind="stable") if n > 1 and cells >= _PARALLEL_MIN_CELLS
+                 else np.arange(n, dtype=np.int64))
         pending = np.zeros(n, np.int8)
         args = (order, em, m, mt, tau, trans, sp, sigma, start, pflushed, tg, il, tl, has_trans,
                 want_e, want_t, want_s, bool(zero_infinity), losses, g_em, g_tr, g_st, pending)
-        per_frame = (n_cls * n_cls) if has_trans else n_cls
-        run_batch(_asg_batch_serial, _asg_batch_parallel, n, int(frames.sum()) * per_frame,
-                  _PARALLEL_MIN_CELLS, args)
+        _pool.run_batch(_asg_batch, order, cells, _PARALLEL_MIN_CELLS, args[1:])
         # The sequences whose linear-space check failed, again with the exact
         # log-space recursions: compiled on first need (or by warmup, with none),
         # for float64 only: they run on a compacted float64 copy of those
