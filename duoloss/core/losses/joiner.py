@@ -770,10 +770,14 @@ def _scaled_cotangents(b, scale, gx, gy, cx, cy):
             cy[b, s, t] = v * 0 if abs(v) < tiny else v
 
 
-# The serial kernel calls the per-sequence steps as functions of their own
-# (`_frames_forward_fn`, `_one_linear`, `_fused_grad`): numba compiles these
-# pieces in far less time than one inlined body (a user's first call, issue
-# 19).  The parallel kernel inlines the frame loops into its prange body
+# Compile time (a user's first call, issue 19): the serial kernel calls the
+# frame loops (`_frames_forward_fn`, `_frames_backward_fn`) and `_one_linear`'s
+# sweeps as functions of their own, straight from its body (`_fused_one`,
+# `_fused_grad` and `_one_linear` are inlined glue): numba types a few
+# mid-sized functions much faster than one large inlined body, and every
+# level of calls re-optimises and re-emits the code of all the functions below
+# it (numba links callees into each caller's module), so the call tree is kept
+# flat.  The parallel kernel inlines the frame loops into its prange body
 # (`_fused_one_inline`), as before: measured about 20% faster there than
 # calling them.  Both pass ``modified`` to `_one_linear` as the literal
 # ``False``: that specialisation (its branches on ``modified`` pruned) is
@@ -782,7 +786,7 @@ _frames_forward_fn = numba.njit(cache=True, nogil=True)(_lattice_forward_frames.
 _frames_backward_fn = numba.njit(cache=True, nogil=True)(_lattice_backward_frames.py_func)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
     """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
     and ``gy * scale`` (`_scaled_cotangents`); ``out[b]`` holds the forward's
@@ -793,7 +797,7 @@ def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
                         True)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy, cx,
                cy, out, pending):
     """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move

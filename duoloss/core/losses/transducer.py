@@ -429,7 +429,7 @@ def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a
     return 0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     """Loss (and gradients) of sequence ``b`` by the rescaled linear-space sweep.
 
@@ -439,9 +439,9 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     already exact and stays).  ``gx``/``gy`` are zero on entry, and zero in
     the box again on a nonzero return.  See the module docstring.
 
-    The sweeps are separate functions (`_exp_moves`, `_linear_forward`,
-    `_linear_backward`; called once per sequence): numba compiles these pieces
-    in well under the time one inlined body took (issue 19).
+    Inlined glue: the sweeps are functions of their own (`_exp_moves`,
+    `_linear_forward`, `_linear_backward`; called once per sequence), which
+    numba compiles in well under the time one body took (issue 19).
     """
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
