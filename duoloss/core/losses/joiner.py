@@ -162,7 +162,7 @@ def _tail_buffer(n_cls, dtype_like):
     return tail, buf
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _row_lse(row, tail, buf):
     """``(m, log s)``: the row's max ``m`` and ``s = sum_v exp(row_v - m)``, kept
     apart so that ``log_softmax = (row - m) - log s`` keeps every digit of
@@ -297,7 +297,7 @@ def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
         r = end
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _backward_row_shifted(row, ls, c, o, tail, buf):
     """``o = softmax(row) * c`` by the max-shifted path (any ``ls``).
 
