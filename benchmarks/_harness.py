@@ -271,7 +271,7 @@ def _version(dist):
 
 
 def machine_info():
-    """CPU count, load, numba's threading layer and threads, library versions."""
+    """CPU count, load, duoloss's batch threads (and numba's layer), library versions."""
     info = {"cpu_count": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -291,11 +291,10 @@ def machine_info():
     except Exception:
         info["git_commit"] = None
     try:
-        import numba
+        from duoloss.core import _pool, threading_layer
 
-        info["numba_num_threads"] = numba.get_num_threads()
-        from duoloss.core import threading_layer
-
+        # duoloss's batch threads (NUMBA_NUM_THREADS; numba's own layer stays unstarted)
+        info["numba_num_threads"] = _pool.num_threads()
         info["numba_threading_layer"] = threading_layer()
     except Exception:
         info.setdefault("numba_num_threads", None)

@@ -2,9 +2,10 @@
 
 Each family runs a few tiny calls through every installed frontend (PyTorch, JAX; the
 numpy core when neither is installed), in float32 and float64, forward and backward,
-with both the serial and the parallel variant of each batch kernel: the same kernels
-and signatures as real calls, so that numba compiles them now and a later process
-loads them from its cache.
+and the kernels a call compiles only when it needs them (the exact log-space fallbacks,
+the bounded-memory aligners) are called with an empty batch: the same kernels and
+signatures as real calls, so that numba compiles them now and a later process loads
+them from its cache.
 """
 from __future__ import annotations
 
@@ -297,8 +298,9 @@ def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
 
     Each family runs a few tiny calls through every installed frontend (``duoloss.torch``,
     ``duoloss.jax``; the numpy core when neither is installed) in float32 and float64,
-    forward and backward, with the serial and the parallel variant of each kernel: the
-    kernels and signatures that real calls use.  Families already cached load in a
+    forward and backward, plus the kernels a call compiles only when it needs them
+    (exact log-space fallbacks, bounded-memory aligners): the kernels and signatures
+    that real calls use.  Families already cached load in a
     fraction of a second.
 
     Args:

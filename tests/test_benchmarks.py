@@ -33,7 +33,7 @@ SCRIPTS = {
     "mmi": (("torch",), [], True),
     "rnnt": (("torch", "jax"), ["--skip", "warprnnt", "jax_scan"], True),
     "rnnt_pruned": (("torch",), [], False),
-    "threading_layers": ((), ["--layers", "omp,workqueue", "--callers", "1,2"], True),
+    "threads": ((), ["--thread-counts", "1,2", "--callers", "1,2"], True),
 }
 MACHINE_KEYS = {"cpu_count", "loadavg", "python", "numpy", "numba", "torch", "jax", "jaxlib",
                 "optax", "numba_threading_layer", "numba_num_threads", "duoloss_path",

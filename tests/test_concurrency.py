@@ -63,37 +63,33 @@ def test_torch_and_jax_frontends_from_threads():
 
 
 @pytest.mark.parametrize("layer", ["workqueue", "omp", None])
-def test_threads_on_each_layer(layer):
-    # numba's workqueue layer aborts the process on concurrent parallel launches:
-    # duoloss serialises launches when it is in use (its default 'forksafe' request
-    # gives workqueue unless TBB loads).  omp is thread-safe and runs unlocked.
+def test_threads_whatever_numba_layer_is_requested(layer):
+    # numba's workqueue layer aborts the process on concurrent parallel launches and
+    # GNU OpenMP is not fork-safe; duoloss's batches run on its own Python threads
+    # (duoloss.core._pool) and never start numba's layer, whatever is requested.
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np
         from ctc_reference import random_batch
-        from duoloss.core import ctc_loss_and_grad, threading_layer
+        from duoloss.core import _pool, ctc_loss_and_grad, threading_layer
         jobs = [random_batch(np.random.default_rng(s), 120, 12, 15, 20) for s in range(24)]
         seq = [ctc_loss_and_grad(*j)[0] for j in jobs]
         with ThreadPoolExecutor(8) as pool:
             conc = list(pool.map(lambda j: ctc_loss_and_grad(*j)[0], jobs))
         assert all(np.array_equal(a, b) for a, b in zip(seq, conc))
+        assert _pool._pool is not None  # the batches did run on duoloss's threads
         print(threading_layer())
     """)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    env["NUMBA_NUM_THREADS"] = "2"
     if layer is not None:
         env["NUMBA_THREADING_LAYER"] = layer
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    loaded = proc.stdout.strip()
-    if layer is None:
-        assert loaded in ("workqueue", "tbb")
-    elif loaded != layer and "could not load" in proc.stderr:
-        pytest.skip(f"numba's {layer} layer does not load here")
-    else:
-        assert loaded == layer
+    assert proc.stdout.strip() == "unknown"
 
 
 def _asg_job(seed, with_trans):

@@ -28,8 +28,8 @@ TIMEOUT = 600
 
 # One alignment per sequence: input length == target length and no label repeats
 # next to itself, so loss_b = -sum_t log_probs[t, b, y_bt] exactly.  With N = 12,
-# T*(2S+1)*N = 60*121*12 cells: the parallel CTC kernel runs; with N = 2 only the
-# serial one (fewer kernels to compile without a cache).
+# T*(2S+1)*N = 60*121*12 cells: the batch runs on threads; with N = 2 on the
+# calling thread alone.
 T, C = 60, 10
 N_PARALLEL, N_SERIAL = 12, 2
 
@@ -237,19 +237,17 @@ def _threading_code(calls):
 
 @pytest.mark.parametrize("forced", [None, "omp", "threadsafe"])
 def test_no_thread_safe_layer_loads(no_threading_libs, forced):
-    # libgomp (and libtbb) present but not loadable, as on a system without them:
-    # numba's default request and a forced omp both end up on workqueue + the lock.
-    extra = {"LD_LIBRARY_PATH": str(no_threading_libs), "PYTHONPATH": str(ROOT)}
+    # libgomp (and libtbb) present but not loadable, as on a system without them,
+    # even with a layer forced that cannot load: duoloss's batches run on its own
+    # Python threads and never need numba's threading layer (no error, no warning).
+    extra = {"LD_LIBRARY_PATH": str(no_threading_libs), "PYTHONPATH": str(ROOT),
+             "NUMBA_NUM_THREADS": "2"}
     if forced:
         extra["NUMBA_THREADING_LAYER"] = forced
     out = _run([], _threading_code(calls=3), _env(**extra), cwd=ROOT)
     assert not out["omp_loads"], "libgomp still loads: the simulation is broken"
-    assert out["layer"] == "workqueue"
-    # A layer the user asked for and did not get is reported once; duoloss's own
-    # default request ('forksafe') includes workqueue, so nothing to report then.
-    assert len(out["warnings"]) == (1 if forced else 0), out["warnings"]
-    if forced:
-        assert repr(forced) in out["warnings"][0]
+    assert out["layer"] == "unknown"
+    assert out["warnings"] == []
     _, _, expected = _one_alignment_batch(N_PARALLEL)
     np.testing.assert_allclose(out["losses"], expected, rtol=1e-12)
     assert out["grad_ok"] and out["same"]

@@ -13,9 +13,8 @@
   table-free and branch-free for ``x <= 0.5``, so that loops over arrays of
   exponentials vectorise (about 1 ulp); `log_poly`, its counterpart for
   ``log`` of positive normal numbers.
-* **Batch driver**: `run_batch` picks a kernel's serial or ``prange``
-  variant by the batch's cell count, under the threading guard, with chunk
-  size 1 (the kernels order sequences longest first, so threads balance).
+* **Warm-up flag**: `_compile_both`, set while ``duoloss.warmup`` runs (the
+  batch driver itself, Python threads over one kernel, is `duoloss.core._pool`).
 
 An inlinable ``exp`` for the numba kernels (float64, about 0.5 ulp).
 
@@ -52,11 +51,10 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from ._threading import parallel_guard
 
 __all__ = ["CHECK_TOL", "FALLBACK", "FLUSH", "NAN", "NEG_INF", "OK", "exp_core", "exp_poly",
            "fast_exp", "log_poly",
-           "logaddexp", "logaddexp_fast", "run_batch", "sequence_ok"]
+           "logaddexp", "logaddexp_fast", "sequence_ok"]
 
 NEG_INF = -np.inf
 FLUSH = 1e-290
@@ -292,28 +290,8 @@ def sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, has_blan
     return ok
 
 
-#: Set by ``duoloss.warmup`` while it runs: every batch runs both variants, so that
-#: both compile (and are cached) with the signatures real calls use.
+#: Set by ``duoloss.warmup`` while it runs: the drivers then also call each
+#: family's lazily compiled kernels (the exact log-space fallbacks, the
+#: bounded-memory aligners) with an empty batch, so that they compile (and are
+#: cached) with the signatures real calls use.
 _compile_both = False
-
-
-def run_batch(serial, parallel, n, cells, min_cells, args):
-    """Run ``parallel(*args)`` when the batch is worth threads, else ``serial(*args)``.
-
-    ``n`` is the number of sequences and ``cells`` the batch's total work
-    (trellis or lattice cells); one sequence, or fewer than ``min_cells`` cells,
-    run serially (the thread launch costs more than it saves).  The parallel
-    variant runs under `parallel_guard` (fork safety, the
-    workqueue lock) with numba's chunk size 1.
-    """
-    both = _compile_both and n > 0
-    if both:
-        serial(*args)
-    if both or (n > 1 and cells >= min_cells):
-        with parallel_guard():
-            old = numba.set_parallel_chunksize(1)
-            try:
-                return parallel(*args)
-            finally:
-                numba.set_parallel_chunksize(old)
-    return serial(*args)

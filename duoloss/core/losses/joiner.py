@@ -53,7 +53,8 @@ from numba.extending import overload
 # on-disk cache is keyed on this file's mtime only, so touch it after editing
 # _numerics.py or transducer.py.
 from .. import _numerics
-from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly, run_batch
+from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
+from .._pool import run_batch
 from .transducer import _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
@@ -64,7 +65,7 @@ NO_LABEL = -1
 #: ``labels`` value of a row that is not computed (outputs 0, zero gradient).
 INACTIVE = -2
 
-# Rows of about this many logits per parallel work item.
+# Rows of about this many logits per work item (a chunk a thread takes).
 _CHUNK_ELEMS = 1 << 16
 _PARALLEL_MIN_ELEMS = 1 << 18
 
@@ -403,32 +404,29 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
         r = end
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _forward_parallel(x, labels, blank, rows_per_chunk, lab_out, blank_out, lse_out):
-    n_rows = x.shape[0]
-    for c in numba.prange((n_rows + rows_per_chunk - 1) // rows_per_chunk):
-        r0 = c * rows_per_chunk
-        _forward_rows(x, labels, blank, r0, min(r0 + rows_per_chunk, n_rows),
-                      lab_out, blank_out, lse_out)
+
+# The row and frame kernels take the chunks to compute (int64 indices, each
+# ``rows_per_chunk`` rows or ``per_chunk`` frames): `run_batch` gives each
+# thread its own chunks.
 
 
 @numba.njit(cache=True, nogil=True)
-def _forward_serial(x, labels, blank, rows_per_chunk, lab_out, blank_out, lse_out):
-    _forward_rows(x, labels, blank, 0, x.shape[0], lab_out, blank_out, lse_out)
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _backward_parallel(x, lse, labels, blank, g_lab, g_blank, rows_per_chunk, out):
+def _forward_serial(chunks, x, labels, blank, rows_per_chunk, lab_out, blank_out, lse_out):
     n_rows = x.shape[0]
-    for c in numba.prange((n_rows + rows_per_chunk - 1) // rows_per_chunk):
-        r0 = c * rows_per_chunk
+    for i in range(chunks.shape[0]):
+        r0 = chunks[i] * rows_per_chunk
+        _forward_rows(x, labels, blank, r0, min(r0 + rows_per_chunk, n_rows), lab_out,
+                      blank_out, lse_out)
+
+
+
+@numba.njit(cache=True, nogil=True)
+def _backward_serial(chunks, x, lse, labels, blank, g_lab, g_blank, rows_per_chunk, out):
+    n_rows = x.shape[0]
+    for i in range(chunks.shape[0]):
+        r0 = chunks[i] * rows_per_chunk
         _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0,
                        min(r0 + rows_per_chunk, n_rows), out)
-
-
-@numba.njit(cache=True, nogil=True)
-def _backward_serial(x, lse, labels, blank, g_lab, g_blank, rows_per_chunk, out):
-    _backward_rows(x, lse, labels, blank, g_lab, g_blank, 0, x.shape[0], out)
 
 
 def _rows(fn, x, labels, blank):
@@ -484,7 +482,7 @@ def log_softmax_gather(x, labels, blank):
     lse = np.empty(n_rows, np.float64)
     if n_rows:
         args = (x, labels, blank, rows_per_chunk, lab_out, blank_out, lse)
-        run_batch(_forward_serial, _forward_parallel, -(-n_rows // rows_per_chunk), x.size,
+        run_batch(_forward_serial, np.arange(-(-n_rows // rows_per_chunk)), x.size,
                   _PARALLEL_MIN_ELEMS, args)
     return lab_out, blank_out, lse
 
@@ -514,7 +512,7 @@ def log_softmax_gather_grad(x, lse, labels, blank, g_label, g_blank, out=None):
     out = _out_array(fn, out, x)
     if n_rows:
         args = (x, lse, labels, blank, g_label, g_blank, rows_per_chunk, out)
-        run_batch(_backward_serial, _backward_parallel, -(-n_rows // rows_per_chunk), x.size,
+        run_batch(_backward_serial, np.arange(-(-n_rows // rows_per_chunk)), x.size,
                   _PARALLEL_MIN_ELEMS, args)
     return out
 
@@ -628,34 +626,24 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
             u0 = ue
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _lattice_forward_parallel(x, targets, il, tl, blank, per_chunk, px, py, lse):
+
+@numba.njit(cache=True, nogil=True)
+def _lattice_forward_serial(chunks, x, targets, il, tl, blank, per_chunk, px, py, lse):
     n_frames = x.shape[0] * (x.shape[1] + 1)
-    for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
-        f0 = c * per_chunk
+    for i in range(chunks.shape[0]):
+        f0 = chunks[i] * per_chunk
         _lattice_forward_frames(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
                                 px, py, lse, x.reshape(-1, x.shape[3])[:0])
 
 
+
 @numba.njit(cache=True, nogil=True)
-def _lattice_forward_serial(x, targets, il, tl, blank, per_chunk, px, py, lse):
-    _lattice_forward_frames(x, targets, il, tl, blank, 0, x.shape[0] * (x.shape[1] + 1),
-                            px, py, lse, x.reshape(-1, x.shape[3])[:0])
-
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _lattice_backward_parallel(x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
+def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
     n_frames = x.shape[0] * x.shape[1]
-    for c in numba.prange((n_frames + per_chunk - 1) // per_chunk):
-        f0 = c * per_chunk
+    for i in range(chunks.shape[0]):
+        f0 = chunks[i] * per_chunk
         _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0,
                                  min(f0 + per_chunk, n_frames), out, False)
-
-
-@numba.njit(cache=True, nogil=True)
-def _lattice_backward_serial(x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
-    _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, 0,
-                             x.shape[0] * x.shape[1], out, False)
 
 
 def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
@@ -714,8 +702,8 @@ def transducer_log_probs(x, targets, logit_lengths, target_lengths, blank):
     lse = np.empty((n, t_max, u1))
     if n:
         args = (x, targets, il, tl, blank, per_chunk, px, py, lse)
-        run_batch(_lattice_forward_serial, _lattice_forward_parallel,
-                  -(-n * (t_max + 1) // per_chunk), x.size, _PARALLEL_MIN_ELEMS, args)
+        run_batch(_lattice_forward_serial, np.arange(-(-n * (t_max + 1) // per_chunk)), x.size,
+                  _PARALLEL_MIN_ELEMS, args)
     return px, py, lse
 
 
@@ -743,8 +731,8 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
     out = _out_array(fn, out, x)
     if n:
         args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out)
-        run_batch(_lattice_backward_serial, _lattice_backward_parallel,
-                  -(-n * t_max // per_chunk), x.size, _PARALLEL_MIN_ELEMS, args)
+        run_batch(_lattice_backward_serial, np.arange(-(-n * t_max // per_chunk)), x.size,
+                  _PARALLEL_MIN_ELEMS, args)
     return out
 
 
@@ -777,11 +765,9 @@ def _scaled_cotangents(b, scale, gx, gy, cx, cy):
 # mid-sized functions much faster than one large inlined body, and every
 # level of calls re-optimises and re-emits the code of all the functions below
 # it (numba links callees into each caller's module), so the call tree is kept
-# flat.  The parallel kernel inlines the frame loops into its prange body
-# (`_fused_one_inline`), as before: measured about 20% faster there than
-# calling them.  Both pass ``modified`` to `_one_linear` as the literal
-# ``False``: that specialisation (its branches on ``modified`` pruned) is
-# measurably faster too.
+# flat.  A large batch runs the same kernel on several threads (`run_batch`).
+# ``modified`` reaches `_one_linear` as the literal ``False``: that
+# specialisation (its branches on ``modified`` pruned) is measurably faster.
 _frames_forward_fn = numba.njit(cache=True, nogil=True)(_lattice_forward_frames.py_func)
 _frames_backward_fn = numba.njit(cache=True, nogil=True)(_lattice_backward_frames.py_func)
 
@@ -815,33 +801,10 @@ def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losse
         _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _fused_one_inline(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
-                      gy, cx, cy, out, pending):
-    """`_fused_one` with the frame loops inlined (the parallel kernel's body)."""
-    t_max = x.shape[1]
-    keep = out.reshape(-1, x.shape[3])
-    _lattice_forward_frames(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
-                            px, py, lse, keep if want else keep[:0])
-    status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
-    pending[b] = status
-    if want and status == 0:
-        _scaled_cotangents(b, scale, gx, gy, cx, cy)
-        _lattice_backward_frames(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
-                                 (b + 1) * t_max, out, True)
-
-
 # The fused kernels: the same argument list ``(order, inputs..., outputs...)``;
 # each processes exactly the sequences listed in the int64 array ``order`` and
 # writes only their entries of the outputs (``px`` .. ``pending``).
 
-
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _fused_parallel(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
-                    gy, cx, cy, out, pending):
-    for i in numba.prange(order.shape[0]):
-        _fused_one_inline(order[i], x, targets, il, tl, blank, bd, scale, want, px, py, lse,
-                          losses, gx, gy, cx, cy, out, pending)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -916,8 +879,7 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     if n:
         args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
                 cx, cy, out, pending)
-        run_batch(_fused_serial, _fused_parallel, n, x.size, _PARALLEL_MIN_ELEMS,
-                  (np.arange(n, dtype=np.int64),) + args)
+        run_batch(_fused_serial, np.arange(n, dtype=np.int64), x.size, _PARALLEL_MIN_ELEMS, args)
         # the sequences the linear sweep could not certify: exactly in log space,
         # then their gradients
         todo = run_fallback((px, py, bd, False, want, want, losses, gx, gy, pending))

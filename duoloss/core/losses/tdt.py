@@ -79,13 +79,13 @@ import numba
 import numpy as np
 import numpy.typing as npt
 from typing import Sequence
-from numba import prange
 
 # NB: the kernels inline exp_poly and fast_exp; numba's on-disk cache is keyed
 # on this file's mtime only, so touch it after editing _numerics.py.
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import logaddexp_fast as _lae
-from .._numerics import exp_poly, fast_exp, run_batch
+from .._numerics import exp_poly, fast_exp
+from .._pool import run_batch
 from .._spec import LossKernel
 from .transducer import check_targets_and_lengths
 
@@ -308,13 +308,6 @@ def _serial(order, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_du
              sigma, lam, clamp, dur_grad, want, gw, losses, g)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _parallel(order, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
-              sigma, lam, clamp, dur_grad, want, gw, losses, g):
-    for i in prange(order.shape[0]):
-        _seq(order[i], x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
-             sigma, lam, clamp, dur_grad, want, gw, losses, g)
-
 
 def _run_tables(x, targets, logit_lengths, target_lengths, n_lab, n_dur, tables, sigma, lam,
                 clamp, dur_grad, want, weights=None):
@@ -334,11 +327,10 @@ def _run_tables(x, targets, logit_lengths, target_lengths, n_lab, n_dur, tables,
     g = np.zeros(x.shape if want else (0, 0, 0, 0), x.dtype)
     w = np.ones(n) if weights is None else np.ascontiguousarray(weights, np.float64).reshape(n)
     if n > 0:
-        args = (np.arange(n, dtype=np.int64), x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di,
-                blk_sym, blk_dur, blk_di, float(sigma), float(lam), float(clamp), bool(dur_grad),
-                bool(want), w, losses, g)
+        args = (x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di,
+                float(sigma), float(lam), float(clamp), bool(dur_grad), bool(want), w, losses, g)
         cells = n * x.shape[1] * x.shape[2]
-        run_batch(_serial, _parallel, n, cells, _PARALLEL_MIN_CELLS, args)
+        run_batch(_serial, np.arange(n, dtype=np.int64), cells, _PARALLEL_MIN_CELLS, args)
     return losses, (g if want else None)
 
 

@@ -106,7 +106,8 @@ from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import NEG_INF as _NEG_INF
 from .. import _numerics
-from .._numerics import exp_poly, fast_exp, run_batch
+from .._numerics import exp_poly, fast_exp
+from .._pool import run_batch
 from .._numerics import logaddexp_fast as _lae
 from .._spec import LossKernel
 
@@ -487,12 +488,6 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
 # int8 (`_one_linear`'s status).
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _batch_parallel(order, px, py, bd, modified, want_x, want_y, losses, gx, gy, pending):
-    for i in numba.prange(order.shape[0]):
-        b = order[i]
-        pending[b] = _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy)
-
 
 @numba.njit(cache=True, nogil=True)
 def _batch_serial(order, px, py, bd, modified, want_x, want_y, losses, gx, gy, pending):
@@ -523,7 +518,9 @@ def run_fallback(args):
     is cached).  Returns those sequences (int64)."""
     todo = np.flatnonzero(args[-1]).astype(np.int64, copy=False)
     if todo.size or _numerics._compile_both:
-        _fallback_batch(todo, *args)
+        py = args[1]
+        run_batch(_fallback_batch, todo, todo.size * py.shape[1] * (py.shape[2] + 1),
+                  _PARALLEL_MIN_CELLS, args)
     return todo
 
 
@@ -602,8 +599,8 @@ def transducer_loss_and_grad(px: npt.ArrayLike, py: npt.ArrayLike,
         args = (px, py, bd, bool(modified), want_x, want_y, losses, gx, gy, pending)
         if not _log_space:
             cells = n * py.shape[1] * (py.shape[2] + 1)
-            run_batch(_batch_serial, _batch_parallel, n, cells, _PARALLEL_MIN_CELLS,
-                      (np.arange(n, dtype=np.int64),) + args)
+            run_batch(_batch_serial, np.arange(n, dtype=np.int64), cells, _PARALLEL_MIN_CELLS,
+                      args)
         run_fallback(args)
     return losses.astype(dtype, copy=False), (gx if want_x else None, gy if want_y else None)
 
@@ -765,11 +762,6 @@ def _viterbi_checkpointed(b, px, py, s0, t0, ns, nt, modified, scores, frames):
             j -= 1
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _viterbi_parallel(order, px, py, bd, modified, checkpoint_cells, scores, frames):
-    for i in numba.prange(order.shape[0]):
-        _viterbi_one(order[i], px, py, bd, modified, checkpoint_cells, scores, frames)
-
 
 @numba.njit(cache=True, nogil=True)
 def _viterbi_serial(order, px, py, bd, modified, checkpoint_cells, scores, frames):
@@ -818,9 +810,8 @@ def transducer_viterbi(px: npt.ArrayLike, py: npt.ArrayLike, boundary: npt.Array
     if n > 0:
         cells = n * py.shape[1] * (py.shape[2] + 1)
         limit = RNNT_CHECKPOINT_CELLS if _checkpoint_cells is None else int(_checkpoint_cells)
-        run_batch(_viterbi_serial, _viterbi_parallel, n, cells, _PARALLEL_MIN_CELLS,
-                  (np.arange(n, dtype=np.int64), px, py, bd, bool(modified), limit, scores,
-                   frames))
+        run_batch(_viterbi_serial, np.arange(n, dtype=np.int64), cells, _PARALLEL_MIN_CELLS,
+                  (px, py, bd, bool(modified), limit, scores, frames))
     return scores, frames
 
 

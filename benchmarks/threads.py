@@ -1,25 +1,20 @@
-"""Cost of numba's threading layers for duoloss's parallel kernels (CTC and ASG fwd+bwd).
+"""duoloss's batch threads: CTC and ASG (fwd+bwd) on 1 thread against its thread pool.
 
-numba picks one threading layer per process (``omp``, ``tbb`` or ``workqueue``), so
-every configuration runs in its own worker process with ``NUMBA_THREADING_LAYER``
-set; the workers take turns on each case, round after round, so that load from
-other jobs falls on all layers alike.
-For each layer and size this prints the median milliseconds of one core call
-(forward + backward, float32) from a single Python thread, and the wall time per
-call when 4 Python threads call at once (on ``workqueue`` duoloss serialises the
-launches with a lock), plus whether a forked child can still run a parallel kernel
+A large batch runs on a pool of Python threads over one nogil kernel
+(``duoloss.core._pool``); ``NUMBA_NUM_THREADS`` sets how many.  Every thread count
+runs in its own worker process; the workers take turns on each case, round after
+round, so that load from other jobs falls on all of them alike.  For each setting
+and size this prints the median milliseconds of one core call (forward + backward,
+float32) from a single Python thread, and the wall time per call when 4 Python
+threads call at once, plus whether a forked child can still run a threaded batch
 after the parent did (``fork ok``; a killed or hung child reads ``no``).
 
-``tbb`` needs ``libtbb.so.12`` (``pip install tbb``) where the dynamic loader finds
-it; pass its folder with ``--tbb-lib`` (default: ``<sys.prefix>/lib``), which is
-put on ``LD_LIBRARY_PATH`` for that subprocess only.
-
-    python benchmarks/threading_layers.py                          # all layers, default sizes
-    python benchmarks/threading_layers.py --layers omp,workqueue --sizes 8,200,30,40 --rounds 3
-    python -m benchmarks.threading_layers --quick                   # a smoke run
+    python benchmarks/threads.py                          # 1 and 2 threads, default sizes
+    python benchmarks/threads.py --thread-counts 1,2,4 --sizes 8,200,30,40 --rounds 3
+    python -m benchmarks.threads --quick                  # a smoke run
 
 Sizes are ``B,T,C,L`` (batch, frames, classes, target length).  Ratios to the
-first layer are medians over rounds of the per-round ratio (interquartile range
+first setting are medians over rounds of the per-round ratio (interquartile range
 in brackets); a round's time is the median of its calls.
 """
 from __future__ import annotations
@@ -35,12 +30,12 @@ import threading
 import time
 
 
-if __package__ in (None, ""):  # ``python benchmarks/threading_layers.py``: time this checkout
+if __package__ in (None, ""):  # ``python benchmarks/threads.py``: time this checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import _harness as H
 
 DEFAULT_SIZES = [(8, 200, 30, 40), (32, 500, 50, 100)]
-QUICK_SIZES = [(4, 200, 12, 25)]  # above the core's serial cut-off: a parallel launch
+QUICK_SIZES = [(4, 200, 12, 25)]  # above the core's serial cut-off: a threaded batch
 
 
 def _inputs(b, t, c, l):
@@ -105,14 +100,14 @@ def _child_runs_kernel(fn, timeout):
 
 
 def _worker(fork_timeout):
-    """Serve timing requests (one JSON line each on stdin) in this process's layer."""
-    from duoloss.core import threading_layer
+    """Serve timing requests (one JSON line each on stdin) with this process's threads."""
+    from duoloss.core import _pool
 
     kernels = {}
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "hello":
-            out = {"layer": None}
+            out = {"threads": _pool.num_threads()}
         elif req["op"] == "fork":
             fn = next(iter(kernels.values()))
             out = {"fork_ok": _child_runs_kernel(fn, fork_timeout)}
@@ -126,21 +121,17 @@ def _worker(fork_timeout):
             fn()
             callers, calls = req["callers"], req["calls"]
             out = {"ms": _single(fn, calls) if callers == 1 else _concurrent(fn, callers, calls)}
-            out["layer"] = threading_layer()
+            out["threads"] = _pool.num_threads()
         print(json.dumps(out), flush=True)
 
 
-class _Layer:
-    """A long-lived worker process running one numba threading layer."""
+class _Worker:
+    """A long-lived worker process with one thread count (``NUMBA_NUM_THREADS``)."""
 
-    def __init__(self, layer, args):
+    def __init__(self, threads, args):
         # Time this checkout's duoloss, not whichever one is installed.
-        env = H.child_env(NUMBA_THREADING_LAYER=layer, NUMBA_NUM_THREADS=args.threads)
-        if layer == "tbb":
-            lib = args.tbb_lib or os.path.join(sys.prefix, "lib")
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(
-                p for p in (lib, os.environ.get("LD_LIBRARY_PATH")) if p)
-        self.name = layer
+        env = H.child_env(NUMBA_NUM_THREADS=threads)
+        self.name = f"{threads} thread" + ("s" if int(threads) > 1 else "")
         self.loaded = None
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker",
@@ -154,7 +145,7 @@ class _Layer:
         if not line:
             raise RuntimeError(f"the {self.name} worker died (see its stderr above)")
         out = json.loads(line)
-        self.loaded = out.get("layer") or self.loaded
+        self.loaded = out.get("threads") or self.loaded
         return out
 
     def close(self):
@@ -164,26 +155,26 @@ class _Layer:
 
 def main(argv=None):
     p = H.parser(__doc__, names="B,T,C,L", sizes=DEFAULT_SIZES, quick_sizes=QUICK_SIZES,
-                 rounds=5, threads=2, threads_help="NUMBA_NUM_THREADS (default 2)")
-    p.add_argument("--layers", default="omp,workqueue,tbb")
+                 rounds=5)
+    p.add_argument("--thread-counts", default="1,2",
+                   help="NUMBA_NUM_THREADS of each worker (default 1,2)")
     p.add_argument("--callers", default="1,4", help="numbers of concurrent Python threads")
     p.add_argument("--calls", type=int, default=None,
                    help="calls per caller per round (default 10; --quick: 2)")
     p.add_argument("--fork-timeout", type=float, default=60.0)
-    p.add_argument("--tbb-lib", default=None, help="folder holding libtbb.so.12")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args.fork_timeout)
         return
-    args = H.finish_args(args, "threading_layers")
+    args = H.finish_args(args, "threads")
     if args.calls is None:
         args.calls = 2 if args.quick else 10
     sizes = args.sizes
     callers = [int(v) for v in args.callers.split(",")]
     cases = [(size, kernel, c) for size in sizes for kernel in ("ctc", "asg") for c in callers]
 
-    layers = [_Layer(name, args) for name in args.layers.split(",")]
+    layers = [_Worker(k, args) for k in args.thread_counts.split(",")]
     times = {(layer.name, case): [] for layer in layers for case in cases}  # every call
     rounds = {(layer.name, case): [] for layer in layers for case in cases}  # round medians
     try:
@@ -191,8 +182,8 @@ def main(argv=None):
             layer.ask(op="hello")
         for r in range(args.rounds):
             for case in cases:
-                # Every layer in turn on the same case, in rotating order, so that
-                # the other jobs on a shared machine hit all layers alike.
+                # Every worker in turn on the same case, in rotating order, so that
+                # the other jobs on a shared machine hit all of them alike.
                 for layer in layers[r % len(layers):] + layers[:r % len(layers)]:
                     size, kernel, c = case
                     H.progress(f"[size {sizes.index(size) + 1}/{len(sizes)}] {layer.name} "
@@ -208,9 +199,6 @@ def main(argv=None):
         for layer in layers:
             layer.close()
 
-    for layer in layers:
-        if layer.loaded != layer.name:
-            print(f"# asked for {layer.name}, numba loaded {layer.loaded}", file=sys.stderr)
     base = layers[0].name
     cols = ["1 caller" if c == 1 else f"{c} callers" for c in callers]
     rows, results = [], []
@@ -226,18 +214,18 @@ def main(argv=None):
                                       rounds[layer.name, case], rounds[base, case])
                     impls[f"{layer.name}, {c} callers"] = {
                         "median_ms": ms, "rounds_ms": rounds[layer.name, case],
-                        "calls_per_round": args.calls * c, "loaded_layer": layer.loaded}
+                        "calls_per_round": args.calls * c, "threads": layer.loaded}
                     ratios.append(r)
                     cells.append(f"{ms:.2f} ({r['median']:.2f}x)")
-                rows.append([f"{kernel} ({H.format_size(size)})", layer.loaded] + cells
+                rows.append([f"{kernel} ({H.format_size(size)})", layer.name] + cells
                             + ["yes" if fork_ok[layer.name] else "no"])
             results.append(H.result(size, case=kernel, impls=impls, ratios=ratios, extra={
-                "fork_ok": fork_ok, "loaded": {la.name: la.loaded for la in layers}}))
-    text = (f"numba threading layers, NUMBA_NUM_THREADS={args.threads}, float32 fwd+bwd, "
+                "fork_ok": fork_ok, "threads": {la.name: la.loaded for la in layers}}))
+    text = (f"duoloss's batch threads (NUMBA_NUM_THREADS per worker), float32 fwd+bwd, "
             f"median ms per call over {args.rounds} interleaved rounds (ratio to {base}: median "
             f"of per-round ratios); N callers: wall time / calls with N Python threads calling "
             f"at once\n\n"
-            + H.table(["kernel (B,T,C,L)", "layer"] + cols + ["fork ok"], rows,
+            + H.table(["kernel (B,T,C,L)", "threads"] + cols + ["fork ok"], rows,
                       align="ll" + "r" * len(cols) + "l"))
     H.emit(args, results, text)
 
