@@ -158,3 +158,17 @@ def test_cli_help_names_the_program_and_commands():
     out = subprocess.run([sys.executable, "-m", "duoloss", "warmup", "--families", "nope"],
                          capture_output=True, text=True, cwd=ROOT, env=_env())
     assert out.returncode == 2 and "'families'" in out.stderr and "['nope']" in out.stderr
+
+
+def test_worker_shares_cover_every_family_once_and_balance():
+    from duoloss import _warmup
+
+    for jobs in (1, 2, 3, 7, 9):
+        shares = _warmup._shares(list(_warmup.FAMILIES), jobs)
+        flat = [f for share in shares for f in share]
+        assert sorted(flat) == sorted(_warmup.FAMILIES) and len(shares) <= jobs
+    two = _warmup._shares(list(_warmup.FAMILIES), 2)
+    loads = sorted(sum(_warmup._COST[f] for f in share) for share in two)
+    # longest-first greedy: no worker carries more than the ideal half plus one family
+    assert loads[1] - loads[0] <= max(_warmup._COST.values())
+    assert _warmup._shares(["ctc"], 2) == [["ctc"]]

@@ -407,7 +407,9 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
 
 # The row and frame kernels take the chunks to compute (int64 indices, each
 # ``rows_per_chunk`` rows or ``per_chunk`` frames): `run_batch` gives each
-# thread its own chunks.
+# thread its own chunks.  The frame kernels call the same compiled frame loops
+# as the fused kernel (`_frames_forward_fn`, `_frames_backward_fn`, below)
+# rather than inlining a second copy.
 
 
 @numba.njit(cache=True, nogil=True)
@@ -632,8 +634,8 @@ def _lattice_forward_serial(chunks, x, targets, il, tl, blank, per_chunk, px, py
     n_frames = x.shape[0] * (x.shape[1] + 1)
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
-        _lattice_forward_frames(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
-                                px, py, lse, x.reshape(-1, x.shape[3])[:0])
+        _frames_forward_fn(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
+                           px, py, lse, x.reshape(-1, x.shape[3])[:0])
 
 
 
@@ -642,8 +644,8 @@ def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py,
     n_frames = x.shape[0] * x.shape[1]
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
-        _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0,
-                                 min(f0 + per_chunk, n_frames), out, False)
+        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0,
+                            min(f0 + per_chunk, n_frames), out, False)
 
 
 def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
