@@ -156,10 +156,10 @@ _FAMILY_OF_MODULE = {
 #: family -> (what it is, rough seconds of its first call with an empty cache on a
 #: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
 FAMILIES = {
-    "ctc": ("CTC", 10), "asg": ("ASG", 30), "graph": ("WFST graph", 55),
-    "rnnt": ("RNN-T", 30), "k2": ("k2 RNN-T", 15), "tdt": ("TDT/multi-blank RNN-T", 30),
-    "align": ("alignment", 25),
-    "core": ("shared", 5),
+    "ctc": ("CTC", 4), "asg": ("ASG", 8), "graph": ("WFST graph", 13),
+    "rnnt": ("RNN-T", 9), "k2": ("k2 RNN-T", 4), "tdt": ("TDT/multi-blank RNN-T", 8),
+    "align": ("alignment", 3),
+    "core": ("shared", 2),
 }
 
 _logger = logging.getLogger("duoloss")
