@@ -233,22 +233,30 @@ def test_token_spans_bad_input():
         jax.jit(dj.token_spans)(np.zeros((2, 6), np.int32), np.zeros((6, 2, 3), np.float32))
 
 
+def asg_random_case(rng, trial, t_hi, n, s_hi):
+    """An ASG alignment case (emissions, transitions or None, start or None, targets,
+    input lengths, target lengths); ``trial % 4`` picks ties: 1 rounded scores, 2 every
+    path tying."""
+    t_max = int(rng.integers(1, t_hi))
+    n_cls = int(rng.integers(2, 5))
+    s = int(rng.integers(1, s_hi))
+    em = rng.normal(size=(t_max, n, n_cls))
+    trans = rng.normal(size=(n_cls, n_cls)) if trial % 2 else None
+    start = rng.normal(size=n_cls) if trial % 3 == 0 else None
+    if trial % 4 == 1:
+        em = np.round(em)  # ties
+        trans = None if trans is None else np.round(trans)
+    elif trial % 4 == 2:
+        em[:] = 0.5  # every path ties (without transitions)
+    tg = rng.integers(0, n_cls, size=(n, s))
+    il = rng.integers(0, t_max + 1, size=n)
+    tl = rng.integers(0, s + 1, size=n)
+    return em, trans, start, tg, il, tl
+
+
 def test_asg_checkpointed_equals_full_table_random(rng):
     for trial in range(120):
-        t_max = int(rng.integers(1, 40))
-        n_cls = int(rng.integers(2, 5))
-        n, s = 3, int(rng.integers(1, 12))
-        em = rng.normal(size=(t_max, n, n_cls))
-        trans = rng.normal(size=(n_cls, n_cls)) if trial % 2 else None
-        start = rng.normal(size=n_cls) if trial % 3 == 0 else None
-        if trial % 4 == 1:
-            em = np.round(em)  # ties
-            trans = None if trans is None else np.round(trans)
-        elif trial % 4 == 2:
-            em[:] = 0.5  # every path ties (without transitions)
-        tg = rng.integers(0, n_cls, size=(n, s))
-        il = rng.integers(0, t_max + 1, size=n)
-        tl = rng.integers(0, s + 1, size=n)
+        em, trans, start, tg, il, tl = asg_random_case(rng, trial, 40, 3, 12)
         full = core_align.asg_align(em, trans, tg, il, tl, start_transitions=start,
                                     _checkpoint_cells=1 << 40)
         ckpt = core_align.asg_align(em, trans, tg, il, tl, start_transitions=start,

@@ -17,17 +17,14 @@ on the checkpointed path, so a first call that needs no such sequence never comp
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
-import tempfile
-import textwrap
 
 import numpy as np
 import pytest
 
 from duoloss.core import _numerics
 from duoloss.core.losses import align as core_align
+from fresh_process import run_with_empty_cache
+from test_align_long import asg_random_case
 from test_asg_reference import brute_ctc_align
 
 
@@ -70,20 +67,7 @@ def test_ctc_mixed_pending_equals_full_table(rng):
 
 def test_asg_mixed_pending_equals_full_table(rng):
     for trial in range(60):
-        t_max = int(rng.integers(1, 30))
-        n_cls = int(rng.integers(2, 5))
-        n, s = 5, int(rng.integers(1, 10))
-        em = rng.normal(size=(t_max, n, n_cls))
-        trans = rng.normal(size=(n_cls, n_cls)) if trial % 2 else None
-        start = rng.normal(size=n_cls) if trial % 3 == 0 else None
-        if trial % 4 == 1:
-            em = np.round(em)
-            trans = None if trans is None else np.round(trans)
-        elif trial % 4 == 2:
-            em[:] = 0.5
-        tg = rng.integers(0, n_cls, size=(n, s))
-        il = rng.integers(0, t_max + 1, size=n)
-        tl = rng.integers(0, s + 1, size=n)
+        em, trans, start, tg, il, tl = asg_random_case(rng, trial, 30, 5, 10)
         full = core_align.asg_align(em, trans, tg, il, tl, start_transitions=start,
                                     _checkpoint_cells=1 << 40)
         for limit in _thresholds(il * tl):
@@ -275,9 +259,4 @@ print("OK")
 
 
 def test_small_sequences_do_not_compile_the_checkpointed_paths():
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, DUOLOSS_QUIET_COMPILE="1")
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(_FRESH)], env=env,
-                             capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("OK")
+    assert run_with_empty_cache(_FRESH).strip().endswith("OK")
