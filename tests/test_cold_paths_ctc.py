@@ -2,7 +2,7 @@
 
 * ``_first_invalid`` (numpy now) returns what the loops it replaced returned.
 * The exact log-space fallback runs after the batch, in its own kernel
-  (``_ctc_log_space_batch``), for the sequences ``_ctc_one`` marks pending (1:
+  (``_ctc_log_space_batch``), for the sequences ``_ctc_batch_serial`` marks pending (1:
   gradient only, 2: loss and gradient): forced here on inputs whose linear-space
   pass underflows, both kinds, serial and parallel, against the independent
   log-space reference.

@@ -7,6 +7,7 @@ must compile nothing.  Everything else runs in-process without compiling.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 import duoloss
@@ -139,6 +141,90 @@ def test_notice_is_silenceable(notice, caplog, monkeypatch, how):
         caplog.set_level(logging.ERROR, logger="duoloss")
     _fire(notice, "duoloss.core.losses.ctc", "duoloss.core.losses.transducer")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_gc_paused_only_during_an_outermost_duoloss_compile(notice):
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        notice.on_start(_Event("duoloss.core.losses.ctc"))
+        assert not gc.isenabled()
+        _fire(notice, "duoloss.core._numerics", "numba.np.arrayobj")  # nested: still paused
+        assert not gc.isenabled()
+        notice.on_end(_Event("duoloss.core.losses.ctc"))
+        assert gc.isenabled()
+        # another library's compile (even one that compiles a duoloss helper) is not ours
+        notice.on_start(_Event("numba.np.arrayobj"))
+        _fire(notice, "duoloss.core._numerics")
+        assert gc.isenabled()
+        notice.on_end(_Event("numba.np.arrayobj"))
+        # a collector the user switched off stays off
+        gc.disable()
+        _fire(notice, "duoloss.core.losses.asg")
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+_GC_IN_REAL_COMPILES = """
+import gc, json, numba.core.event as ev
+import numpy as np
+import duoloss.core  # its listener first: numba tells listeners in registration order
+seen = []
+class _L(ev.Listener):
+    def on_start(self, e):
+        seen.append(gc.isenabled())
+    def on_end(self, e):
+        pass
+ev.register("numba:compile", _L())
+from duoloss.core import ctc_loss_and_grad
+from duoloss.core._numerics import exp_core
+lp = np.log(np.full((12, 2, 6), 1 / 6, np.float32))
+loss, _ = ctc_loss_and_grad(lp, np.array([[1, 2, 3], [4, 2, 1]]), np.array([12, 10]),
+                            np.array([3, 2]))
+after_ok = gc.isenabled()
+try:
+    exp_core("not a number")  # a compile that fails (a typing error)
+except Exception as err:
+    failed = type(err).__name__
+after_error = gc.isenabled()
+gc.disable()
+from duoloss.core import asg_loss_and_grad
+asg_loss_and_grad(lp, np.zeros((6, 6), np.float32), np.array([[1, 2, 3], [4, 2, 1]]),
+                  np.array([12, 10]), np.array([3, 2]))
+print(json.dumps({"seen": seen, "after_ok": after_ok, "failed": failed,
+                  "after_error": after_error, "user_off_stays_off": not gc.isenabled(),
+                  "loss": [float(v) for v in loss]}))
+"""
+
+
+def test_gc_paused_in_real_compiles_and_restored_after_errors(tmp_path):
+    out = _python(_GC_IN_REAL_COMPILES, _env(tmp_path))
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    # the recorder hears each compile's start after duoloss's listener: the outermost
+    # kernel's start already found the collector off, as did every nested compile
+    assert len(r["seen"]) > 5 and not any(r["seen"]), r["seen"]
+    assert r["after_ok"] and r["after_error"] and r["failed"] == "TypingError"
+    assert r["user_off_stays_off"]
+    # uniform frames: every alignment has probability 6**-12 (the count of CTC paths
+    # of "1 2 3" in 12 frames times that), a check that the paused compile computed
+    assert r["loss"][0] == pytest.approx(12 * np.log(6) - np.log(_ctc_paths(12, [1, 2, 3])))
+
+
+def _ctc_paths(t_len, labels):
+    """The number of CTC alignments of ``labels`` in ``t_len`` frames (dynamic program
+    over the extended label sequence, counting paths)."""
+    ext = [0]
+    for y in labels:
+        ext += [y, 0]
+    count = [1, 1] + [0] * (len(ext) - 2)
+    for _ in range(1, t_len):
+        new = [0] * len(ext)
+        for s in range(len(ext)):
+            new[s] = count[s] + (count[s - 1] if s >= 1 else 0) + (
+                count[s - 2] if s >= 2 and ext[s] != 0 and ext[s] != ext[s - 2] else 0)
+        count = new
+    return count[-1] + count[-2]
 
 
 def test_warmup_rejects_unknown_family_and_bad_jobs():

@@ -21,6 +21,7 @@ kernel on first use in every process), with exactly one warning.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import stat
@@ -190,16 +191,27 @@ def _quiet():
 
 
 class _CompileNotice(numba.core.event.Listener):
-    """Announces the first compile (a numba cache miss) of each family, once per process.
+    """Announces the first compile (a numba cache miss) of each family, once per process,
+    and pauses Python's cyclic garbage collector while a duoloss kernel compiles.
 
     Only an outermost compile counts: the helpers a kernel compiles on its way (in
     other modules) belong to the kernel's family.  A kernel loaded from the cache
-    fires no event, so a warm cache prints nothing.
+    fires no event, so a warm cache prints nothing and changes nothing.
+
+    The pause: numba's compiler allocates millions of short-lived objects, and with
+    torch or JAX imported (about a million tracked objects) every full collection
+    they trigger walks the whole heap: a fifth of a cold first call (measured: CTC
+    2.7 s -> 2.2 s, RNN-T 7.7 s -> 6.6 s).  The collector is switched off at the
+    start of the outermost compile of a duoloss kernel, only if it was on, and
+    switched on again when that compile ends, also on an error (numba sends the end
+    event from a ``finally``); the garbage of the compile (about 90 MB for RNN-T) is
+    collected by the first collection after it.
     """
 
     def __init__(self):
         self._depth = 0
         self._started = None
+        self._paused_gc = False
 
     def on_start(self, event):
         self._depth += 1
@@ -209,6 +221,9 @@ class _CompileNotice(numba.core.event.Listener):
         if family is None:
             return
         self._started = (family, time.perf_counter())
+        if gc.isenabled():
+            gc.disable()
+            self._paused_gc = True
         if family in _noticed:
             return
         _noticed.add(family)
@@ -224,6 +239,9 @@ class _CompileNotice(numba.core.event.Listener):
 
     def on_end(self, event):
         self._depth = max(self._depth - 1, 0)
+        if self._depth == 0 and self._paused_gc:
+            self._paused_gc = False
+            gc.enable()
         if self._depth == 0 and self._started is not None:
             family, t0 = self._started
             self._started = None

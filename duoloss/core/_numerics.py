@@ -163,7 +163,7 @@ def exp_core(x):
     return scale * (th + (_T_LO[j] + th * p))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def fast_exp(x):
     """``exp(x)`` for any float64 (about 0.5 ulp; the C library's outside [-708, 709])."""
     if -708.0 <= x <= 709.0:

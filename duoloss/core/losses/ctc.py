@@ -253,7 +253,7 @@ def _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale):
     return logz
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def ctc_states(targets, b, n_labels, blank):
     """The CTC acceptor of ``targets[b, :n_labels]``: per state its class
     (blanks at even states) and whether it can be entered by skipping the
@@ -398,7 +398,7 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     return alpha, log_scale, status, logz, flushed
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
@@ -474,94 +474,94 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
     return status
 
 
-@numba.njit(cache=True, nogil=True)
-def _ctc_one(b, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale, losses,
-             grad, pending):
-    """Loss (and gradient, times ``gscale[b]`` if given) of sequence ``b``; see the
-    module docstring.  Writes ``losses[b]``, ``grad[:, b, :]`` and ``pending[b]``
-    only.
-
-    Steps: validate; frame probabilities (`_ctc_frame_probs`); rescaled
-    forward (`_ctc_forward_linear`); backward sweep with the per-frame
-    check (`_ctc_backward_linear`).  Where linear space lost precision,
-    ``pending[b]`` is set (1: the gradient only, 2: loss and gradient) and the
-    driver runs the exact log-space trellis afterwards (`_ctc_log_space_batch`,
-    a kernel compiled only when first needed).
-    """
-    t_max, _, n_cls = logp.shape
-    scale = gscale[b] if gscale.shape[0] > b else 1.0
-    input_len = in_len[b]
-    target_len = tg_len[b]
-    pending[b] = 0
-    # Memory safety first: anything out of range makes the sequence NaN.
-    ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, True)
-    if want_grad:
-        _fill_rows(grad, b, 0, t_max, 0.0)
-    if not ok:
-        losses[b] = np.nan
-        if want_grad:
-            _fill_rows(grad, b, 0, t_max, np.nan)
-        return
-    if input_len == 0:
-        losses[b] = 0.0 if target_len == 0 else (0.0 if zero_inf else np.inf)
-        return
-    lab, skip = ctc_states(targets, b, target_len, blank)
-    # flushed: did linear space lose anything?  Set when a positive quantity (a
-    # probability from a finite score, or a cell whose inputs are positive)
-    # comes out below _FLUSH: only then can the rescaled forward differ from the
-    # exact one, and only then does the loss need the backward sweep's verdict.
-    probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len)
-    alpha, log_scale, state, logz, flushed = _ctc_forward_linear(probs, frame_max, column, skip,
-                                                                 flushed)
-    # Without a gradient the sweep still runs when the forward flushed something:
-    # its per-frame check is the verdict on the loss, so a loss is the same number
-    # whether or not a gradient was asked for.
-    linear_loss = state == 0 and not flushed
-    if state == 0 and (want_grad or flushed):
-        state = _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip,
-                                     logz, want_grad, grad, scale)
-    if state == 2:
-        losses[b] = np.nan
-        if want_grad:
-            _fill_rows(grad, b, 0, input_len, np.nan)
-        return
-    if state == 1:
-        # Linear space lost precision: the exact log-space trellis runs after the
-        # batch (`_ctc_log_space_batch`).  1: nothing was flushed, so the
-        # forward's log Z (kept, negated, in losses[b]) is exact and only the
-        # gradient is recomputed; 2: both.
-        pending[b] = 1 if linear_loss else 2
-        losses[b] = -logz
-        return
-    if logz == -np.inf:
-        losses[b] = 0.0 if zero_inf else np.inf
-        if want_grad:
-            _fill_rows(grad, b, 0, input_len, 0.0)
-        return
-    losses[b] = -logz
-
-
 # The batch kernels: the same argument list ``(order, inputs..., outputs...)``;
 # each processes exactly the sequences listed in the int64 array ``order`` and
 # writes only their entries of the preallocated outputs ``losses`` (N,) float64,
 # ``grad`` (like logp, or (0, 0, 0) without a gradient) and ``pending`` (N,) int8.
-
+#
+# Compile time (a user's first call, issue 19): the per-sequence steps live in the
+# batch loop itself, not in a function of their own that the loop calls (numba
+# would compile that function, then link, re-optimise and re-emit it into the
+# loop's module: 0.6 s more), nor in one inlined into the loop (numba's inliner
+# copies and retypes its IR: 1.4 s more).  The backward sweep is a function of
+# its own (inlining it cost more than compiling it); the small steps are inlined.
 
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
                       losses, grad, pending):
+    """Loss (and gradient, times ``gscale[b]`` if given) of each sequence ``b`` of
+    ``order``; see the module docstring.  Writes ``losses[b]``, ``grad[:, b, :]``
+    and ``pending[b]`` only.
+
+    Steps per sequence: validate; frame probabilities (`_ctc_frame_probs`);
+    rescaled forward (`_ctc_forward_linear`); backward sweep with the per-frame
+    check (`_ctc_backward_linear`).  Where linear space lost precision,
+    ``pending[b]`` is set (1: the gradient only, 2: loss and gradient) and the
+    driver runs the exact log-space trellis afterwards (`_ctc_log_space_batch`,
+    a kernel compiled only when first needed).
+    """
     for i in range(order.shape[0]):
-        _ctc_one(order[i], logp, targets, in_len, tg_len, blank, want_grad, zero_inf, gscale,
-                 losses, grad, pending)
+        b = order[i]
+        t_max, _, n_cls = logp.shape
+        scale = gscale[b] if gscale.shape[0] > b else 1.0
+        input_len = in_len[b]
+        target_len = tg_len[b]
+        pending[b] = 0
+        # Memory safety first: anything out of range makes the sequence NaN.
+        ok = sequence_ok(targets, b, input_len, target_len, t_max, n_cls, blank, True)
+        if want_grad:
+            _fill_rows(grad, b, 0, t_max, 0.0)
+        if not ok:
+            losses[b] = np.nan
+            if want_grad:
+                _fill_rows(grad, b, 0, t_max, np.nan)
+            continue
+        if input_len == 0:
+            losses[b] = 0.0 if target_len == 0 else (0.0 if zero_inf else np.inf)
+            continue
+        lab, skip = ctc_states(targets, b, target_len, blank)
+        # flushed: did linear space lose anything?  Set when a positive quantity (a
+        # probability from a finite score, or a cell whose inputs are positive)
+        # comes out below _FLUSH: only then can the rescaled forward differ from the
+        # exact one, and only then does the loss need the backward sweep's verdict.
+        probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len)
+        alpha, log_scale, state, logz, flushed = _ctc_forward_linear(probs, frame_max, column, skip,
+                                                                     flushed)
+        # Without a gradient the sweep still runs when the forward flushed something:
+        # its per-frame check is the verdict on the loss, so a loss is the same number
+        # whether or not a gradient was asked for.
+        linear_loss = state == 0 and not flushed
+        if state == 0 and (want_grad or flushed):
+            state = _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip,
+                                         logz, want_grad, grad, scale)
+        if state == 2:
+            losses[b] = np.nan
+            if want_grad:
+                _fill_rows(grad, b, 0, input_len, np.nan)
+            continue
+        if state == 1:
+            # Linear space lost precision: the exact log-space trellis runs after the
+            # batch (`_ctc_log_space_batch`).  1: nothing was flushed, so the
+            # forward's log Z (kept, negated, in losses[b]) is exact and only the
+            # gradient is recomputed; 2: both.
+            pending[b] = 1 if linear_loss else 2
+            losses[b] = -logz
+            continue
+        if logz == -np.inf:
+            losses[b] = 0.0 if zero_inf else np.inf
+            if want_grad:
+                _fill_rows(grad, b, 0, input_len, 0.0)
+            continue
+        losses[b] = -logz
 
 
 @numba.njit(cache=True, nogil=True)
 def _ctc_log_space_batch(order, logp, targets, in_len, tg_len, blank, want_grad, zero_inf,
                          gscale, losses, grad, pending):
-    """The sequences of ``order`` that `_ctc_one` marked in ``pending``, exactly in
-    log space: the same steps, in the same order, as if `_ctc_one` had run them
-    itself (its grad rows are already zero)."""
+    """The sequences of ``order`` that `_ctc_batch_serial` marked in ``pending``,
+    exactly in log space: the same steps, in the same order, as if the batch
+    kernel had run them itself (their grad rows are already zero)."""
     for i in range(order.shape[0]):
         b = order[i]
         if pending[b] == 0:
