@@ -255,7 +255,9 @@ def _families(families):
 
 def _shares(chosen, jobs):
     """The families split into ``jobs`` lists of about equal cost (longest first, each to
-    the least loaded list), each list longest first."""
+    the least loaded list).  A worker compiles its list in the order of
+    ``_numba_setup.FAMILIES`` (its ``--families`` argument is normalised), which
+    changes no worker's total."""
     shares = [[] for _ in range(jobs)]
     load = [0.0] * jobs
     for family in sorted(chosen, key=lambda f: -_COST[f]):

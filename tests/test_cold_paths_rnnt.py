@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 
@@ -24,6 +25,7 @@ from numba.core.registry import CPUDispatcher
 from duoloss.core import _numerics
 from duoloss.core.losses import joiner, transducer
 from duoloss.core.losses.transducer import transducer_loss_and_grad
+from fresh_process import run_with_empty_cache
 
 
 def _brute(px, py, bd, modified):
@@ -218,6 +220,111 @@ def test_fused_kernels_process_exactly_the_order():
     assert not pending.any()
 
 
+class _OrderSpy(_Spy):
+    """Records the ``order`` arrays a fused kernel is called with."""
+
+
+def _fused_case(rng, dtype):
+    """A float32/float64 batch with one sequence of large logits (normalisers
+    above the unshifted range), one with a NaN logit inside its frames and two
+    ordinary ones; returns ``(x, tg, il, tl, bd)``."""
+    n, t, u, v = 4, 5, 2, 7
+    x = rng.normal(size=(n, t, u + 1, v)).astype(dtype)
+    x[1] *= 1000.0 if dtype == np.float64 else 100.0
+    x[2, 1, 1, 3] = np.nan
+    tg = rng.integers(1, v, (n, u))
+    il = np.array([5, 5, 4, 3])
+    tl = np.array([2, 2, 1, 2])
+    bd = np.zeros((n, 4), np.int64)
+    bd[:, 2] = tl
+    bd[:, 3] = il
+    return x, tg, il, tl, bd
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_hands_max_shifted_sequences_to_their_own_kernel(monkeypatch, dtype):
+    """Only the sequences with a row outside the unshifted range reach
+    `_fused_shifted`; every output equals the three-step path (whose passes
+    always include the max-shifted rows) and the large-logit loss equals brute
+    force over a float64 numpy log-softmax."""
+    spy = _OrderSpy(joiner._fused_shifted)
+    monkeypatch.setattr(joiner, "_fused_shifted", spy)
+    x, tg, il, tl, bd = _fused_case(np.random.default_rng(7), dtype)
+    losses, lse, gx, gy, grad = joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
+    assert [list(o) for o in spy.orders] == [[1, 2]]
+    px, py, lse3 = joiner.transducer_log_probs(x, tg, il, tl, 0)
+    losses3, (gx3, gy3) = transducer_loss_and_grad(px, py, bd)
+    grad3 = joiner.transducer_log_probs_grad(x, lse3, tg, il, tl, 0, gx3 * dtype(0.5),
+                                             gy3 * dtype(0.5))
+    assert np.array_equal(losses.astype(dtype), losses3, equal_nan=True)
+    for a, b in ((lse, lse3), (gx, gx3), (gy, gy3), (grad, grad3)):
+        assert np.array_equal(a, b, equal_nan=True)
+    assert np.isnan(losses[2]) and np.isfinite(losses[[0, 1, 3]]).all()
+    x64 = x[1].astype(np.float64)
+    m = x64.max(-1, keepdims=True)
+    lsm = x64 - m - np.log(np.exp(x64 - m).sum(-1, keepdims=True))
+    t1, u1 = int(il[1]), int(tl[1])
+    px1 = np.full((u1, t1 + 1), -np.inf)
+    py1 = np.zeros((u1 + 1, t1))
+    for t in range(t1):
+        for s in range(u1 + 1):
+            py1[s, t] = lsm[t, s, 0]
+            if s < u1:
+                px1[s, t] = lsm[t, s, tg[1, s]]
+    ref, _, _ = _brute(px1, py1, (0, 0, u1, t1), False)
+    assert losses[1] == pytest.approx(ref, rel=1e-5 if dtype == np.float32 else 1e-12)
+    # no gradient asked: the same losses
+    only = joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5, want_grad=False)[0]
+    assert np.array_equal(only, losses, equal_nan=True)
+
+
+def test_fused_shifted_kernel_compiles_under_warmup_only(monkeypatch):
+    spy = _OrderSpy(joiner._fused_shifted)
+    monkeypatch.setattr(joiner, "_fused_shifted", spy)
+    x, tg, il, tl, bd = _fused_case(np.random.default_rng(8), np.float64)
+    x[1] /= 1000.0
+    x[2, 1, 1, 3] = 0.0
+    joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
+    assert spy.orders == []
+    monkeypatch.setattr(_numerics, "_compile_both", True)
+    joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
+    assert len(spy.orders) == 1 and spy.orders[0].shape == (0,)
+    assert spy.orders[0].dtype == np.int64
+
+
+_SHIFTED_PASSES = ("_fused_shifted", "_shifted_forward", "_shifted_backward", "_row_lse",
+                   "_backward_row_shifted")
+
+
+def test_a_first_call_without_such_rows_compiles_no_max_shifted_pass():
+    out = run_with_empty_cache("""
+        import json, numba.core.event as ev
+        import numpy as np
+        compiled = []
+        class L(ev.Listener):
+            def on_start(self, e):
+                compiled.append(e.data["dispatcher"].py_func.__name__)
+            def on_end(self, e):
+                pass
+        ev.register("numba:compile", L())
+        from duoloss.core.losses import joiner
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(2, 6, 3, 9)).astype(np.float32)
+        tg = np.array([[1, 2], [3, 4]]); il = np.array([6, 5]); tl = np.array([2, 1])
+        bd = np.array([[0, 0, 2, 6], [0, 0, 1, 5]])
+        joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
+        first = list(compiled)
+        x[0] *= 100.0
+        losses = joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)[0]
+        print(json.dumps({"first": first, "then": compiled[len(first):],
+                          "finite": bool(np.isfinite(losses).all())}))
+    """)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert "_fused_serial" in r["first"]
+    assert not set(_SHIFTED_PASSES) & set(r["first"]), r["first"]
+    assert set(_SHIFTED_PASSES) <= set(r["then"]) and r["finite"], r
+
+
 def _bad_signatures():
     """Transducer-family kernels with a uint64 argument (a prange index), and
     per-sequence functions with a literal argument, but for the deliberate
@@ -225,7 +332,7 @@ def _bad_signatures():
     found = set()
     mods = ("duoloss.core.losses.transducer", "duoloss.core.losses.joiner",
             "duoloss.core.losses.tdt")
-    per_sequence = {"_one_linear": [4], "_one": [], "_fused_one": [], "_seq": []}
+    per_sequence = {"_one_linear": [4], "_one": [], "_seq": []}
     # (module-level kernels only: gc.get_objects() would meet dead weak proxies)
     kernels = [obj for mod in mods for obj in list(vars(sys.modules[mod]).values())
                if isinstance(obj, CPUDispatcher)]

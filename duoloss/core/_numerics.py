@@ -52,8 +52,8 @@ from numba.core import types
 from numba.extending import intrinsic
 
 
-__all__ = ["CHECK_TOL", "FALLBACK", "FLUSH", "NAN", "NEG_INF", "OK", "exp_core", "exp_poly",
-           "fast_exp", "log_poly",
+__all__ = ["CHECK_TOL", "FALLBACK", "FLUSH", "HELPER", "NAN", "NEG_INF", "OK", "exp_core",
+           "exp_poly", "fast_exp", "log_poly",
            "logaddexp", "logaddexp_fast", "sequence_ok"]
 
 NEG_INF = -np.inf
@@ -147,6 +147,11 @@ _C4 = 1.0 / 24
 _C5 = 1.0 / 120
 _C6 = 1.0 / 720
 
+
+#: ``numba.njit`` options of a helper that only other kernels call, never Python: no
+#: CPython or C entry points to generate and compile for it (a first call's compile
+#: time, issue 19).  Calling one from Python raises numba's error.
+HELPER = {"cache": True, "nogil": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def exp_core(x):

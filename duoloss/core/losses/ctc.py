@@ -74,7 +74,7 @@ import numpy.typing as npt
 from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
-from .._numerics import fast_exp, sequence_ok
+from .._numerics import HELPER, fast_exp, sequence_ok
 from .._pool import run_batch
 from .._numerics import logaddexp as _logaddexp
 from .._spec import LossKernel
@@ -398,7 +398,7 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     return alpha, log_scale, status, logz, flushed
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status

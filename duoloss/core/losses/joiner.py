@@ -53,7 +53,7 @@ from numba.extending import overload
 # on-disk cache is keyed on this file's mtime only, so touch it after editing
 # _numerics.py or transducer.py.
 from .. import _numerics
-from .._numerics import _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
+from .._numerics import HELPER, _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
 from .._pool import run_batch
 from .transducer import _one_linear, run_fallback
 
@@ -138,7 +138,7 @@ def _cast_like_impl(a, value):
     return lambda a, value: np.float64(value)
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract", "reassoc"})
+@numba.njit(**HELPER, fastmath={"contract", "reassoc"})
 def _sum64(buf, n):
     """float64 sum of ``buf[:n]`` (reassociation lets it vectorise; nothing else
     lives in this function, so no other expression is reordered)."""
@@ -163,7 +163,7 @@ def _tail_buffer(n_cls, dtype_like):
     return tail, buf
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _row_lse(row, tail, buf):
     """``(m, log s)``: the row's max ``m`` and ``s = sum_v exp(row_v - m)``, kept
     apart so that ``log_softmax = (row - m) - log s`` keeps every digit of
@@ -223,7 +223,7 @@ _LONG_ROW = 256
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail, buf):
+def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums):
     """Rows ``[r0, r1)`` of ``x``, all read by the lattice: one vectorised pass
     of *unshifted* exponentials over the block (into ``e``), per row a float64
     sum, one vectorised pass of logs.  Row ``r0 + i`` has the label
@@ -235,8 +235,10 @@ def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail,
     ``[-16, 80]``): no exponential overflows (inputs are clamped, and a clamped
     one takes ``lse`` out of the range), and the ones that underflow to 0
     (``x < -87``) weigh below ``e**-71`` of the row.  Other rows (and NaN/inf
-    rows, whose sum is NaN or out of range) take the max-shifted path,
-    `_row_lse`.
+    rows, whose sum is NaN or out of range) need the max-shifted path
+    (`_row_lse`): the block writes NaN to their three outputs and
+    `_shifted_forward` fills them in afterwards (a pass of its own, so that a
+    call which meets no such row never compiles it).
     """
     n_cls = x.shape[1]
     lo, hi = _unshifted_range(x)
@@ -256,11 +258,10 @@ def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums, tail,
         row = x[r0 + i]
         lse = sums[i]
         k = labs[i]
-        if lse != lse:  # max-shifted: subtract the max first, then log s
-            m, ls = _row_lse(row, tail, buf)
-            lse_o[i] = m + ls
-            blank_o[i] = (np.float64(row[blank]) - m) - ls
-            lab_o[i] = (np.float64(row[k]) - m) - ls if k >= 0 else -np.inf
+        if lse != lse:  # max-shifted: left to `_shifted_forward`
+            lse_o[i] = np.nan
+            blank_o[i] = np.nan
+            lab_o[i] = np.nan
             continue
         lse_o[i] = lse
         blank_o[i] = np.float64(row[blank]) - lse
@@ -274,6 +275,25 @@ def _run_end(labels, r, lim):
     while end < lim and labels[end] != INACTIVE:
         end += 1
     return end
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _shifted_row(row, k, blank, tail, buf):
+    """``(lse, log p(blank), log p(k))`` of a row by the max-shifted path
+    (`_row_lse`; ``-inf`` for ``k < 0``): subtract the max first, then log s."""
+    m, ls = _row_lse(row, tail, buf)
+    return (m + ls, (np.float64(row[blank]) - m) - ls,
+            (np.float64(row[k]) - m) - ls if k >= 0 else -np.inf)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _shifted_grad_row(row, ls, c, o, k, g_label, g_blank, blank, tail, buf):
+    """Gradient row ``o`` by the max-shifted path, then its gathered entries
+    (the part of `_backward_block` a row outside `_unshifted_range` skips)."""
+    _backward_row_shifted(row, ls, c, o, tail, buf)
+    if k >= 0:
+        o[k] += g_label
+    o[blank] += g_blank
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -294,11 +314,17 @@ def _forward_rows(x, labels, blank, r0, r1, lab_out, blank_out, lse_out):
             continue
         end = _run_end(labels, r, min(r + per, r1))
         _forward_block(x, r, end, labels[r:end], blank, lab_out[r:end], blank_out[r:end],
-                       lse_out[r:end], scratch, sums, tail, buf)
+                       lse_out[r:end], scratch, sums)
         r = end
+    for r in range(r0, r1):
+        if lse_out[r] != lse_out[r]:
+            lse, lp_blank, lp_label = _shifted_row(x[r], labels[r], blank, tail, buf)
+            lse_out[r] = lse
+            blank_out[r] = lp_blank
+            lab_out[r] = lp_label
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _backward_row_shifted(row, ls, c, o, tail, buf):
     """``o = softmax(row) * c`` by the max-shifted path (any ``ls``).
 
@@ -330,14 +356,14 @@ def _backward_row_shifted(row, ls, c, o, tail, buf):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, in_out, kb, cs, tail,
-                    buf):
+def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, in_out, kb, cs):
     """Gradient rows ``[r0, r1)`` (all read by the lattice; row ``r0 + i`` has
     label ``labs[i]``, normaliser ``lse_l[i]`` and cotangents ``gl_l[i]``
     (label, ignored without one) and ``gb_l[i]`` (blank)):
     ``exp(x) * (c e**-lse)`` where ``lse`` lies in `_unshifted_range`
-    (see `_forward_block`), the max-shifted path elsewhere, exact zeros
-    where ``c = 0``.  With ``in_out``, ``out``'s rows already hold ``exp(x)``
+    (see `_forward_block`), exact zeros where ``c = 0``; rows that need the
+    max-shifted path are left to `_shifted_backward` (which writes them
+    whole).  With ``in_out``, ``out``'s rows already hold ``exp(x)``
     (the forward's exponentials) and are scaled in place; else the
     exponentials are computed in one vectorised pass over the block: ``kb``
     holds each row's factor once per logit (an L1-sized buffer), ``cs`` each
@@ -377,7 +403,7 @@ def _backward_block(x, r0, r1, labs, blank, lse_l, gl_l, gb_l, out, in_out, kb, 
             for v in range(n_cls):
                 o[v] = 0.0
         elif not lo <= ls <= hi:
-            _backward_row_shifted(x[r0 + i], ls, c, o, tail, buf)
+            continue  # max-shifted: left to `_shifted_backward`
         if k >= 0:
             o[k] += gl_l[i]
         o[blank] += gb_l[i]
@@ -400,8 +426,16 @@ def _backward_rows(x, lse, labels, blank, g_lab, g_blank, r0, r1, out):
             continue
         end = _run_end(labels, r, min(r + per, r1))
         _backward_block(x, r, end, labels[r:end], blank, lse[r:end], g_lab[r:end],
-                        g_blank[r:end], out, False, kb, cs, tail, buf)
+                        g_blank[r:end], out, False, kb, cs)
         r = end
+    lo, hi = _unshifted_range(x)
+    for r in range(r0, r1):
+        k = labels[r]
+        if k == INACTIVE:
+            continue
+        c = 0.0 - ((g_lab[r] if k >= 0 else 0.0) + g_blank[r])
+        if c != 0.0 and not lo <= lse[r] <= hi:
+            _shifted_grad_row(x[r], lse[r], c, out[r], k, g_lab[r], g_blank[r], blank, tail, buf)
 
 
 
@@ -543,12 +577,11 @@ def _block_labels(targets, b, u0, u1, u_max, n_cls, labs):
 def _frame_buffers(x):
     """Per-call scratch of the frame kernels, for blocks of ``per`` rows:
     ``(per, row block (per * V, x's dtype), three (per,) float64 buffers,
-    (per,) int64 labels, tail, buf)``."""
+    (per,) int64 labels)``."""
     n_cls = x.shape[3]
     per = max(1, _BLOCK_ELEMS // n_cls)
-    tail, buf = _tail_buffer(n_cls, x)
-    return (per, np.empty(per * n_cls, x.dtype), np.empty(per), np.empty(per), np.empty(per),
-            np.empty(per, np.int64), tail, buf)
+    return (per, np.empty(per * n_cls, x.dtype), np.empty(per, np.float64),
+            np.empty(per, np.float64), np.empty(per, np.float64), np.empty(per, np.int64))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -561,7 +594,7 @@ def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse, keep
     u_max = u1 - 1
     x2 = x.reshape(-1, n_cls)
     lse1 = lse.reshape(-1)
-    per, scratch, sums, lab_l, blk_l, labs, tail, buf = _frame_buffers(x)
+    per, scratch, sums, lab_l, blk_l, labs = _frame_buffers(x)
     for f in range(f0, f1):
         b = f // (t_max + 1)
         t = f - b * (t_max + 1)
@@ -587,7 +620,7 @@ def _lattice_forward_frames(x, targets, il, tl, blank, f0, f1, px, py, lse, keep
             _forward_block(x2, rb + u0, rb + ue, labs, blank, lab_l, blk_l,
                            lse1[rb + u0:rb + ue],
                            keep.reshape(-1)[(rb + u0) * n_cls:(rb + ue) * n_cls]
-                           if keep.shape[0] > 0 else scratch, sums, tail, buf)
+                           if keep.shape[0] > 0 else scratch, sums)
             for u in range(u0, ue):
                 py[b, u, t] = blk_l[u - u0]
                 if u < u_max:
@@ -606,7 +639,7 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
     x2 = x.reshape(-1, n_cls)
     out2 = out.reshape(-1, n_cls)
     lse1 = lse.reshape(-1)
-    per, kb, cs, gl_l, gb_l, labs, tail, buf = _frame_buffers(x)
+    per, kb, cs, gl_l, gb_l, labs = _frame_buffers(x)
     for f in range(f0, f1):
         b = f // t_max
         t = f - b * t_max
@@ -624,9 +657,65 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
                 gl_l[u - u0] = g_px[b, u, t] if u < u_max else 0.0
                 gb_l[u - u0] = g_py[b, u, t]
             _backward_block(x2, rb + u0, rb + ue, labs, blank, lse1[rb + u0:rb + ue], gl_l, gb_l,
-                            out2, in_out, kb, cs, tail, buf)
+                            out2, in_out, kb, cs)
             u0 = ue
 
+
+# The max-shifted rows, in passes of their own after the frame loops: rows whose
+# normaliser the unshifted exponentials cannot give (logits far from 0, NaN or
+# inf).  Separate functions so that a first call that meets no such row does not
+# compile them (issue 19; the fused kernel checks for such rows and hands their
+# sequences to `_fused_shifted`).  Each pass writes exactly what the block
+# would have written for such a row, from the same values, so every result is
+# the same number as if the block had done it.
+
+
+@numba.njit(**HELPER)
+def _shifted_forward(x, targets, il, tl, blank, f0, f1, px, py, lse):
+    """`_lattice_forward_frames`'s rows left NaN (frames ``[f0, f1)``, same
+    numbering) by the max-shifted path."""
+    n, t_max, u1, n_cls = x.shape
+    u_max = u1 - 1
+    tail, buf = _tail_buffer(n_cls, x)
+    for f in range(f0, f1):
+        b = f // (t_max + 1)
+        t = f - b * (t_max + 1)
+        if t == t_max or t >= il[b]:
+            continue
+        for u in range(_cell(il, tl, u_max, b, t)):
+            if lse[b, t, u] == lse[b, t, u]:
+                continue
+            k = min(max(targets[b, u], 0), n_cls - 1) if u < u_max else NO_LABEL
+            v, lp_blank, lp_label = _shifted_row(x[b, t, u], k, blank, tail, buf)
+            lse[b, t, u] = v
+            py[b, u, t] = lp_blank
+            if u < u_max:
+                px[b, u, t] = lp_label
+
+
+@numba.njit(**HELPER)
+def _shifted_backward(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out):
+    """`_lattice_backward_frames`'s rows outside `_unshifted_range` with a
+    nonzero cotangent (frames ``[f0, f1)``, same numbering), by the
+    max-shifted path."""
+    n, t_max, u1, n_cls = x.shape
+    u_max = u1 - 1
+    lo, hi = _unshifted_range(x)
+    tail, buf = _tail_buffer(n_cls, x)
+    for f in range(f0, f1):
+        b = f // t_max
+        t = f - b * t_max
+        for u in range(_cell(il, tl, u_max, b, t)):
+            ls = lse[b, t, u]
+            if lo <= ls <= hi:
+                continue
+            k = min(max(targets[b, u], 0), n_cls - 1) if u < u_max else NO_LABEL
+            g_label = np.float64(g_px[b, u, t]) if u < u_max else 0.0
+            g_blank = np.float64(g_py[b, u, t])
+            c = 0.0 - ((g_label if k >= 0 else 0.0) + g_blank)
+            if c != 0.0:
+                _shifted_grad_row(x[b, t, u], ls, c, out[b, t, u], k, g_label, g_blank, blank,
+                                  tail, buf)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -634,9 +723,10 @@ def _lattice_forward_serial(chunks, x, targets, il, tl, blank, per_chunk, px, py
     n_frames = x.shape[0] * (x.shape[1] + 1)
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
-        _frames_forward_fn(x, targets, il, tl, blank, f0, min(f0 + per_chunk, n_frames),
-                           px, py, lse, x.reshape(-1, x.shape[3])[:0])
-
+        f1 = min(f0 + per_chunk, n_frames)
+        _frames_forward_fn(x, targets, il, tl, blank, f0, f1, px, py, lse,
+                           x.reshape(-1, x.shape[3])[:0])
+        _shifted_forward(x, targets, il, tl, blank, f0, f1, px, py, lse)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -644,8 +734,9 @@ def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py,
     n_frames = x.shape[0] * x.shape[1]
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
-        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0,
-                            min(f0 + per_chunk, n_frames), out, False)
+        f1 = min(f0 + per_chunk, n_frames)
+        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, False)
+        _shifted_backward(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out)
 
 
 def _lattice_args(fn, x, targets, logit_lengths, target_lengths, blank):
@@ -762,16 +853,16 @@ def _scaled_cotangents(b, scale, gx, gy, cx, cy):
 
 # Compile time (a user's first call, issue 19): the serial kernel calls the
 # frame loops (`_frames_forward_fn`, `_frames_backward_fn`) and `_one_linear`'s
-# sweeps as functions of their own, straight from its body (`_fused_one`,
-# `_fused_grad` and `_one_linear` are inlined glue): numba types a few
+# sweeps as functions of their own, straight from its body (`_fused_grad` and
+# `_one_linear` are inlined glue): numba types a few
 # mid-sized functions much faster than one large inlined body, and every
 # level of calls re-optimises and re-emits the code of all the functions below
 # it (numba links callees into each caller's module), so the call tree is kept
 # flat.  A large batch runs the same kernel on several threads (`run_batch`).
 # ``modified`` reaches `_one_linear` as the literal ``False``: that
 # specialisation (its branches on ``modified`` pruned) is measurably faster.
-_frames_forward_fn = numba.njit(cache=True, nogil=True)(_lattice_forward_frames.py_func)
-_frames_backward_fn = numba.njit(cache=True, nogil=True)(_lattice_backward_frames.py_func)
+_frames_forward_fn = numba.njit(**HELPER)(_lattice_forward_frames.py_func)
+_frames_backward_fn = numba.njit(**HELPER)(_lattice_backward_frames.py_func)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -786,21 +877,21 @@ def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx, gy, cx,
-               cy, out, pending):
-    """Sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
-    gradients (`_one_linear`), then, when ``want``, its gradient
-    (`_fused_grad`) while ``x[b]`` is still in cache -- unless `_one_linear`
-    marked it in ``pending`` (`rnnt_loss_from_logits` finishes it then)."""
-    t_max = x.shape[1]
-    # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
-    keep = out.reshape(-1, x.shape[3])
-    _frames_forward_fn(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1), px, py,
-                       lse, keep if want else keep[:0])
-    status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
-    pending[b] = status
-    if want and status == 0:
-        _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+def _unshifted_only(lse, b, rows):
+    """Whether every normaliser of sequence ``b`` lies in `_unshifted_range` (of
+    the dtype of ``rows``; no NaN): then the frame loops computed all its rows,
+    and its gradient rows need no max-shifted pass either.  (Cells the lattice
+    does not read hold 0.)"""
+    lo, hi = _unshifted_range(rows)
+    for t in range(lse.shape[1]):
+        for u in range(lse.shape[2]):
+            if not lo <= lse[b, t, u] <= hi:
+                return False
+    return True
+
+
+#: ``pending`` mark of a sequence the fused kernel left to `_fused_shifted`.
+_SHIFTED = 3
 
 
 # The fused kernels: the same argument list ``(order, inputs..., outputs...)``;
@@ -808,23 +899,66 @@ def _fused_one(b, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losse
 # writes only their entries of the outputs (``px`` .. ``pending``).
 
 
-
 @numba.njit(cache=True, nogil=True)
 def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
                   gy, cx, cy, out, pending):
+    """Per sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
+    gradients (`_one_linear`), then, when ``want``, its gradient (`_fused_grad`)
+    while ``x[b]`` is still in cache -- unless `_one_linear` marked it in
+    ``pending`` (`rnnt_loss_from_logits` finishes it then).  A sequence with a
+    row the unshifted exponentials cannot take is marked `_SHIFTED` right
+    after its lattices (nothing else of it written yet) and computed whole by
+    `_fused_shifted`."""
+    t_max = x.shape[1]
+    # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
+    keep = out.reshape(-1, x.shape[3])
     for i in range(order.shape[0]):
-        _fused_one(order[i], x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses,
-                   gx, gy, cx, cy, out, pending)
+        b = order[i]
+        _frames_forward_fn(x, targets, il, tl, blank, b * (t_max + 1), (b + 1) * (t_max + 1),
+                           px, py, lse, keep if want else keep[:0])
+        if not _unshifted_only(lse, b, keep):
+            pending[b] = _SHIFTED
+            continue
+        status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
+        pending[b] = status
+        if want and status == 0:
+            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _fused_shifted(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
+                   gy, cx, cy, out, pending):
+    """`_fused_serial`'s steps with the max-shifted passes (`_shifted_forward`,
+    `_shifted_backward`) for the sequences it marked `_SHIFTED` (compiled only
+    when a call first meets one)."""
+    t_max = x.shape[1]
+    keep = out.reshape(-1, x.shape[3])
+    for i in range(order.shape[0]):
+        b = order[i]
+        f0, f1 = b * (t_max + 1), (b + 1) * (t_max + 1)
+        _frames_forward_fn(x, targets, il, tl, blank, f0, f1, px, py, lse,
+                           keep if want else keep[:0])
+        _shifted_forward(x, targets, il, tl, blank, f0, f1, px, py, lse)
+        status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
+        pending[b] = status
+        if want and status == 0:
+            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+            _shifted_backward(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
+                              (b + 1) * t_max, out)
 
 
 @numba.njit(cache=True, nogil=True)
 def _fused_finish(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
                   gy, cx, cy, out, pending):
-    """`_fused_grad` for the sequences of ``order`` (those `_one_linear` left
-    to the log-space fallback, once it has run)."""
+    """`_fused_grad` (with its max-shifted pass) for the sequences of ``order``
+    (those `_one_linear` left to the log-space fallback, once it has run)."""
+    t_max = x.shape[1]
     for i in range(order.shape[0]):
         if want:
-            _fused_grad(order[i], x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+            b = order[i]
+            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+            _shifted_backward(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
+                              (b + 1) * t_max, out)
 
 
 def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boundary,
@@ -882,6 +1016,10 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
         args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
                 cx, cy, out, pending)
         run_batch(_fused_serial, np.arange(n, dtype=np.int64), x.size, _PARALLEL_MIN_ELEMS, args)
+        shifted = np.flatnonzero(pending == _SHIFTED).astype(np.int64, copy=False)
+        if shifted.size or _numerics._compile_both:
+            run_batch(_fused_shifted, shifted, shifted.size * (x.size // n), _PARALLEL_MIN_ELEMS,
+                      args)
         # the sequences the linear sweep could not certify: exactly in log space,
         # then their gradients
         todo = run_fallback((px, py, bd, False, want, want, losses, gx, gy, pending))

@@ -106,7 +106,7 @@ from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import NEG_INF as _NEG_INF
 from .. import _numerics
-from .._numerics import exp_poly, fast_exp
+from .._numerics import HELPER, exp_poly, fast_exp
 from .._pool import run_batch
 from .._numerics import logaddexp_fast as _lae
 from .._spec import LossKernel
@@ -147,7 +147,7 @@ def _box_ok(bd, b, n_s, n_t):
     return 0 <= s0 and s0 <= s1 and s1 <= n_s and 0 <= t0 and t0 <= t1 and t1 <= n_t
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _fill_box(g, b, s0, s1, t0, t1, value):
     for s in range(s0, s1):
         for t in range(t0, t1):
@@ -303,7 +303,7 @@ def _exp_row(a, b, s, t0, lo, hi, m, out):
     return n_flush
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     """``(ex, ey, m, bad, flushed)``: every move on a complete path exponentiated
     relative to the largest of them, ``m``, in box coordinates (``ex[i, j]``:
@@ -315,8 +315,8 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     path makes the same number of moves; the exponentials are a vectorised
     loop over each row (`exp_poly`).
     """
-    ex = np.empty((ns, nt))
-    ey = np.empty((ns, nt))
+    ex = np.empty((ns, nt), np.float64)
+    ey = np.empty((ns, nt), np.float64)
     m = _NEG_INF
     nan = 0
     for i in range(ns):
@@ -333,15 +333,20 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     return ex, ey, m, bad, n_flush > 0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state, flushed):
     """`_one_linear`'s rescaled forward sweep: ``(alpha, log_a, state, flushed)``
     (``state`` 1: a level's mass left the range, recompute in log space;
     ``flushed``: a product of cells fell below ``_FLUSH``)."""
     # Cell (lev, i) is box node (i, j), j = lev (modified) or lev - i.
     # alpha[lev, i]: forward score / its level's scale (every move carries e^-m).
-    alpha = np.zeros((n_lev, ns))
-    log_a = np.empty(n_lev)  # log of the scale of level lev (alpha = alpha-hat * e^log_a)
+    # (Buffers: np.empty with an explicit float64, zeroed by loops: the same two
+    # array constructors everywhere on a first call's path, issue 19.)
+    alpha = np.empty((n_lev, ns), np.float64)
+    for lev in range(n_lev):
+        for i in range(ns):
+            alpha[lev, i] = 0.0
+    log_a = np.empty(n_lev, np.float64)  # log of level lev's scale (alpha = alpha-hat e^log_a)
     alpha[0, 0] = 1.0
     log_a[0] = 0.0
     plo = 0
@@ -380,13 +385,16 @@ def _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state, flushed):
     return alpha, log_a, state, flushed
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a, logz, want,
                      want_x, want_y, gx, gy):
     """`_one_linear`'s backward sweep: the per-level check and (``want``) the move
     posteriors into ``gx``/``gy``; 0, or 1 when a level's check fails."""
-    beta = np.zeros(ns)   # level lev + 1, normalised to sum 1
-    nb = np.zeros(ns)
+    beta = np.empty(ns, np.float64)   # level lev + 1, normalised to sum 1
+    nb = np.empty(ns, np.float64)
+    for i in range(ns):
+        beta[i] = 0.0
+        nb[i] = 0.0
     beta[ns - 1] = 1.0
     log_b = 0.0           # log scale of beta (level lev + 1)
     nlo = ns - 1
