@@ -304,7 +304,7 @@ def _in_workers(chosen, jobs, report):
 
 #: Seconds each family's warm-up took in its own process on a quiet 2-core machine
 #: (imports included), to share the families out evenly between workers.
-_COST = {"rnnt": 37, "asg": 20, "align": 19, "graph": 18, "ctc": 13, "tdt": 11, "k2": 9}
+_COST = {"rnnt": 33, "graph": 18, "asg": 16, "align": 14, "ctc": 9, "tdt": 8, "k2": 5}
 
 
 def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,

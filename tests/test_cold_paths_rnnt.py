@@ -220,10 +220,6 @@ def test_fused_kernels_process_exactly_the_order():
     assert not pending.any()
 
 
-class _OrderSpy(_Spy):
-    """Records the ``order`` arrays a fused kernel is called with."""
-
-
 def _fused_case(rng, dtype):
     """A float32/float64 batch with one sequence of large logits (normalisers
     above the unshifted range), one with a NaN logit inside its frames and two
@@ -241,17 +237,30 @@ def _fused_case(rng, dtype):
     return x, tg, il, tl, bd
 
 
+@pytest.fixture
+def two_pass_spies(monkeypatch):
+    """Spies on the two-pass kernels the fused driver hands its rarer sequences to."""
+    spies = {}
+    for name in ("_lattice_forward_serial", "_lattice_backward_serial"):
+        spies[name] = _Spy(getattr(joiner, name))
+        monkeypatch.setattr(joiner, name, spies[name])
+    return spies
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_hands_max_shifted_sequences_to_their_own_kernel(monkeypatch, dtype):
-    """Only the sequences with a row outside the unshifted range reach
-    `_fused_shifted`; every output equals the three-step path (whose passes
-    always include the max-shifted rows) and the large-logit loss equals brute
-    force over a float64 numpy log-softmax."""
-    spy = _OrderSpy(joiner._fused_shifted)
-    monkeypatch.setattr(joiner, "_fused_shifted", spy)
+def test_fused_hands_max_shifted_sequences_to_the_two_pass_kernels(two_pass_spies, dtype):
+    """Only the sequences with a row outside the unshifted range get their
+    lattices from the two-pass kernels (with the max-shifted passes), and only
+    they and those the log-space fallback finished get their gradient from
+    them; every output equals the three-step path and the large-logit loss
+    equals brute force over a float64 numpy log-softmax."""
+    fwd, bwd = (two_pass_spies[k] for k in ("_lattice_forward_serial", "_lattice_backward_serial"))
     x, tg, il, tl, bd = _fused_case(np.random.default_rng(7), dtype)
     losses, lse, gx, gy, grad = joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
-    assert [list(o) for o in spy.orders] == [[1, 2]]
+    # the NaN sequence (2) fails the linear sweep too: the log-space fallback, then
+    # its gradient, as for any such sequence
+    assert [list(o) for o in fwd.orders] == [[1, 2]]
+    assert [list(o) for o in bwd.orders] == [[1, 2]]
     px, py, lse3 = joiner.transducer_log_probs(x, tg, il, tl, 0)
     losses3, (gx3, gy3) = transducer_loss_and_grad(px, py, bd)
     grad3 = joiner.transducer_log_probs_grad(x, lse3, tg, il, tl, 0, gx3 * dtype(0.5),
@@ -278,22 +287,20 @@ def test_fused_hands_max_shifted_sequences_to_their_own_kernel(monkeypatch, dtyp
     assert np.array_equal(only, losses, equal_nan=True)
 
 
-def test_fused_shifted_kernel_compiles_under_warmup_only(monkeypatch):
-    spy = _OrderSpy(joiner._fused_shifted)
-    monkeypatch.setattr(joiner, "_fused_shifted", spy)
+def test_fused_driver_runs_the_two_pass_kernels_under_warmup_only(two_pass_spies, monkeypatch):
     x, tg, il, tl, bd = _fused_case(np.random.default_rng(8), np.float64)
     x[1] /= 1000.0
     x[2, 1, 1, 3] = 0.0
     joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
-    assert spy.orders == []
+    assert all(spy.orders == [] for spy in two_pass_spies.values())
     monkeypatch.setattr(_numerics, "_compile_both", True)
     joiner.rnnt_loss_from_logits(x, tg, il, tl, 0, bd, 0.5)
-    assert len(spy.orders) == 1 and spy.orders[0].shape == (0,)
-    assert spy.orders[0].dtype == np.int64
+    for spy in two_pass_spies.values():
+        assert [(o.shape, o.dtype) for o in spy.orders] == [((0,), np.int64)]
 
 
-_SHIFTED_PASSES = ("_fused_shifted", "_shifted_forward", "_shifted_backward", "_row_lse",
-                   "_backward_row_shifted")
+_SHIFTED_PASSES = ("_shifted_forward", "_shifted_backward", "_row_lse", "_backward_row_shifted",
+                   "_lattice_forward_serial", "_lattice_backward_serial")
 
 
 def test_a_first_call_without_such_rows_compiles_no_max_shifted_pass():

@@ -8,6 +8,7 @@ The loss kernels' own thread-count independence is tested with the losses
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -116,3 +117,43 @@ def test_forked_child_after_parent_used_the_pool():
 def test_thread_count_follows_numba():
     assert _pool.num_threads() >= 1
     assert _pool.num_threads() <= max(1, numba.config.NUMBA_NUM_THREADS)
+
+
+class _Kernel:
+    """A stand-in for a numba dispatcher: ``overloads`` (empty until its first
+    compile or cache load in this process) and the collector's state in each call."""
+
+    def __init__(self, overloads, fail=False):
+        self.overloads = overloads
+        self.fail = fail
+        self.gc_on = []
+
+    def __call__(self, part, out):
+        self.gc_on.append(gc.isenabled())
+        if self.fail:
+            raise ValueError("kernel failed")
+        out[part] = 1
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_first_call_of_a_kernel_pauses_the_collector(monkeypatch, threads):
+    monkeypatch.setattr(_pool, "num_threads", lambda: threads)
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        out = np.zeros(64)
+        order = np.arange(64, dtype=np.int64)
+        first = _Kernel({})
+        _pool.run_batch(first, order, cells=10**9, min_cells=1, args=(out,))
+        assert first.gc_on and not any(first.gc_on) and gc.isenabled() and out.all()
+        later = _Kernel({"sig": object()})
+        _pool.run_batch(later, order, cells=10**9, min_cells=1, args=(out,))
+        assert all(later.gc_on)
+        with pytest.raises(ValueError, match="kernel failed"):
+            _pool.run_batch(_Kernel({}, fail=True), order, 10**9, 1, (out,))
+        assert gc.isenabled()
+        gc.disable()  # a collector the user switched off stays off
+        _pool.run_batch(_Kernel({}), order, cells=10**9, min_cells=1, args=(out,))
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -21,6 +21,7 @@ kernel on first use in every process), with exactly one warning.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -188,6 +189,21 @@ def _family(dispatcher):
 
 def _quiet():
     return _quiet_depth > 0 or os.environ.get("DUOLOSS_QUIET_COMPILE", "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for the block, then on again; a collector
+    that was already off is left alone.  For a process's first call of a kernel, when
+    numba loads it from its cache or compiles it (see `_CompileNotice`)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _CompileNotice(numba.core.event.Listener):

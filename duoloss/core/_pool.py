@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
+from ._numba_setup import gc_paused
+
 __all__ = ["num_threads", "run_batch"]
 
 _pool = None        # ThreadPoolExecutor of this process (None until needed)
@@ -79,6 +81,17 @@ def run_batch(kernel, order: np.ndarray, cells: int, min_cells: int, args: tuple
     pool threads take in turn; the call returns when all chunks are done, and
     re-raises the first exception a chunk raised.
     """
+    if not getattr(kernel, "overloads", True):
+        # This process's first call of the kernel: numba loads it from its disk cache
+        # or compiles it, making millions of short-lived objects; with the cyclic
+        # collector paused (see `_CompileNotice`) a cold CTC call takes 0.4 s less.
+        with gc_paused():
+            _run_batch(kernel, order, cells, min_cells, args)
+    else:
+        _run_batch(kernel, order, cells, min_cells, args)
+
+
+def _run_batch(kernel, order, cells, min_cells, args):
     n = int(order.shape[0])
     threads = min(num_threads(), n) if cells >= min_cells else 1
     if threads <= 1:

@@ -55,7 +55,7 @@ from numba.extending import overload
 from .. import _numerics
 from .._numerics import HELPER, _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
 from .._pool import run_batch
-from .transducer import _one_linear, run_fallback
+from .transducer import _batch_serial, _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
            "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits"]
@@ -665,7 +665,7 @@ def _lattice_backward_frames(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1,
 # normaliser the unshifted exponentials cannot give (logits far from 0, NaN or
 # inf).  Separate functions so that a first call that meets no such row does not
 # compile them (issue 19; the fused kernel checks for such rows and hands their
-# sequences to `_fused_shifted`).  Each pass writes exactly what the block
+# sequences to the two-pass kernels).  Each pass writes exactly what the block
 # would have written for such a row, from the same values, so every result is
 # the same number as if the block had done it.
 
@@ -890,7 +890,7 @@ def _unshifted_only(lse, b, rows):
     return True
 
 
-#: ``pending`` mark of a sequence the fused kernel left to `_fused_shifted`.
+#: ``pending`` mark of a sequence the fused kernel left to the two-pass kernels.
 _SHIFTED = 3
 
 
@@ -907,8 +907,8 @@ def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse
     while ``x[b]`` is still in cache -- unless `_one_linear` marked it in
     ``pending`` (`rnnt_loss_from_logits` finishes it then).  A sequence with a
     row the unshifted exponentials cannot take is marked `_SHIFTED` right
-    after its lattices (nothing else of it written yet) and computed whole by
-    `_fused_shifted`."""
+    after its lattices (nothing else of it written yet): the driver computes
+    it with the two-pass path's kernels."""
     t_max = x.shape[1]
     # with a gradient, the exponentials wait in out[b] (in cache) for the second pass
     keep = out.reshape(-1, x.shape[3])
@@ -925,40 +925,9 @@ def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse
             _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
 
 
-@numba.njit(cache=True, nogil=True)
-def _fused_shifted(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
-                   gy, cx, cy, out, pending):
-    """`_fused_serial`'s steps with the max-shifted passes (`_shifted_forward`,
-    `_shifted_backward`) for the sequences it marked `_SHIFTED` (compiled only
-    when a call first meets one)."""
-    t_max = x.shape[1]
-    keep = out.reshape(-1, x.shape[3])
-    for i in range(order.shape[0]):
-        b = order[i]
-        f0, f1 = b * (t_max + 1), (b + 1) * (t_max + 1)
-        _frames_forward_fn(x, targets, il, tl, blank, f0, f1, px, py, lse,
-                           keep if want else keep[:0])
-        _shifted_forward(x, targets, il, tl, blank, f0, f1, px, py, lse)
-        status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
-        pending[b] = status
-        if want and status == 0:
-            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
-            _shifted_backward(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
-                              (b + 1) * t_max, out)
-
-
-@numba.njit(cache=True, nogil=True)
-def _fused_finish(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
-                  gy, cx, cy, out, pending):
-    """`_fused_grad` (with its max-shifted pass) for the sequences of ``order``
-    (those `_one_linear` left to the log-space fallback, once it has run)."""
-    t_max = x.shape[1]
-    for i in range(order.shape[0]):
-        if want:
-            b = order[i]
-            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
-            _shifted_backward(x, lse, targets, il, tl, blank, cx, cy, b * t_max,
-                              (b + 1) * t_max, out)
+def _flushed(v):
+    """``v`` with subnormals flushed to (signed) zero: `_scaled_cotangents` in numpy."""
+    return np.where(np.abs(v) < np.finfo(v.dtype).tiny, v * 0, v)
 
 
 def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boundary,
@@ -1016,15 +985,27 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
         args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
                 cx, cy, out, pending)
         run_batch(_fused_serial, np.arange(n, dtype=np.int64), x.size, _PARALLEL_MIN_ELEMS, args)
+        per_seq = x.size // n
+        # The rarer cases go through the two-pass path's kernels, which give the
+        # same numbers (tests/test_rnnt_fused_normaliser.py) and which only a call
+        # that needs them compiles (issue 19).  Sequences with max-shifted rows:
+        # their lattices with those rows (each sequence's frames are one chunk),
+        # then the lattice kernel.
         shifted = np.flatnonzero(pending == _SHIFTED).astype(np.int64, copy=False)
         if shifted.size or _numerics._compile_both:
-            run_batch(_fused_shifted, shifted, shifted.size * (x.size // n), _PARALLEL_MIN_ELEMS,
-                      args)
-        # the sequences the linear sweep could not certify: exactly in log space,
-        # then their gradients
+            run_batch(_lattice_forward_serial, shifted, shifted.size * per_seq,
+                      _PARALLEL_MIN_ELEMS, (x, targets, il, tl, blank, t_max + 1, px, py, lse))
+            run_batch(_batch_serial, shifted, shifted.size * per_seq, _PARALLEL_MIN_ELEMS,
+                      (px, py, bd, False, want, want, losses, gx, gy, pending))
+        # the sequences the linear sweep could not certify: exactly in log space
         todo = run_fallback((px, py, bd, False, want, want, losses, gx, gy, pending))
-        if todo.size or _numerics._compile_both:
-            _fused_finish(todo, *args)
+        # the gradients not yet written: of those two kinds of sequences
+        rest = np.union1d(shifted[pending[shifted] == 0], todo).astype(np.int64, copy=False)
+        if want and (rest.size or _numerics._compile_both):
+            cx[rest] = _flushed(gx[rest] * x.dtype.type(scale))
+            cy[rest] = _flushed(gy[rest] * x.dtype.type(scale))
+            run_batch(_lattice_backward_serial, rest, rest.size * per_seq, _PARALLEL_MIN_ELEMS,
+                      (x, lse, targets, il, tl, blank, cx, cy, t_max, out))
     if not want:
         return losses, lse, None, None, None
     return losses, lse, gx, gy, out
