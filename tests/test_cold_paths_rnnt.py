@@ -209,8 +209,8 @@ def test_fused_kernels_process_exactly_the_order():
     out = np.zeros_like(x)
     pending = np.zeros(n, np.int8)
     order = np.array([2, 0], np.int64)
-    joiner._fused_serial(order, x, tg, il, tl, 0, bd, 0.5, True, px, py, lse, losses, gx, gy, cx,
-                         cy, out, pending)
+    joiner._fused_serial(order, x, tg, il, tl, 0, bd, False, 0.5, True, px, py, lse, losses, gx,
+                         gy, cx, cy, out, pending)
     for b in range(n):
         if b in order:
             assert losses[b] == ref[0][b]
@@ -334,12 +334,17 @@ def test_a_first_call_without_such_rows_compiles_no_max_shifted_pass():
 
 def _bad_signatures():
     """Transducer-family kernels with a uint64 argument (a prange index), and
-    per-sequence functions with a literal argument, but for the deliberate
-    literal ``modified=False`` the fused kernels pass to `_one_linear`."""
+    per-sequence and per-frame functions with a literal argument (the fused
+    kernel passes ``modified`` at run time, so that the sweeps share one
+    signature per dtype with the two-pass path), but for the deliberate literal
+    ``in_out=True`` it passes to the backward frame loop."""
     found = set()
     mods = ("duoloss.core.losses.transducer", "duoloss.core.losses.joiner",
             "duoloss.core.losses.tdt")
-    per_sequence = {"_one_linear": [4], "_one": [], "_seq": []}
+    per_sequence = {name: [] for name in (
+        "_one_linear", "_one", "_seq", "_exp_moves", "_linear_forward", "_linear_backward",
+        "_fill_box", "_lattice_forward_frames")}
+    per_sequence["_lattice_backward_frames"] = [11]
     # (module-level kernels only: gc.get_objects() would meet dead weak proxies)
     kernels = [obj for mod in mods for obj in list(vars(sys.modules[mod]).values())
                if isinstance(obj, CPUDispatcher)]

@@ -216,12 +216,13 @@ class _CompileNotice(numba.core.event.Listener):
 
     The pause: numba's compiler allocates millions of short-lived objects, and with
     torch or JAX imported (about a million tracked objects) every full collection
-    they trigger walks the whole heap: a fifth of a cold first call (measured: CTC
-    2.7 s -> 2.2 s, RNN-T 7.7 s -> 6.6 s).  The collector is switched off at the
-    start of the outermost compile of a duoloss kernel, only if it was on, and
-    switched on again when that compile ends, also on an error (numba sends the end
-    event from a ``finally``); the garbage of the compile (about 90 MB for RNN-T) is
-    collected by the first collection after it.
+    they trigger walks the whole heap: about a fifth of a cold first call.  The
+    collector is switched off at the start of the outermost compile of a duoloss
+    kernel, only if it was on, and switched on again when that compile ends, also on
+    an error (numba sends the end event from a ``finally``); the compile's garbage
+    (about 90 MB for RNN-T) goes at the first collection after it.  `gc_paused`
+    does the same around a process's first call of each batch kernel
+    (``_pool.run_batch``), which also covers numba's cache load and save.
     """
 
     def __init__(self):

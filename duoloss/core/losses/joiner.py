@@ -730,12 +730,13 @@ def _lattice_forward_serial(chunks, x, targets, il, tl, blank, per_chunk, px, py
 
 
 @numba.njit(cache=True, nogil=True)
-def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
+def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out,
+                             in_out):
     n_frames = x.shape[0] * x.shape[1]
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
         f1 = min(f0 + per_chunk, n_frames)
-        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, False)
+        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, in_out)
         _shifted_backward(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out)
 
 
@@ -823,7 +824,7 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
     g_py = np.ascontiguousarray(g_py, dtype=x.dtype)
     out = _out_array(fn, out, x)
     if n:
-        args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out)
+        args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out, False)
         run_batch(_lattice_backward_serial, np.arange(-(-n * t_max // per_chunk)), x.size,
                   _PARALLEL_MIN_ELEMS, args)
     return out
@@ -859,21 +860,25 @@ def _scaled_cotangents(b, scale, gx, gy, cx, cy):
 # level of calls re-optimises and re-emits the code of all the functions below
 # it (numba links callees into each caller's module), so the call tree is kept
 # flat.  A large batch runs the same kernel on several threads (`run_batch`).
-# ``modified`` reaches `_one_linear` as the literal ``False``: that
-# specialisation (its branches on ``modified`` pruned) is measurably faster.
+# ``modified`` (False: regular RNN-T) is a runtime argument, not a literal, so that
+# `_one_linear`'s sweeps share one compiled signature per dtype with the two-pass
+# path's kernel (a literal made a second one, with no measurable speed difference:
+# 7.5 ms either way for (32, 150, 40, 28)).  ``in_out`` reaches the backward frame
+# loop as the literal True: that specialisation compiles 0.25 s faster on a first
+# call (the two-pass path passes False at run time).
 _frames_forward_fn = numba.njit(**HELPER)(_lattice_forward_frames.py_func)
 _frames_backward_fn = numba.njit(**HELPER)(_lattice_backward_frames.py_func)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
+def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out, in_out):
     """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
-    and ``gy * scale`` (`_scaled_cotangents`); ``out[b]`` holds the forward's
-    exponentials."""
+    and ``gy * scale`` (`_scaled_cotangents`); with ``in_out`` (the literal
+    True from `_fused_serial`), ``out[b]`` holds the forward's exponentials."""
     t_max = x.shape[1]
     _scaled_cotangents(b, scale, gx, gy, cx, cy)
     _frames_backward_fn(x, lse, targets, il, tl, blank, cx, cy, b * t_max, (b + 1) * t_max, out,
-                        True)
+                        in_out)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -900,8 +905,8 @@ _SHIFTED = 3
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse, losses, gx,
-                  gy, cx, cy, out, pending):
+def _fused_serial(order, x, targets, il, tl, blank, bd, modified, scale, want, px, py, lse,
+                  losses, gx, gy, cx, cy, out, pending):
     """Per sequence ``b``: its lattices from ``x[b]``, the lattice loss and move
     gradients (`_one_linear`), then, when ``want``, its gradient (`_fused_grad`)
     while ``x[b]`` is still in cache -- unless `_one_linear` marked it in
@@ -919,10 +924,10 @@ def _fused_serial(order, x, targets, il, tl, blank, bd, scale, want, px, py, lse
         if not _unshifted_only(lse, b, keep):
             pending[b] = _SHIFTED
             continue
-        status = _one_linear(b, px, py, bd, False, want, want, losses, gx, gy)
+        status = _one_linear(b, px, py, bd, modified, want, want, losses, gx, gy)
         pending[b] = status
-        if want and status == 0:
-            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
+        if want and status == 0:  # out[b] holds the forward's exponentials (in_out)
+            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out, True)
 
 
 def _flushed(v):
@@ -982,8 +987,8 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     out = np.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
     pending = np.zeros(n, np.int8)
     if n:
-        args = (x, targets, il, tl, blank, bd, float(scale), want, px, py, lse, losses, gx, gy,
-                cx, cy, out, pending)
+        args = (x, targets, il, tl, blank, bd, False, float(scale), want, px, py, lse, losses,
+                gx, gy, cx, cy, out, pending)
         run_batch(_fused_serial, np.arange(n, dtype=np.int64), x.size, _PARALLEL_MIN_ELEMS, args)
         per_seq = x.size // n
         # The rarer cases go through the two-pass path's kernels, which give the
@@ -1005,7 +1010,7 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
             cx[rest] = _flushed(gx[rest] * x.dtype.type(scale))
             cy[rest] = _flushed(gy[rest] * x.dtype.type(scale))
             run_batch(_lattice_backward_serial, rest, rest.size * per_seq, _PARALLEL_MIN_ELEMS,
-                      (x, lse, targets, il, tl, blank, cx, cy, t_max, out))
+                      (x, lse, targets, il, tl, blank, cx, cy, t_max, out, False))
     if not want:
         return losses, lse, None, None, None
     return losses, lse, gx, gy, out
