@@ -10,10 +10,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .._numerics import HELPER
 from .scores import csr
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _slot(key, mask):
     """Hash slot of a non-negative key (splitmix-style mixing in uint64)."""
     x = np.uint64(key)
@@ -23,7 +24,7 @@ def _slot(key, mask):
     return np.int64(x & np.uint64(mask))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _sorted_csr(n, src, lab):
     m = src.shape[0]
     ordered = True   # arcs already sorted by (source, label), e.g. linear graphs
@@ -66,7 +67,7 @@ def _sorted_csr(n, src, lab):
     return ptr, idx
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _find(key, dense, table, hkeys, hvals, mask):
     """(slot, state) of ``key``; state ``-1`` when absent (slot is where to insert)."""
     if dense:
@@ -79,7 +80,7 @@ def _find(key, dense, table, hkeys, hvals, mask):
     return h, hvals[h]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _put(slot, key, state, dense, table, hkeys, hvals):
     if dense:
         table[slot] = state
@@ -88,7 +89,7 @@ def _put(slot, key, state, dense, table, hkeys, hvals):
         hvals[slot] = state
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _reset(dense, table, sq1, sq2, sf, ns, n1, nf):
     """Restore the touched entries of a dense state table to -1."""
     if dense:
@@ -96,7 +97,7 @@ def _reset(dense, table, sq1, sq2, sf, ns, n1, nf):
             table[(sq2[s] * n1 + sq1[s]) * nf + sf[s]] = -1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _label_table(n, ptr, slab, enabled):
     """``(K, ok, lo, hi)``: for node ``u`` and label ``0 <= l < K`` its out-arcs
     labelled ``l`` are CSR positions ``lo[u*K+l] : hi[u*K+l]`` (``lo = -1``:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .._numerics import HELPER
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import exp_core, fast_exp
 
@@ -311,7 +312,7 @@ def csr_into(n, keys, ptr, idx):
     ptr[0] = 0
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _order_all_nodes(n, src, dst, scratch):
     """Arc adjacency and a topological order of *all* nodes, for `log_forward_fast`.
 
@@ -631,7 +632,7 @@ def log_forward_sorted(n, src, dst, weight, start, accept, wcopy=np.zeros(0, np.
     return top + np.log(s), mx, sm
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
     """`log_backward_sorted`, node by node (handles every special value
     exactly as `log_backward_fast`; used when a NaN or ``+inf`` appears).
@@ -703,7 +704,7 @@ def _log_backward_sorted_nodes(src, dst, weight, accept, mx, sm, score, mb, sb):
     return grad
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _posteriors_sorted(src, dst, weight, accept, mx, sm, score, mb, sb):
     """`log_backward_fast` for a graph that `is_sorted_dag` accepts,
     from `log_forward_sorted`'s ``(score, mx, sm)``.

@@ -76,6 +76,7 @@ from .ctc import ctc_states
 from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
 from .graph_loss import PackedGraphs, _frames_forward, _load_graph
 from .. import _numerics
+from .._numerics import HELPER
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import sequence_ok
 from .._pool import run_batch
@@ -116,7 +117,7 @@ def _run_pending(kernel, order, pending, cells, args):
 # --------------------------------------------------------------------------- #
 # CTC                                                                          #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, labels, scores,
                    pending):
     """Viterbi alignment of sequence ``b``: the CTC trellis of
@@ -205,7 +206,7 @@ def _ctc_segment(input_len, n_states):
     return min(max(k, 1), input_len)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
     """`_ctc_align_one`'s alignment and score in ``O((T S)^(2/3))`` memory
     (see the comment above)."""
@@ -340,7 +341,7 @@ def ctc_align(log_probs: npt.ArrayLike, targets: npt.ArrayLike, input_lengths: n
 # --------------------------------------------------------------------------- #
 # ASG forced alignment                                                         #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_align_one(b, em, trans, start, has_trans, targets, in_len, tg_len, checkpoint_cells,
                    labels, scores, pending):
     """Viterbi alignment of sequence ``b``: the target trellis of
@@ -407,7 +408,7 @@ def _asg_tropical_row(b, t, input_len, lab, stay, advance, em, prev, cur, w_lo, 
         cur[i] = v + np.float64(em[t, b, lab[x]])
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_align_checkpointed(b, input_len, lab, stay, advance, em, start, labels, scores):
     """`_asg_align_one`'s alignment and score with checkpointed rows and a
     windowed recomputing traceback (``0 < L <= T``): ``(T / k) L + k (k + 1)``
@@ -546,7 +547,7 @@ def asg_align(emissions: npt.ArrayLike, transitions: npt.ArrayLike, targets: npt
 # --------------------------------------------------------------------------- #
 # ASG decoding (unconstrained)                                                 #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_viterbi_one(b, em, trans, start, has_trans, in_len, labels, scores):
     """Viterbi decoding of sequence ``b``: the normaliser's token trellis of
     `duoloss.core.losses.asg._asg_token_forward` in the tropical semiring;
@@ -613,7 +614,7 @@ def asg_viterbi(emissions: npt.ArrayLike, transitions: npt.ArrayLike, input_leng
 # --------------------------------------------------------------------------- #
 # Target graphs                                                                #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _graph_align_one(b, em, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all, gw_all,
                      start_all, accept_all, widx_all, labels, arcs, scores):
     """Viterbi alignment of sequence ``b``: the loss's trellis recursion

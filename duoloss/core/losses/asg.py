@@ -96,7 +96,7 @@ from .._numerics import FLUSH as _FLUSH
 from .._numerics import NAN as _NAN
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import OK as _OK
-from .._numerics import exp_core, fast_exp, sequence_ok
+from .._numerics import HELPER, exp_core, fast_exp, sequence_ok
 from .._numerics import logaddexp as _lae
 from .._spec import LossKernel
 
@@ -125,7 +125,7 @@ _FM_SUM = {"reassoc", "contract"}
 # ``(1, n)`` one) and pass row numbers as runtime int64 values, not literals.
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FM_SUM)
+@numba.njit(**HELPER, fastmath=_FM_SUM)
 def _sum_row(a, r, lo, hi):
     """``sum(a[r, lo:hi])`` (``lo``, ``hi`` unsigned: no negative-index code)."""
     s = 0.0
@@ -134,7 +134,7 @@ def _sum_row(a, r, lo, hi):
     return s
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FM_SUM)
+@numba.njit(**HELPER, fastmath=_FM_SUM)
 def _dot_rows(a, ra, b, rb, lo, hi):
     """``a[ra, lo:hi] @ b[rb, lo:hi]`` (``lo``, ``hi`` unsigned)."""
     s = 0.0
@@ -143,7 +143,7 @@ def _dot_rows(a, ra, b, rb, lo, hi):
     return s
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
+@numba.njit(**HELPER, fastmath=_FM)
 def _matvec(a, x, rx, y, ry):
     """``y[ry, j] = sum_i x[rx, i] a[i, j]`` for ``(n, n)`` ``a``, ``n`` a multiple of 8.
 
@@ -169,7 +169,7 @@ def _matvec(a, x, rx, y, ry):
                             + (x6 * a[i + 6, j] + x7 * a[i + 7, j])))
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
+@numba.njit(**HELPER, fastmath=_FM)
 def _rank1(cnt, m, u, ru, scale, x, rx):
     """``cnt[i, j] += scale * u[ru, i] * m[i, j] * x[rx, j]``.
 
@@ -183,7 +183,7 @@ def _rank1(cnt, m, u, ru, scale, x, rx):
             cnt[i, j] += (ui * m[i, j]) * x[rx, j]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
+@numba.njit(**HELPER, fastmath=_FM)
 def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, flushed):
     """Linear-space normaliser of one sequence; returns ``(sum_t log c_t, status, exact)``.
 
@@ -295,7 +295,7 @@ def _norm_linear(tb, probs, mt, m, sp, has_trans, want, want_cnt, alpha, cnt, fl
 # --------------------------------------------------------------------------- #
 # Target paths: L positions, stay or advance                                   #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
+@numba.njit(**HELPER, fastmath=_FM)
 def _num_linear(tb, lab, probs, ws, wa, sp, want, want_cnt, alpha, cnt, flushed):
     """Linear-space forward-backward over the target's positions.
 
@@ -477,7 +477,7 @@ def _asg_token_final(table, tropical):
     return logz, n_cls - 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
     """Exact log-space normaliser (slow, scalar exp/log); returns logZ.
 
@@ -518,7 +518,7 @@ def _norm_log(b, tb, em, trans, start, has_trans, want, ge, gt, gs):
     return logz
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_target_weights(lab, trans, has_trans):
     """Log weights ``(stay, advance)`` per target position: ``A_{y_l y_l}`` and
     ``A_{y_l y_{l-1}}`` (0 without transitions; ``advance[0] = -inf``)."""
@@ -576,7 +576,7 @@ def _asg_target_forward(b, input_len, lab, stay, advance, em, start, tropical):
     return table
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
     """Exact log-space forward-backward over the target's positions; returns
     the log-sum over the target paths.  The forward is the shared target
@@ -622,7 +622,7 @@ def _num_log(b, tb, lab, em, trans, start, has_trans, want, ge, gt, gs):
 # --------------------------------------------------------------------------- #
 # One sequence, batch drivers                                                  #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True, fastmath=_FM)
+@numba.njit(**HELPER, fastmath=_FM)
 def _exp_row(em, t, b, mx, probs):
     """``probs[t, k] = exp(em[t, b, k] - mx)`` for ``em[t, b, k] - mx <= 0`` or
     NaN (NaN stays NaN, results below ``exp(-708)`` flush to 0); a loop LLVM
@@ -633,7 +633,7 @@ def _exp_row(em, t, b, mx, probs):
         probs[t, k] = 0.0 if y < -708.0 else r
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _frame_probs(b, tb, em, probs):
     """``probs[t, k] = exp(em[t, b, k] - fmax_t)``, ``fmax_t = max_k em[t, b, k]``
     (0 if all the frame's scores are ``-inf``; NaN scores are skipped, their
@@ -663,7 +663,7 @@ def _frame_probs(b, tb, em, probs):
     return fsum, flushed
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_fill(b, tb, v, want_e, want_t, want_s, g_em, g_tr, g_st):
     """Set sequence ``b``'s slices of the wanted gradients to ``v`` (of the
     emission gradient, its first ``tb`` frames only)."""
@@ -689,7 +689,7 @@ def _asg_fill(b, tb, v, want_e, want_t, want_s, g_em, g_tr, g_st):
 # run the log-space recursion then and there.  Either way a sequence's
 # results are those of one complete pass over it, so they do not depend on
 # whether it went through the fast kernel first.
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans, want,
                     want_cnt, shift, flushed, pn, cnt, gs, exact):
     """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
@@ -720,7 +720,7 @@ def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans,
     return logz, lz, st, norm_lin
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, targets,
                    has_trans, want, want_cnt, flushed, logz, lz, norm_lin, shift, losses, pn,
                    cnt, gs, exact):
@@ -796,7 +796,7 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
     return st, feasible
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len, tg_len,
              has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st, pending,
              exact):
@@ -886,7 +886,7 @@ def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_l
             g_st[b, k] = gs[k]
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _shifted_exp(x, out):
     """``out[i, j] = exp(x[i, j] - max(x))`` for 2-D ``x`` (``out`` may be larger)
     and the shift: 0 when ``max(x)`` is ``-inf``, NaN when ``x`` has a NaN (then

@@ -199,7 +199,7 @@ def _ctc_trellis_final(table, tropical):
     return logz, n_states - 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _ctc_log_space(b, input_len, lab, skip, logp, want_grad, grad, scale):
     """Exact log-space forward-backward of one sequence; returns log Z.
 

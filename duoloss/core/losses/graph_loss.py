@@ -83,6 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _numerics
+from .._numerics import HELPER
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FALLBACK as _FALLBACK
 from .._numerics import NAN as _NAN
@@ -121,7 +122,7 @@ def _zeros2(m, n):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _graph_linear(b, tb, v_n, a_e, src, dst, lab, w, omega, start, accept, probs, fmax,
                   want_cnt, ge, cnt):
     """Linear-space forward-backward; returns ``(logZ, status)``.
@@ -304,7 +305,7 @@ def _frames_forward(b, tb, v_n, a_e, src, dst, lab, lw, start, em, table, back, 
                 _relax(table, back, t, dst[a], a, x + lw[a], tropical)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _graph_log(b, tb, v_n, a_e, src, dst, lab, lw, start, accept, em, want, ge, cnt):
     """Exact log-space forward-backward (slow fallback); returns logZ.
 
@@ -407,7 +408,7 @@ def _eps_order(v_n, src, dst, lab, perm):
     return a_e
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _load_graph(b, n_cls, t_max, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
                 gw_all, start_all, accept_all, widx_all):
     """Sequence ``b``'s graph (``b % G``), checked and with its arcs in trellis order.
@@ -529,7 +530,7 @@ def _normaliser(b, tb, probs, fmax, ge):
     return lognorm, False
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, dst_all, lab_all,
                gw_all, start_all, accept_all, widx_all, normalize, want_e, want_w, zero_inf,
                losses, g_em, g_w, pending):
@@ -578,7 +579,7 @@ def _graph_one(b, em, probs, fmax, theta, in_len, node_off, arc_off, src_all, ds
                   want_e, want_w, zero_inf, losses, g_em, g_w)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _graph_finish(b, st, logz, lognorm, ge, ne, cnt, a0, perm, widx_all, tb, t_max, normalize,
                   want_e, want_w, zero_inf, losses, g_em, g_w):
     """Sequence ``b``'s loss and gradients from its forward-backward's result

@@ -82,6 +82,7 @@ from typing import Sequence
 
 # NB: the kernels inline exp_poly and fast_exp; numba's on-disk cache is keyed
 # on this file's mtime only, so touch it after editing _numerics.py.
+from .._numerics import HELPER
 from .._numerics import NEG_INF as _NEG_INF
 from .._numerics import logaddexp_fast as _lae
 from .._numerics import exp_poly, fast_exp
@@ -111,7 +112,7 @@ def _lse(row, k0, k1):
     return m + math.log(acc)
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+@numba.njit(**HELPER, fastmath={"contract"})
 def _softmax_row(row, n, s, c, clamp, wb, out):
     """``out[k] = clip(exp(row[k] - s) * c) * wb`` for ``k < n`` (vectorised)."""
     if clamp > 0.0:

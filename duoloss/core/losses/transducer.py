@@ -147,7 +147,7 @@ def _box_ok(bd, b, n_s, n_t):
     return 0 <= s0 and s0 <= s1 and s1 <= n_s and 0 <= t0 and t0 <= t1 and t1 <= n_t
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _fill_box(g, b, s0, s1, t0, t1, value):
     for s in range(s0, s1):
         for t in range(t0, t1):
@@ -633,7 +633,7 @@ TRANSDUCER_KERNEL = LossKernel(
 # --------------------------------------------------------------------------- #
 # Viterbi                                                                      #
 # --------------------------------------------------------------------------- #
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _viterbi_one(b, px, py, bd, modified, checkpoint_cells, scores, frames):
     n_s = py.shape[1] - 1
     n_t = py.shape[2]
@@ -719,7 +719,7 @@ def _viterbi_segment(ns):
     return min(max(k, 1), ns)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(**HELPER)
 def _viterbi_checkpointed(b, px, py, s0, t0, ns, nt, modified, scores, frames):
     """`_viterbi_one`'s score and frames without the full ``ns x nt`` table
     (see the comment above)."""
