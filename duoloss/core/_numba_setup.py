@@ -158,8 +158,8 @@ _FAMILY_OF_MODULE = {
 #: family -> (what it is, rough seconds of its first call with an empty cache on a
 #: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
 FAMILIES = {
-    "ctc": ("CTC", 4), "asg": ("ASG", 8), "graph": ("WFST graph", 13),
-    "rnnt": ("RNN-T", 9), "k2": ("k2 RNN-T", 4), "tdt": ("TDT/multi-blank RNN-T", 8),
+    "ctc": ("CTC", 3), "asg": ("ASG", 7), "graph": ("WFST graph", 11),
+    "rnnt": ("RNN-T", 6), "k2": ("k2 RNN-T", 3), "tdt": ("TDT/multi-blank RNN-T", 8),
     "align": ("alignment", 3),
     "core": ("shared", 2),
 }
