@@ -398,7 +398,7 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
     return alpha, log_scale, status, logz, flushed
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
@@ -483,8 +483,8 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
 # batch loop itself, not in a function of their own that the loop calls (numba
 # would compile that function, then link, re-optimise and re-emit it into the
 # loop's module: 0.6 s more), nor in one inlined into the loop (numba's inliner
-# copies and retypes its IR: 1.4 s more).  The backward sweep is a function of
-# its own (inlining it cost more than compiling it); the small steps are inlined.
+# copies and retypes its IR: 1.4 s more).  The steps below are inlined (as a
+# function of its own, the backward sweep compiled as fast but ran 3% slower).
 
 
 @numba.njit(cache=True, nogil=True)
