@@ -337,7 +337,8 @@ def _bad_signatures():
     per-sequence and per-frame functions with a literal argument (the fused
     kernel passes ``modified`` at run time, so that the sweeps share one
     signature per dtype with the two-pass path), but for the deliberate literal
-    ``in_out=True`` it passes to the backward frame loop."""
+    ``in_out`` (True from the fused kernel, False from the two-pass path) of
+    the backward frame loop."""
     found = set()
     mods = ("duoloss.core.losses.transducer", "duoloss.core.losses.joiner",
             "duoloss.core.losses.tdt")

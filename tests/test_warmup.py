@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import duoloss
+from ctc_reference import log_space_ctc
 from duoloss.core import _numba_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,25 +207,9 @@ def test_gc_paused_in_real_compiles_and_restored_after_errors(tmp_path):
     assert len(r["seen"]) > 5 and not any(r["seen"]), r["seen"]
     assert r["after_ok"] and r["after_error"] and r["failed"] == "TypingError"
     assert r["user_off_stays_off"]
-    # uniform frames: every alignment has probability 6**-12 (the count of CTC paths
-    # of "1 2 3" in 12 frames times that), a check that the paused compile computed
-    assert r["loss"][0] == pytest.approx(12 * np.log(6) - np.log(_ctc_paths(12, [1, 2, 3])))
-
-
-def _ctc_paths(t_len, labels):
-    """The number of CTC alignments of ``labels`` in ``t_len`` frames (dynamic program
-    over the extended label sequence, counting paths)."""
-    ext = [0]
-    for y in labels:
-        ext += [y, 0]
-    count = [1, 1] + [0] * (len(ext) - 2)
-    for _ in range(1, t_len):
-        new = [0] * len(ext)
-        for s in range(len(ext)):
-            new[s] = count[s] + (count[s - 1] if s >= 1 else 0) + (
-                count[s - 2] if s >= 2 and ext[s] != 0 and ext[s] != ext[s - 2] else 0)
-        count = new
-    return count[-1] + count[-2]
+    # a check that the paused compile computed: the textbook log-space recursion
+    ref, _ = log_space_ctc(np.log(np.full((12, 6), 1 / 6)), [1, 2, 3])
+    assert r["loss"][0] == pytest.approx(ref, rel=1e-6)
 
 
 def test_warmup_rejects_unknown_family_and_bad_jobs():

@@ -228,7 +228,7 @@ class _CompileNotice(numba.core.event.Listener):
     def __init__(self):
         self._depth = 0
         self._started = None
-        self._paused_gc = False
+        self._gc_pause = None   # the entered `gc_paused` of the outermost compile
 
     def on_start(self, event):
         self._depth += 1
@@ -238,9 +238,8 @@ class _CompileNotice(numba.core.event.Listener):
         if family is None:
             return
         self._started = (family, time.perf_counter())
-        if gc.isenabled():
-            gc.disable()
-            self._paused_gc = True
+        self._gc_pause = gc_paused()
+        self._gc_pause.__enter__()
         if family in _noticed:
             return
         _noticed.add(family)
@@ -256,9 +255,9 @@ class _CompileNotice(numba.core.event.Listener):
 
     def on_end(self, event):
         self._depth = max(self._depth - 1, 0)
-        if self._depth == 0 and self._paused_gc:
-            self._paused_gc = False
-            gc.enable()
+        if self._depth == 0 and self._gc_pause is not None:
+            pause, self._gc_pause = self._gc_pause, None
+            pause.__exit__(None, None, None)
         if self._depth == 0 and self._started is not None:
             family, t0 = self._started
             self._started = None

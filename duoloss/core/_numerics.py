@@ -153,6 +153,7 @@ _C6 = 1.0 / 720
 #: time, issue 19).  Calling one from Python raises numba's error.
 HELPER = {"cache": True, "nogil": True, "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
+
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def exp_core(x):
     """``exp(x)`` for ``-708 <= x <= 709`` (no checks: the caller guarantees it)."""

@@ -55,6 +55,7 @@ from numba.extending import overload
 from .. import _numerics
 from .._numerics import HELPER, _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
 from .._pool import run_batch
+from .._reduce import flush_subnormals
 from .transducer import _batch_serial, _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
@@ -730,13 +731,12 @@ def _lattice_forward_serial(chunks, x, targets, il, tl, blank, per_chunk, px, py
 
 
 @numba.njit(cache=True, nogil=True)
-def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out,
-                             in_out):
+def _lattice_backward_serial(chunks, x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out):
     n_frames = x.shape[0] * x.shape[1]
     for i in range(chunks.shape[0]):
         f0 = chunks[i] * per_chunk
         f1 = min(f0 + per_chunk, n_frames)
-        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, in_out)
+        _frames_backward_fn(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out, False)
         _shifted_backward(x, lse, targets, il, tl, blank, g_px, g_py, f0, f1, out)
 
 
@@ -824,7 +824,7 @@ def transducer_log_probs_grad(x, lse, targets, logit_lengths, target_lengths, bl
     g_py = np.ascontiguousarray(g_py, dtype=x.dtype)
     out = _out_array(fn, out, x)
     if n:
-        args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out, False)
+        args = (x, lse, targets, il, tl, blank, g_px, g_py, per_chunk, out)
         run_batch(_lattice_backward_serial, np.arange(-(-n * t_max // per_chunk)), x.size,
                   _PARALLEL_MIN_ELEMS, args)
     return out
@@ -864,21 +864,21 @@ def _scaled_cotangents(b, scale, gx, gy, cx, cy):
 # `_one_linear`'s sweeps share one compiled signature per dtype with the two-pass
 # path's kernel (a literal made a second one, with no measurable speed difference:
 # 7.5 ms either way for (32, 150, 40, 28)).  ``in_out`` reaches the backward frame
-# loop as the literal True: that specialisation compiles 0.25 s faster on a first
-# call (the two-pass path passes False at run time).
+# loop as a literal (True here, False from the two-pass path): passed at run time,
+# the fused path's first call compiled 0.25 s longer.
 _frames_forward_fn = numba.njit(**HELPER)(_lattice_forward_frames.py_func)
 _frames_backward_fn = numba.njit(**HELPER)(_lattice_backward_frames.py_func)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out, in_out):
+def _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out):
     """The gradient ``out[b]`` of sequence ``b`` for the cotangents ``gx * scale``
-    and ``gy * scale`` (`_scaled_cotangents`); with ``in_out`` (the literal
-    True from `_fused_serial`), ``out[b]`` holds the forward's exponentials."""
+    and ``gy * scale`` (`_scaled_cotangents`); ``out[b]`` holds the forward's
+    exponentials."""
     t_max = x.shape[1]
     _scaled_cotangents(b, scale, gx, gy, cx, cy)
     _frames_backward_fn(x, lse, targets, il, tl, blank, cx, cy, b * t_max, (b + 1) * t_max, out,
-                        in_out)
+                        True)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -899,9 +899,9 @@ def _unshifted_only(lse, b, rows):
 _SHIFTED = 3
 
 
-# The fused kernels: the same argument list ``(order, inputs..., outputs...)``;
-# each processes exactly the sequences listed in the int64 array ``order`` and
-# writes only their entries of the outputs (``px`` .. ``pending``).
+# The fused kernel: the argument list ``(order, inputs..., outputs...)``; it
+# processes exactly the sequences listed in the int64 array ``order`` and writes
+# only their entries of the outputs (``px`` .. ``pending``).
 
 
 @numba.njit(cache=True, nogil=True)
@@ -926,13 +926,8 @@ def _fused_serial(order, x, targets, il, tl, blank, bd, modified, scale, want, p
             continue
         status = _one_linear(b, px, py, bd, modified, want, want, losses, gx, gy)
         pending[b] = status
-        if want and status == 0:  # out[b] holds the forward's exponentials (in_out)
-            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out, True)
-
-
-def _flushed(v):
-    """``v`` with subnormals flushed to (signed) zero: `_scaled_cotangents` in numpy."""
-    return np.where(np.abs(v) < np.finfo(v.dtype).tiny, v * 0, v)
+        if want and status == 0:
+            _fused_grad(b, x, targets, il, tl, blank, scale, lse, gx, gy, cx, cy, out)
 
 
 def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boundary,
@@ -1007,10 +1002,11 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
         # the gradients not yet written: of those two kinds of sequences
         rest = np.union1d(shifted[pending[shifted] == 0], todo).astype(np.int64, copy=False)
         if want and (rest.size or _numerics._compile_both):
-            cx[rest] = _flushed(gx[rest] * x.dtype.type(scale))
-            cy[rest] = _flushed(gy[rest] * x.dtype.type(scale))
+            # the cotangents as `_scaled_cotangents` makes them
+            cx[rest] = flush_subnormals(gx[rest] * x.dtype.type(scale))
+            cy[rest] = flush_subnormals(gy[rest] * x.dtype.type(scale))
             run_batch(_lattice_backward_serial, rest, rest.size * per_seq, _PARALLEL_MIN_ELEMS,
-                      (x, lse, targets, il, tl, blank, cx, cy, t_max, out, False))
+                      (x, lse, targets, il, tl, blank, cx, cy, t_max, out))
     if not want:
         return losses, lse, None, None, None
     return losses, lse, gx, gy, out
