@@ -51,12 +51,12 @@ class ArpaLM:
 
     Examples:
         >>> import tempfile, os
-        >>> text = "\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n-1.0\\t<s>\\t-0.5\\n-0.3\\ta\\n-0.6\\t</s>\\n\\n\\\\end\\\\\\n"
+        >>> text = "\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n-99\\t<s>\\n-0.3\\ta\\n-0.6\\t</s>\\n\\n\\\\end\\\\\\n"
         >>> path = os.path.join(tempfile.mkdtemp(), "lm.arpa")
         >>> _ = open(path, "w").write(text)
         >>> lm = read_arpa(path)
-        >>> round(lm.sentence_log10(["a"]), 6)   # bo(<s>) + p(a) + p(</s> | a)
-        -1.4
+        >>> round(lm.sentence_log10(["a"]), 6)   # p(a) + p(</s>): a unigram model
+        -0.9
     """
 
     __slots__ = ("order", "words", "word_index", "bos", "eos", "unk", "ngrams", "path")
