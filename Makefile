@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e ".[torch,jax,cuda,test,examples,plot,docs]"
+# decoding test peer: pyctcdecode 0.5.0 declares numpy<2 (it runs on numpy 2), so no deps
+	$(PY) -m pip install --quiet --no-deps -c requirements/constraints.txt pyctcdecode pygtrie
 	touch $(STAMP)
 
 install: $(STAMP)
