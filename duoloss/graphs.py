@@ -17,6 +17,10 @@ graph operations of [`duoloss.gtn`][duoloss.gtn] (``compose``, ``intersect``,
   sequences (interpolated absolute discounting; back-off arcs are epsilon).
 * [`wordpiece_graph`][duoloss.graphs.wordpiece_graph] — every decomposition of a word (or a sentence) into
   pieces of a vocabulary (Hannun et al., 2020, Sec. 5).
+* [`lexicon_graph`][duoloss.graphs.lexicon_graph] — a lexicon transducer ``L`` (token ids in, word ids
+  out) for decoding with ``graph_decode``.
+* [`arpa_graph`][duoloss.graphs.arpa_graph] — the grammar acceptor ``G`` of an ARPA n-gram model (backoff
+  as epsilon arcs, natural-log weights).
 
 References:
   Graves et al., "Connectionist Temporal Classification", ICML 2006.
@@ -38,8 +42,10 @@ from typing import Dict, List, Sequence, Tuple, overload
 import numpy as np
 
 from duoloss.core.graph.graph import EPSILON, Graph
+from duoloss.core.decoding.wfst_graphs import arpa_graph, lexicon_graph
 
-__all__ = ["ctc_graph", "ctc_topo", "asg_graph", "token_ngram_graph", "wordpiece_graph"]
+__all__ = ["ctc_graph", "ctc_topo", "asg_graph", "token_ngram_graph", "wordpiece_graph", "lexicon_graph",
+           "arpa_graph"]
 
 
 #: The most arcs a builder makes (``2**28``: about 9.7 GB of arc arrays at 36

@@ -7,6 +7,7 @@ from ._align import token_spans
 from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._ctc import optax_ctc_loss
+from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
 from ._rnnt_k2 import do_rnnt_pruning
 from ._rnnt_k2 import get_rnnt_logprobs
@@ -36,6 +37,7 @@ __all__ = [
     "PackedGraphs",
     "pack_graphs",
     "graph_loss",
+    "graph_decode",
     "asg_align",
     "asg_loss",
     "asg_viterbi",

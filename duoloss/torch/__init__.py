@@ -9,6 +9,7 @@ from ._asg import asg_loss
 from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 from ._graph_loss import GraphLoss
+from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
 from ._rnnt_k2 import do_rnnt_pruning
 from ._rnnt_k2 import get_rnnt_logprobs
@@ -42,6 +43,7 @@ __all__ = [
     "pack_graphs",
     "GraphLoss",
     "graph_loss",
+    "graph_decode",
     "ASGLoss",
     "asg_align",
     "asg_loss",
