@@ -6,6 +6,7 @@ from ._align import graph_align
 from ._align import token_spans
 from ._asg import asg_loss
 from ._ctc import ctc_loss
+from ._decode_greedy import ctc_greedy_decode
 from ._ctc import optax_ctc_loss
 from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
@@ -45,6 +46,7 @@ __all__ = [
     "graph_align",
     "token_spans",
     "ctc_loss",
+    "ctc_greedy_decode",
     "optax_ctc_loss",
     "rnnt_align",
     "rnnt_loss",

@@ -8,6 +8,7 @@ from ._asg import ASGLoss
 from ._asg import asg_loss
 from ._ctc import CTCLoss
 from ._ctc import ctc_loss
+from ._decode_greedy import ctc_greedy_decode
 from ._graph_loss import GraphLoss
 from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
@@ -53,6 +54,7 @@ __all__ = [
     "token_spans",
     "CTCLoss",
     "ctc_loss",
+    "ctc_greedy_decode",
     "RNNTLoss",
     "rnnt_align",
     "rnnt_loss",
