@@ -38,7 +38,7 @@ from .arpa import ArpaLM, read_arpa
 from .lexicon import read_lexicon
 
 __all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "CTCHypothesis", "build_decoder",
-           "compile_lm"]
+           "check_emissions", "check_lengths", "compile_lm"]
 
 _FN = "ctc_decoder"
 _PARALLEL_MIN_CELLS = 20_000     # frames x beam below which one thread decodes the batch
@@ -93,6 +93,9 @@ class CTCDecoderLM:
     are word ids (the lexicon's words in file order, then ``unk_word``); without, token ids.
     A Python LM runs the search in Python (slower than the compiled n-gram path).
     """
+
+    def __init__(self) -> None:
+        pass
 
     def start(self, start_with_nothing: bool) -> CTCDecoderLMState:
         """The state at the start of an utterance."""
@@ -454,9 +457,82 @@ class CTCDecoder:
         return CTCHypothesis(tokens=path[keep].astype(np.int64), words=words, score=score,
                              timesteps=timesteps)
 
+    def decode_padded(self, emissions: np.ndarray, lengths: Optional[np.ndarray] = None
+                      ) -> Tuple[np.ndarray, ...]:
+        """``decode`` as fixed-shape arrays (for ``jax.pure_callback``).
+
+        Returns:
+            ``(tokens, n_tokens, timesteps, scores, words, n_words)``: ``(B, nbest, T + 2)``
+            int32 token ids padded with -1, ``(B, nbest)`` int32 counts, ``(B, nbest, T + 2)``
+            int32 timesteps padded with -1, ``(B, nbest)`` float64 scores (``-inf`` where an
+            utterance has fewer hypotheses), ``(B, nbest, T + 1)`` int32 word ids (indices into
+            ``words``) padded with -1 and ``(B, nbest)`` int32 counts.
+        """
+        em = np.asarray(emissions)
+        B, T = em.shape[0], em.shape[1]
+        nb = self.nbest
+        tokens = np.full((B, nb, T + 2), -1, np.int32)
+        times = np.full((B, nb, T + 2), -1, np.int32)
+        n_tok = np.zeros((B, nb), np.int32)
+        scores = np.full((B, nb), -np.inf)
+        words = np.full((B, nb, T + 1), -1, np.int32)
+        n_words = np.zeros((B, nb), np.int32)
+        index = {w: i for i, w in enumerate(self.words)}
+        for b, hyps in enumerate(self.decode(em, lengths)):
+            for j, h in enumerate(hyps):
+                n = h.tokens.shape[0]
+                tokens[b, j, :n] = h.tokens
+                times[b, j, :n] = h.timesteps
+                n_tok[b, j] = n
+                scores[b, j] = h.score
+                words[b, j, :len(h.words)] = [index[w] for w in h.words]
+                n_words[b, j] = len(h.words)
+        return tokens, n_tok, times, scores, words, n_words
+
     def idxs_to_tokens(self, idxs: Sequence[int]) -> List[str]:
         """The token strings of token ids."""
         return [self.tokens[int(i)] for i in idxs]
+
+
+# --------------------------------------------------------------------------- call checks
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def check_emissions(shape: Tuple[int, ...], dtype: str, n_tokens: int) -> None:
+    """The decoder's ``emissions`` argument: a ``(B, T, C)`` float array, ``C = len(tokens)``."""
+    if dtype not in _FLOATS:
+        raise TypeError(f"{_FN}: argument 'emissions' must be a float array (float16, bfloat16, "
+                        f"float32 or float64), got {dtype}")
+    if len(shape) != 3:
+        raise ValueError(f"{_FN}: argument 'emissions' must be 3-D (B, T, C), got shape "
+                         f"{tuple(shape)}")
+    if shape[2] != n_tokens:
+        raise ValueError(f"{_FN}: argument 'emissions' must have C = len(tokens) = {n_tokens} "
+                         f"classes in its last dimension, got shape {tuple(shape)}")
+
+
+def check_lengths(lengths: Optional[np.ndarray], dtype: Optional[str], batch: int, frames: int
+                  ) -> Optional[np.ndarray]:
+    """The decoder's ``lengths`` argument: None or ``(B,)`` integers in ``[0, T]``."""
+    if lengths is None:
+        return None
+    if dtype not in _INTS:
+        raise TypeError(f"{_FN}: argument 'lengths' must be an integer array, got {dtype}")
+    lens = np.asarray(lengths)
+    if lens.shape != (batch,):
+        raise ValueError(f"{_FN}: argument 'lengths' must have shape ({batch},) (one length per "
+                         f"utterance), got {tuple(lens.shape)}")
+    lens = lens.astype(np.int64)
+    if batch and lens.min() < 0:
+        b = int(np.argmin(lens))
+        raise ValueError(f"{_FN}: argument 'lengths' must be >= 0, got {int(lens[b])} at index {b}")
+    if batch and lens.max() > frames:
+        b = int(np.argmax(lens))
+        raise ValueError(f"{_FN}: argument 'lengths' must be <= T = {frames} (the emissions' "
+                         f"frames), got {int(lens[b])} at index {b}")
+    return lens
 
 
 # --------------------------------------------------------------------------- building
