@@ -51,7 +51,8 @@ class ArpaLM:
 
     Examples:
         >>> import tempfile, os
-        >>> text = "\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n-99\\t<s>\\n-0.3\\ta\\n-0.6\\t</s>\\n\\n\\\\end\\\\\\n"
+        >>> text = ("\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n"
+        ...         "-99\\t<s>\\n-0.3\\ta\\n-0.6\\t</s>\\n\\n\\\\end\\\\\\n")
         >>> path = os.path.join(tempfile.mkdtemp(), "lm.arpa")
         >>> _ = open(path, "w").write(text)
         >>> lm = read_arpa(path)
@@ -161,6 +162,11 @@ class ArpaLM:
         return total
 
 
+def _q(text: str) -> str:
+    """Quote a line for a message without doubling its backslashes (``'\\data\\'``)."""
+    return "'" + text + "'"
+
+
 def _err(path: str, lineno: Optional[int], msg: str) -> ValueError:
     where = f"{path}:{lineno}" if lineno is not None else f"{path}"
     return ValueError(f"read_arpa: {where}: {msg}")
@@ -230,7 +236,7 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
     if i == n_lines:
         raise _err(path, None, "the file is empty (expected an ARPA header '\\data\\')")
     if lines[i].strip() != "\\data\\":
-        raise _err(path, i + 1, f"expected the ARPA header '\\data\\', got {lines[i].strip()!r}")
+        raise _err(path, i + 1, f"expected the ARPA header '\\data\\', got {_q(lines[i].strip())}")
     i += 1
     counts: List[int] = []
     count_lines: List[int] = []
@@ -245,11 +251,11 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
         if m is None:
             if line.startswith("\\"):
                 break
-            raise _err(path, i + 1, f"expected 'ngram {len(counts) + 1}=<count>', got {line!r}")
+            raise _err(path, i + 1, f"expected 'ngram {len(counts) + 1}=<count>', got {_q(line)}")
         k, c = int(m.group(1)), int(m.group(2))
         if k != len(counts) + 1:
             raise _err(path, i + 1, f"expected 'ngram {len(counts) + 1}=<count>' "
-                                    f"(counts in increasing order), got {line!r}")
+                                    f"(counts in increasing order), got {_q(line)}")
         counts.append(c)
         count_lines.append(i + 1)
         i += 1
@@ -273,10 +279,9 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
             if header == "\\end\\":
                 raise _err(path, i + 1, f"'\\end\\' before the '\\{k}-grams:' section "
                                         f"('ngram {k}={counts[k - 1]}' announced it)")
-            raise _err(path, i + 1, f"expected the section header '\\{k}-grams:', got {header!r}")
+            raise _err(path, i + 1, f"expected the section header '\\{k}-grams:', got {_q(header)}")
         i += 1
         table = ngrams[k - 1]
-        lower = ngrams[k - 2] if k > 1 else None
         n_entries = 0
         while i < n_lines:
             raw = lines[i]
@@ -294,9 +299,10 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
                             f"{k + 1} or {k + 2} (log10 probability, {k} "
                             f"word{'s' if k > 1 else ''}, optional log10 backoff)")
                 raise _err(path, lineno, f"a {k}-gram entry must have {expected} fields, "
-                                         f"got {len(fields)}: {line!r}")
+                                         f"got {len(fields)}: {_q(line)}")
             logp = _float(path, lineno, fields[0], "the log10 probability")
-            bo = _float(path, lineno, fields[k + 1], "the log10 backoff") if len(fields) == k + 2 else 0.0
+            bo = (_float(path, lineno, fields[k + 1], "the log10 backoff")
+                  if len(fields) == k + 2 else 0.0)
             if k == 1:
                 w = fields[1]
                 if w in word_index:
@@ -323,13 +329,12 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
             raise _err(path, count_lines[k - 1],
                        f"'ngram {k}={counts[k - 1]}' disagrees with the {n_entries} entries of "
                        f"the '\\{k}-grams:' section")
-        del lower
     while i < n_lines and not lines[i].strip():
         i += 1
     if i == n_lines:
         raise _err(path, None, "missing '\\end\\' at the end of the file")
     if lines[i].strip() != "\\end\\":
         raise _err(path, i + 1, f"expected '\\end\\' after the '\\{order}-grams:' section, "
-                                f"got {lines[i].strip()!r} (more sections than the "
+                                f"got {_q(lines[i].strip())} (more sections than the "
                                 f"{order} counted in '\\data\\'?)")
     return ArpaLM(order, words, ngrams, path=path)
