@@ -11,6 +11,11 @@ from ._asg import asg_loss
 from ._ctc import CTCLoss
 from ._ctc import ctc_loss
 from ._decode_greedy import ctc_greedy_decode
+from ._decode_transducer import multiblank_greedy_decode
+from ._decode_transducer import rnnt_beam_search
+from ._decode_transducer import rnnt_greedy_decode
+from ._decode_transducer import tdt_beam_search
+from ._decode_transducer import tdt_greedy_decode
 from ._graph_loss import GraphLoss
 from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
@@ -59,6 +64,11 @@ __all__ = [
     "CTCLoss",
     "ctc_loss",
     "ctc_greedy_decode",
+    "multiblank_greedy_decode",
+    "rnnt_beam_search",
+    "rnnt_greedy_decode",
+    "tdt_beam_search",
+    "tdt_greedy_decode",
     "RNNTLoss",
     "rnnt_align",
     "rnnt_loss",
