@@ -369,7 +369,9 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
         if has_eps and n_next > 0:
             hsize = 0
             for j in range(n_next):
-                hsize = _heap_push(heap, hsize, n_state, rank, j)
+                s = n_state[j]
+                if eps_end[s] > ptr[s]:     # only states with epsilon arcs need a visit
+                    hsize = _heap_push(heap, hsize, n_state, rank, j)
             while hsize > 0:
                 j, hsize = _heap_pop(heap, hsize, n_state, rank)
                 s = n_state[j]
@@ -400,7 +402,8 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                             n_arc = _grow_i(n_arc, cap)
                             heap = _grow_i(heap, cap)
                             mark = _grow_i(mark, cap)
-                        hsize = _heap_push(heap, hsize, n_state, rank, i)
+                        if eps_end[d] > ptr[d]:
+                            hsize = _heap_push(heap, hsize, n_state, rank, i)
                     elif v > n_score[i]:
                         n_score[i] = v
                         n_pred[i] = j
@@ -418,16 +421,25 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                 heap[n_keep] = j
                 n_keep += 1
         if max_active > 0 and n_keep > max_active:
-            sel = heap[:n_keep].copy()
-            neg = np.empty(n_keep, np.float64)
+            # the max_active best: a cutoff from a partial sort, ties by creation order
+            vals = np.empty(n_keep, np.float64)
             for i in range(n_keep):
-                neg[i] = -n_score[sel[i]]
-            o = np.argsort(neg, kind="mergesort")
-            for i in range(max_active):
-                heap[i] = sel[o[i]]
-            n_keep = max_active
-            # keep frame order (deterministic expansion order: by creation)
-            heap[:n_keep].sort()
+                vals[i] = n_score[heap[i]]
+            cut = np.partition(vals, n_keep - max_active)[n_keep - max_active]
+            above = 0
+            for i in range(n_keep):
+                if vals[i] > cut:
+                    above += 1
+            ties = max_active - above
+            m = 0
+            for i in range(n_keep):
+                v = vals[i]
+                if v > cut or (v == cut and ties > 0):
+                    if v == cut:
+                        ties -= 1
+                    heap[m] = heap[i]
+                    m += 1
+            n_keep = m
         if n_keep == 0:
             stats[b, 0] = max(stats[b, 0], peak)
             return -np.inf, -1
