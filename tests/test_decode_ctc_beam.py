@@ -22,7 +22,7 @@ import pytest
 
 from duoloss.core import _pool
 from duoloss.core.decoding import read_arpa
-from duoloss.core.decoding.ctc_beam import build_decoder, compile_lm
+from duoloss.core.decoding.ctc_beam import CTCDecoderLM, build_decoder, compile_lm
 from duoloss.core.decoding import _beam_kernel as _k
 
 WIDE = dict(beam_size=100_000, beam_threshold=math.inf)
@@ -182,11 +182,37 @@ def _brute_lexicon(em, lm, spell_to_word, lm_weight, word_score, sil_score, log_
     return out
 
 
-@pytest.mark.parametrize("log_add", [False, True])
-@pytest.mark.parametrize("seed", range(3))
-def test_lexicon_and_lm_equal_exhaustive_search(files, seed, log_add):
+class _ArpaAsPythonLM(CTCDecoderLM):
+    """The ARPA model behind the CTCDecoderLM protocol (the search's Python path)."""
+
+    def __init__(self, lm, units):
+        self.lm, self.units = lm, units
+
+    def _ctx(self, history):
+        ctx = self.lm.begin()
+        for u in history:
+            _, ctx = self.lm.score(ctx, self.lm.word_id(self.units[u]))
+        return ctx
+
+    def start(self, start_with_nothing):
+        return ()                               # a state: the history of unit ids
+
+    def score(self, state, usr_token_idx):
+        p, _ = self.lm.score(self._ctx(state), self.lm.word_id(self.units[usr_token_idx]))
+        return state + (usr_token_idx,), p
+
+    def finish(self, state):
+        return state, self.lm.score(self._ctx(state), self.lm.eos)[0]
+
+
+@pytest.mark.parametrize("seed,log_add,python_lm",
+                         [(s, a, False) for s in range(3) for a in (False, True)]
+                         + [(0, False, True), (1, True, True)])
+def test_lexicon_and_lm_equal_exhaustive_search(files, seed, log_add, python_lm):
     arpa, lexicon = files
     lm = read_arpa(arpa)
+    if python_lm:     # the same ARPA model as a Python LM: the search's Python path
+        arpa = _ArpaAsPythonLM(lm, ["ab", "ba", "a", "<unk>"])
     rng = np.random.default_rng(100 + seed)
     T = 6
     tokens = ["-", "|", "a", "b"]

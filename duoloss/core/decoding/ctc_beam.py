@@ -91,7 +91,24 @@ class CTCDecoderLM:
     Subclass it and implement ``start``, ``score`` and ``finish``; scores are added to the
     hypothesis times ``lm_weight`` (like KenLM's log10 scores).  With a lexicon the units
     are word ids (the lexicon's words in file order, then ``unk_word``); without, token ids.
-    A Python LM runs the search in Python (slower than the compiled n-gram path).
+    A Python LM runs the search in Python (slower than the compiled n-gram path); ``score``
+    is called once per history and unit, ``finish`` once per history that reaches the end.
+    States may be any Python objects (``CTCDecoderLMState`` offers torchaudio's ``child``).
+
+    Examples:
+        A "language model" that charges log10 score -1 per token, whatever the history; with
+        ``lm_weight=0.5`` the one-token hypothesis pays 0.5:
+
+        >>> import math, torch
+        >>> import duoloss.torch as dt
+        >>> class TokenPenalty(dt.CTCDecoderLM):
+        ...     def start(self, start_with_nothing): return ()
+        ...     def score(self, state, usr_token_idx): return state + (usr_token_idx,), -1.0
+        ...     def finish(self, state): return state, 0.0
+        >>> decoder = dt.ctc_decoder(["-", "|", "a"], lm=TokenPenalty(), lm_weight=0.5)
+        >>> hyp = decoder(torch.tensor([[[.2, .1, .7]]]).log())[0][0]
+        >>> decoder.idxs_to_tokens(hyp.tokens), round(hyp.score - math.log(.7), 6)
+        (['|', 'a', '|'], -0.5)
     """
 
     def __init__(self) -> None:
@@ -352,6 +369,9 @@ class CTCDecoder:
                                  np.full(len(lexicon), tables.start, np.int64),
                                  unit_lm[:len(lexicon)].copy(), p, s)
                 word_scores = [float(x) for x in p]
+            elif py_lm is not None:
+                from ._beam_python import lm_word_scores
+                word_scores = lm_word_scores(py_lm, len(lexicon))
             self._trie = _build_lexicon_trie(lexicon, word_scores)
             self._unk_unit = len(words) - 1
         else:
