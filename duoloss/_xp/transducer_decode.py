@@ -23,9 +23,53 @@ A move landing past a sequence's last frame ends it (its frame becomes ``T_b``).
 """
 from __future__ import annotations
 
-__all__ = ["greedy_search", "beam_search"]
+from duoloss.core import _validate as _v
+
+__all__ = ["beam_search", "check_ints", "greedy_search", "multiblank_moves", "resolve_blank"]
 
 NEG_INF = float("-inf")
+
+
+# ----------------------------------------------------------------------------- arguments
+def check_ints(fn, arg, values, lo, *, distinct=True, positive_one=False):
+    """A non-empty list of ints ``>= lo`` (``durations``, ``big_blank_durations``), checked."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in values) or not values:
+        raise TypeError(f"{fn}: argument '{arg}' must be a non-empty list of ints, got {values!r}")
+    if any(d < lo for d in values):
+        raise ValueError(f"{fn}: argument '{arg}' must hold ints >= {lo}, got {list(values)}")
+    if distinct and len(set(values)) != len(values):
+        raise ValueError(f"{fn}: argument '{arg}' must hold distinct values, got {list(values)}")
+    if positive_one and not any(d > 0 for d in values):
+        raise ValueError(f"{fn}: argument '{arg}' must hold a positive duration, got {list(values)}")
+    return [int(d) for d in values]
+
+
+def resolve_blank(fn, blank, start_token, n_cls):
+    """``(blank, start)`` as indices in ``[0, V)`` (``n_cls = V``; None: nothing to decode)."""
+    if n_cls is None:
+        _v.check_int_type(fn, "blank", blank)
+        return 0, 0
+    blank = _v.check_int_scalar(fn, "blank", blank, -n_cls, n_cls) % n_cls
+    start = blank if start_token is None else _v.check_int_scalar(fn, "start_token", start_token,
+                                                                  0, n_cls)
+    return blank, start
+
+
+def multiblank_moves(fn, big_blank_durations, blank, n_cls):
+    """The frames each of the ``n_cls`` classes moves (0: a token), checked."""
+    big = check_ints(fn, "big_blank_durations", big_blank_durations, 1, distinct=False)
+    if n_cls is not None and blank - len(big) < 0:
+        raise ValueError(f"{fn}: argument 'big_blank_durations' must leave the big blanks "
+                         f"at indices >= 0 (blank - {len(big)} >= 0), got blank = {blank}")
+    moves = [0] * (n_cls or 0)
+    if n_cls:
+        moves[blank] = 1
+        for i, d in enumerate(big):
+            moves[blank - 1 - i] = d
+    return moves
 
 
 # ----------------------------------------------------------------------------- greedy

@@ -9,6 +9,11 @@ from ._align import token_spans
 from ._asg import asg_loss
 from ._ctc import ctc_loss
 from ._decode_greedy import ctc_greedy_decode
+from ._decode_transducer import multiblank_greedy_decode
+from ._decode_transducer import rnnt_beam_search
+from ._decode_transducer import rnnt_greedy_decode
+from ._decode_transducer import tdt_beam_search
+from ._decode_transducer import tdt_greedy_decode
 from ._ctc import optax_ctc_loss
 from ._decode_graph import graph_decode
 from ._graph_loss import graph_loss
@@ -51,6 +56,11 @@ __all__ = [
     "token_spans",
     "ctc_loss",
     "ctc_greedy_decode",
+    "multiblank_greedy_decode",
+    "rnnt_beam_search",
+    "rnnt_greedy_decode",
+    "tdt_beam_search",
+    "tdt_greedy_decode",
     "optax_ctc_loss",
     "rnnt_align",
     "rnnt_loss",

@@ -183,43 +183,18 @@ def _check_common(fn, encoder_out, encoder_lengths, predict, join):
 
 
 def _probe(fn, encoder_out, predict, join):
-    """The logits' last size, from one predictor and joiner call on the first frame."""
+    """``(V', dtype)``: the logits' last size and dtype, from one predictor and joiner call
+    on the first frame (``(None, None)`` when there is no frame)."""
     n = encoder_out.shape[0]
     if encoder_out.shape[1] == 0 or n == 0:
-        return None
+        return None, None
     tok = torch.zeros(min(n, 1), dtype=torch.int64, device=encoder_out.device)
     out, _ = predict(tok, None)
     logits = join(encoder_out[:1, 0], out)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != 1:
         got = _v.shape_str(tuple(logits.shape)) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for N = 1")
-    return int(logits.shape[1])
-
-
-def _check_ints(fn, arg, values, lo, *, distinct=True, positive_one=False):
-    if isinstance(values, torch.Tensor):
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)) or not all(
-            isinstance(d, int) and not isinstance(d, bool) for d in values) or not values:
-        raise TypeError(f"{fn}: argument '{arg}' must be a non-empty list of ints, got {values!r}")
-    if any(d < lo for d in values):
-        raise ValueError(f"{fn}: argument '{arg}' must hold ints >= {lo}, got {list(values)}")
-    if distinct and len(set(values)) != len(values):
-        raise ValueError(f"{fn}: argument '{arg}' must hold distinct values, got {list(values)}")
-    if positive_one and not any(d > 0 for d in values):
-        raise ValueError(f"{fn}: argument '{arg}' must hold a positive duration, got {list(values)}")
-    return [int(d) for d in values]
-
-
-def _resolve(fn, blank, start_token, n_cls):
-    """``(blank, start)`` as indices in ``[0, V)`` (``n_cls = V``; None: nothing to decode)."""
-    if n_cls is None:
-        _v.check_int_type(fn, "blank", blank)
-        return 0, 0
-    blank = _v.check_int_scalar(fn, "blank", blank, -n_cls, n_cls) % n_cls
-    start = blank if start_token is None else _v.check_int_scalar(fn, "start_token", start_token,
-                                                                  0, n_cls)
-    return blank, start
+    return int(logits.shape[1]), logits.dtype
 
 
 def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
@@ -227,27 +202,18 @@ def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
     lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
     with torch.no_grad():
-        n_out = _probe(fn, encoder_out, predict, join)
+        n_out, _ = _probe(fn, encoder_out, predict, join)
         if kind == "tdt":
-            extra = _check_ints(fn, "durations", extra, 0, positive_one=True)
+            extra = _search.check_ints(fn, "durations", extra, 0, positive_one=True)
             if n_out is not None and n_out <= len(extra):
                 raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
                                  f"D = {len(extra)} durations, got {n_out}")
             n_cls = None if n_out is None else n_out - len(extra)
         else:
             n_cls = n_out
-        blank, start = _resolve(fn, blank, start_token, n_cls)
+        blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
         if kind == "multiblank":
-            big = _check_ints(fn, "big_blank_durations", extra, 1, distinct=False)
-            if n_cls is not None and blank - len(big) < 0:
-                raise ValueError(f"{fn}: argument 'big_blank_durations' must leave the big blanks "
-                                 f"at indices >= 0 (blank - {len(big)} >= 0), got blank = {blank}")
-            moves = [0] * (n_cls or 0)
-            if n_cls:
-                moves[blank] = 1
-                for i, d in enumerate(big):
-                    moves[blank - 1 - i] = d
-            extra = moves
+            extra = _search.multiblank_moves(fn, extra, blank, n_cls)
         o = _TorchSearchOps(encoder_out.device)
         return _search.greedy_search(o, kind, encoder_out, lengths, predict, join, blank,
                                      max_sym, extra, start)
@@ -418,17 +384,17 @@ def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, duration
     beam = _v.check_int_scalar(fn, "beam", beam, 1)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
     with torch.no_grad():
-        n_out = _probe(fn, encoder_out, predict, join)
+        n_out, dtype = _probe(fn, encoder_out, predict, join)
         n_cls = n_out
         if kind == "tdt":
-            durations = _check_ints(fn, "durations", durations, 0, positive_one=True)
+            durations = _search.check_ints(fn, "durations", durations, 0, positive_one=True)
             if n_out is not None and n_out <= len(durations):
                 raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
                                  f"D = {len(durations)} durations, got {n_out}")
             n_cls = None if n_out is None else n_out - len(durations)
-        blank, start = _resolve(fn, blank, start_token, n_cls)
+        blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
         o = _TorchSearchOps(encoder_out.device)
-        like = torch.zeros((), dtype=torch.promote_types(encoder_out.dtype, torch.float32),
+        like = torch.zeros((), dtype=torch.promote_types(dtype or encoder_out.dtype, torch.float32),
                            device=encoder_out.device)
         return _search.beam_search(o, kind, encoder_out, lengths, predict, join, blank, beam,
                                    max_sym, durations, start, like)

@@ -1,0 +1,430 @@
+"""Transducer decoding (RNN-T, TDT, multi-blank) from the user's predictor and joiner, in jnp ops.
+
+The searches are written once for both frameworks in `duoloss._xp.transducer_decode`;
+here they run on `_JaxSearchOps`: ``lax.while_loop``/``fori_loop`` loops, every step plain
+XLA, so each function works under ``jax.jit`` (with ``predict``/``join`` closed over or
+static) and on any backend.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from duoloss.core import _validate as _v
+from duoloss._xp import transducer_decode as _search
+
+from ._args import as_array, as_int_array, index_dtype, is_concrete
+
+__all__ = ["multiblank_greedy_decode", "rnnt_beam_search", "rnnt_greedy_decode",
+           "tdt_beam_search", "tdt_greedy_decode"]
+
+#: ``predict(tokens (N,) int, state or None) -> (predictor_out (N, ...), state)``
+Predict = Callable[[jax.Array, Any], tuple[Any, Any]]
+#: ``join(encoder_frames (N, ...), predictor_out (N, ...)) -> logits (N, V[+D])``
+Join = Callable[[jax.Array, Any], jax.Array]
+
+_NEG_INF = float("-inf")
+
+
+class _JaxSearchOps:
+    """The array vocabulary of `duoloss._xp.transducer_decode` in JAX."""
+
+    def __init__(self):
+        self.idx = index_dtype()
+
+    def full(self, shape, value, kind):
+        return jnp.full(shape, value, self.idx if kind == "int" else bool)
+
+    @staticmethod
+    def zeros_float(shape, like):
+        return jnp.zeros(shape, like.dtype)
+
+    def const_int(self, values):
+        return jnp.asarray(np.asarray(list(values), np.int64), self.idx)
+
+    def arange(self, n):
+        return jnp.arange(n, dtype=self.idx)
+
+    where = staticmethod(jnp.where)
+    minimum = staticmethod(jnp.minimum)
+    maximum = staticmethod(jnp.maximum)
+    isnan = staticmethod(jnp.isnan)
+    logaddexp = staticmethod(jnp.logaddexp)
+
+    def argmax(self, x):
+        return jnp.argmax(x, -1).astype(self.idx)
+
+    @staticmethod
+    def log_softmax(x):
+        return jax.nn.log_softmax(x, -1)
+
+    def astype_int(self, x):
+        return x.astype(self.idx)
+
+    @staticmethod
+    def any(x):
+        return jnp.any(x)
+
+    @staticmethod
+    def any_(x, axis):
+        return jnp.any(x, axis)
+
+    @staticmethod
+    def all_(x, axis):
+        return jnp.all(x, axis)
+
+    @staticmethod
+    def reshape(x, shape):
+        return jnp.reshape(x, shape)
+
+    @staticmethod
+    def concat(xs, axis):
+        return jnp.concatenate(xs, axis)
+
+    @staticmethod
+    def gather(x, idx, axis):
+        return jnp.take_along_axis(x, idx, axis)
+
+    @staticmethod
+    def lse(x, axes):
+        return jax.nn.logsumexp(x, axis=axes)
+
+    @staticmethod
+    def topk(x, k):
+        """The ``k`` largest along the last axis, best first, ties to the lower index."""
+        return jax.lax.top_k(x, k)
+
+    @staticmethod
+    def frame_rows(enc, rows, frames):
+        return enc[rows, frames]
+
+    @staticmethod
+    def set_rows(buf, slot, val, mask):
+        rows = jnp.arange(buf.shape[0])
+        return buf.at[rows, slot].set(jnp.where(mask, val, buf[rows, slot]))
+
+    @staticmethod
+    def kill(x, idx, mask):
+        rows = jnp.arange(x.shape[0])[:, None]
+        return x.at[rows, jnp.where(mask, idx, x.shape[1])].set(_NEG_INF, mode="drop")
+
+    @staticmethod
+    def take_tree(tree, rows):
+        return jax.tree_util.tree_map(lambda a: a[rows], tree)
+
+    @staticmethod
+    def predict_where(predict, mask, tokens, pred, state):
+        new_pred, new_state = predict(tokens, state)
+
+        def pick(new, old):
+            m = mask.reshape(mask.shape + (1,) * (new.ndim - 1))
+            return jnp.where(m, new, old).astype(old.dtype)
+
+        return (jax.tree_util.tree_map(pick, new_pred, pred),
+                jax.tree_util.tree_map(pick, new_state, state))
+
+    @staticmethod
+    def while_loop(cond, body, carry):
+        return jax.lax.while_loop(cond, body, carry)
+
+    def frame_rounds(self, t_max, rounds, body, any_expanding, carry):
+        idx = self.idx
+
+        def frame(t, c):
+            def cond(rc):
+                r, c = rc
+                return (r < rounds) & any_expanding(t, c)
+
+            def step(rc):
+                r, c = rc
+                return r + 1, body(t, r, c)
+
+            return jax.lax.while_loop(cond, step, (jnp.asarray(0, idx), c))[1]
+
+        return jax.lax.fori_loop(jnp.asarray(0, idx), jnp.asarray(t_max, idx), frame, carry)
+
+
+# ------------------------------------------------------------------------- arguments
+def _check_common(fn, encoder_out, encoder_lengths, predict, join):
+    encoder_out = as_array(fn, "encoder_out", encoder_out)
+    _v.check_dtype(fn, "encoder_out", encoder_out.dtype, _v.FLOAT_DTYPES, "a floating")
+    if encoder_out.ndim < 2:
+        raise ValueError(f"{fn}: argument 'encoder_out' must be (N, T, ...), "
+                         f"got shape {_v.shape_str(tuple(encoder_out.shape))}")
+    n, t_max = encoder_out.shape[0], encoder_out.shape[1]
+    il = as_int_array(fn, "encoder_lengths", encoder_lengths)
+    _v.check_dtype(fn, "encoder_lengths", il.dtype, _v.INT_DTYPES, "an integer")
+    if tuple(il.shape) != (n,):
+        raise ValueError(f"{fn}: argument 'encoder_lengths' must be shape ({n},), "
+                         f"got shape {_v.shape_str(tuple(il.shape))}")
+    if is_concrete(il):
+        _v.check_lengths(fn, "encoder_lengths", np.asarray(il), t_max, "the number of frames T")
+    for name, f in (("predict", predict), ("join", join)):
+        if not callable(f):
+            raise TypeError(f"{fn}: argument '{name}' must be callable, got {type(f).__name__}")
+    return encoder_out, jnp.clip(il.astype(index_dtype()), 0, t_max)
+
+
+def _probe(fn, encoder_out, predict, join):
+    """``(V', dtype)`` of the joiner's logits, by abstract evaluation (no computation)."""
+    if encoder_out.shape[1] == 0 or encoder_out.shape[0] == 0:
+        return None, None
+    frame = jax.ShapeDtypeStruct((1,) + tuple(encoder_out.shape[2:]), encoder_out.dtype)
+    out = jax.eval_shape(lambda f: join(f, predict(jnp.zeros((1,), index_dtype()), None)[0]),
+                         frame)
+    if not hasattr(out, "shape") or len(out.shape) != 2 or out.shape[0] != 1:
+        got = _v.shape_str(tuple(out.shape)) if hasattr(out, "shape") else type(out).__name__
+        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for N = 1")
+    return int(out.shape[1]), out.dtype
+
+
+def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
+            max_symbols_per_frame, start_token):
+    encoder_out, lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
+    max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
+    n_out, _ = _probe(fn, encoder_out, predict, join)
+    n_cls = n_out
+    if kind == "tdt":
+        extra = _search.check_ints(fn, "durations", extra, 0, positive_one=True)
+        if n_out is not None and n_out <= len(extra):
+            raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
+                             f"D = {len(extra)} durations, got {n_out}")
+        n_cls = None if n_out is None else n_out - len(extra)
+    blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
+    if kind == "multiblank":
+        extra = _search.multiblank_moves(fn, extra, blank, n_cls)
+    return _search.greedy_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
+                                 blank, max_sym, extra, start)
+
+
+def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, durations, beam,
+          max_symbols_per_frame, start_token):
+    encoder_out, lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
+    beam = _v.check_int_scalar(fn, "beam", beam, 1)
+    max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
+    n_out, dtype = _probe(fn, encoder_out, predict, join)
+    n_cls = n_out
+    if kind == "tdt":
+        durations = _search.check_ints(fn, "durations", durations, 0, positive_one=True)
+        if n_out is not None and n_out <= len(durations):
+            raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
+                             f"D = {len(durations)} durations, got {n_out}")
+        n_cls = None if n_out is None else n_out - len(durations)
+    blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
+    like = jnp.zeros((), jnp.promote_types(dtype or encoder_out.dtype, jnp.float32))
+    return _search.beam_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
+                               blank, beam, max_sym, durations, start, like)
+
+
+_PROTOCOL = """
+    The model enters as two callables, as in the torch twin:
+    ``predict(tokens (N,) int, state) -> (predictor_out, state)`` (``state`` is ``None`` on
+    the first call, then any pytree of arrays with the ``N`` rows first, kept with the same
+    shapes and dtypes) and ``join(encoder_frames (N, ...), predictor_out) -> (N, V[+D])``
+    logits.  Both are traced once into ``lax`` loops (``jax.jit`` the caller with them
+    closed over, e.g. ``jax.jit(lambda e, l: dj.rnnt_greedy_decode(e, l, predict, join))``).
+"""
+
+
+def rnnt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+                       predict: Predict, join: Join, blank: int = -1, *,
+                       max_symbols_per_frame: int = 10,
+                       start_token: Optional[int] = None
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batched RNN-T greedy decoding: same arguments and results as
+    `duoloss.torch.rnnt_greedy_decode`, in one ``lax.while_loop``.
+    {protocol}
+    Args:
+      encoder_out: ``(N, T, ...)`` encoder output, batch first.
+      encoder_lengths: ``(N,)`` integers in ``[0, T]`` (checked when concrete, clamped
+        under ``jit``).
+      predict: the predictor step.
+      join: the joiner; ``(N, V)`` logits.
+      blank: the blank's class index in ``[-V, V)`` (``-1``: the last class).
+      max_symbols_per_frame: tokens allowed on one frame (>= 1).
+      start_token: the predictor's first input (default: the blank).
+
+    Returns:
+      ``(tokens (N, T * max_symbols_per_frame), lengths (N,), frames)``, ``-1`` padded;
+      int64 with ``jax_enable_x64``, else int32.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import duoloss.jax as dj
+        >>> V = 3                                   # classes 0, 1 and the blank 2
+        >>> def predict(tokens, state):             # a stateless "predictor": the last token
+        ...     return tokens, None
+        >>> def join(frame, last):                  # frame f: token f on frame f, then blank
+        ...     want = frame[:, 0].astype(last.dtype)
+        ...     return jax.nn.one_hot(jnp.where(last == want, V - 1, want), V)
+        >>> enc = jnp.array([[[0.], [1.], [1.]]])    # (N=1, T=3, 1): frames ask for 0, 1, 1
+        >>> tokens, lengths, frames = dj.rnnt_greedy_decode(enc, [3], predict, join)
+        >>> tokens[0, :int(lengths[0])].tolist(), frames[0, :int(lengths[0])].tolist()
+        ([0, 1], [0, 1])
+    """
+    return _greedy("rnnt_greedy_decode", "rnnt", encoder_out, encoder_lengths, predict, join,
+                   blank, None, max_symbols_per_frame, start_token)
+
+
+def tdt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+                      predict: Predict, join: Join, blank: int, durations: Sequence[int], *,
+                      max_symbols_per_frame: int = 10,
+                      start_token: Optional[int] = None
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batched TDT greedy decoding: same arguments and results as
+    `duoloss.torch.tdt_greedy_decode` (``join`` returns ``V + D`` logits: tokens, then
+    durations), in one ``lax.while_loop``.
+    {protocol}
+    Args:
+      encoder_out: ``(N, T, ...)`` encoder output, batch first.
+      encoder_lengths: ``(N,)`` integers in ``[0, T]``.
+      predict: the predictor step.
+      join: the joiner; ``(N, V + D)`` logits.
+      blank: the blank's index among the ``V`` token classes, in ``[-V, V)``.
+      durations: the ``D`` distinct durations (ints >= 0, one at least positive).
+      max_symbols_per_frame: tokens allowed on one frame (>= 1).
+      start_token: the predictor's first input (default: the blank).
+
+    Returns:
+      ``(tokens, lengths, frames)`` as `rnnt_greedy_decode`.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import duoloss.jax as dj
+        >>> def predict(tokens, state):
+        ...     return tokens, None
+        >>> def join(frame, last):                  # V = 2 (token 0, blank 1), durations [1, 2]
+        ...     n = frame.shape[0]                  # token 0 with duration 2, then blank
+        ...     tok = jax.nn.one_hot(jnp.where(last == 0, 1, 0), 2)
+        ...     return jnp.concatenate([tok, jnp.tile(jnp.array([[0., 1.]]), (n, 1))], 1)
+        >>> enc = jnp.zeros((1, 5, 1))              # 5 frames
+        >>> tokens, lengths, frames = dj.tdt_greedy_decode(enc, [5], predict, join, 1, [1, 2])
+        >>> tokens[0, :int(lengths[0])].tolist(), frames[0, :int(lengths[0])].tolist()
+        ([0], [0])
+    """
+    return _greedy("tdt_greedy_decode", "tdt", encoder_out, encoder_lengths, predict, join,
+                   blank, durations, max_symbols_per_frame, start_token)
+
+
+def multiblank_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+                             predict: Predict, join: Join, blank: int,
+                             big_blank_durations: Sequence[int], *,
+                             max_symbols_per_frame: int = 10,
+                             start_token: Optional[int] = None
+                             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batched multi-blank transducer greedy decoding: same arguments and results as
+    `duoloss.torch.multiblank_greedy_decode` (big blank ``i`` at ``blank - 1 - i`` moves
+    ``big_blank_durations[i]`` frames), in one ``lax.while_loop``.
+    {protocol}
+    Args:
+      encoder_out: ``(N, T, ...)`` encoder output, batch first.
+      encoder_lengths: ``(N,)`` integers in ``[0, T]``.
+      predict: the predictor step.
+      join: the joiner; ``(N, V)`` logits, big blanks included.
+      blank: the standard blank's index in ``[-V, V)``.
+      big_blank_durations: the big blanks' durations (ints >= 1).
+      max_symbols_per_frame: tokens allowed on one frame (>= 1).
+      start_token: the predictor's first input (default: the blank).
+
+    Returns:
+      ``(tokens, lengths, frames)`` as `rnnt_greedy_decode`.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import duoloss.jax as dj
+        >>> def predict(tokens, state):
+        ...     return tokens, None
+        >>> def join(frame, last):                  # classes: 0, 1 tokens, 2 big blank (2 frames), 3 blank
+        ...     want = frame[:, 0].astype(last.dtype)  # the token a frame asks for (9: none)
+        ...     return jax.nn.one_hot(jnp.where((want == last) | (want == 9), 2, want), 4)
+        >>> enc = jnp.array([[[0.], [9.], [1.], [9.]]])   # frame 1 is skipped by a big blank
+        >>> tokens, lengths, frames = dj.multiblank_greedy_decode(enc, [4], predict, join, 3, [2])
+        >>> tokens[0, :int(lengths[0])].tolist(), frames[0, :int(lengths[0])].tolist()
+        ([0, 1], [0, 2])
+    """
+    return _greedy("multiblank_greedy_decode", "multiblank", encoder_out, encoder_lengths,
+                   predict, join, blank, big_blank_durations, max_symbols_per_frame, start_token)
+
+
+def rnnt_beam_search(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+                     predict: Predict, join: Join, blank: int = -1, *, beam: int = 4,
+                     start_token: Optional[int] = None
+                     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Batched RNN-T modified beam search (one symbol per frame, ``beam`` hypotheses per
+    utterance, identical token sequences merged by log-add before the beam is cut): same
+    arguments and results as `duoloss.torch.rnnt_beam_search`, in ``lax`` loops.
+    {protocol}
+    Args:
+      encoder_out: ``(N, T, ...)`` encoder output, batch first.
+      encoder_lengths: ``(N,)`` integers in ``[0, T]``.
+      predict: the predictor step (called on ``N * beam`` rows).
+      join: the joiner; ``(N * beam, V)`` logits.
+      blank: the blank's class index in ``[-V, V)`` (``-1``: the last class).
+      beam: hypotheses kept per utterance (>= 1).
+      start_token: the predictor's first input (default: the blank).
+
+    Returns:
+      ``(tokens (N, beam, T), lengths (N, beam), scores (N, beam), frames (N, beam, T))``,
+      best first; unused slots have score ``-inf`` and length 0.
+
+    Examples:
+        >>> import math, jax.numpy as jnp
+        >>> import duoloss.jax as dj
+        >>> def predict(tokens, state):
+        ...     return tokens, None
+        >>> def join(frame, last):                  # uniform over V = 2 (token 0, blank 1)
+        ...     return jnp.zeros((frame.shape[0], 2))
+        >>> enc = jnp.zeros((1, 2, 1))              # 2 frames: '', '0' (2 paths), '00'
+        >>> tokens, lengths, scores, frames = dj.rnnt_beam_search(enc, [2], predict, join, beam=3)
+        >>> lengths[0].tolist(), [round(math.exp(s), 4) for s in scores[0].tolist()]
+        ([1, 0, 2], [0.5, 0.25, 0.25])
+    """
+    return _beam("rnnt_beam_search", "rnnt", encoder_out, encoder_lengths, predict, join, blank,
+                 None, beam, 1, start_token)
+
+
+def tdt_beam_search(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+                    predict: Predict, join: Join, blank: int, durations: Sequence[int], *,
+                    beam: int = 4, max_symbols_per_frame: int = 2,
+                    start_token: Optional[int] = None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Batched TDT beam search over `tdt_loss`'s lattice: same arguments and results as
+    `duoloss.torch.tdt_beam_search`, in ``lax`` loops.
+    {protocol}
+    Args:
+      encoder_out: ``(N, T, ...)`` encoder output, batch first.
+      encoder_lengths: ``(N,)`` integers in ``[0, T]``.
+      predict: the predictor step (called on ``N * beam`` rows).
+      join: the joiner; ``(N * beam, V + D)`` logits.
+      blank: the blank's index among the ``V`` token classes, in ``[-V, V)``.
+      durations: the ``D`` distinct durations (ints >= 0, one at least positive).
+      beam: hypotheses kept per utterance (>= 1).
+      max_symbols_per_frame: tokens allowed on one frame (>= 1).
+      start_token: the predictor's first input (default: the blank).
+
+    Returns:
+      ``(tokens, lengths, scores, frames)`` as `rnnt_beam_search`, with
+      ``T * max_symbols_per_frame`` token slots.
+
+    Examples:
+        >>> import math, jax.numpy as jnp
+        >>> import duoloss.jax as dj
+        >>> def predict(tokens, state):
+        ...     return tokens, None
+        >>> def join(frame, last):                  # V = 2 (token 0, blank 1), durations [1]
+        ...     return jnp.zeros((frame.shape[0], 3))
+        >>> enc = jnp.zeros((1, 1, 1))              # 1 frame: token or blank, 1/2 each
+        >>> tokens, lengths, scores, frames = dj.tdt_beam_search(enc, [1], predict, join, 1, [1])
+        >>> lengths[0, :2].tolist(), [round(math.exp(s), 4) for s in scores[0, :2].tolist()]
+        ([0, 1], [0.5, 0.5])
+    """
+    return _beam("tdt_beam_search", "tdt", encoder_out, encoder_lengths, predict, join, blank,
+                 durations, beam, max_symbols_per_frame, start_token)
+
+
+for _f in (rnnt_greedy_decode, tdt_greedy_decode, multiblank_greedy_decode, rnnt_beam_search,
+           tdt_beam_search):
+    _f.__doc__ = _f.__doc__.replace("{protocol}", _PROTOCOL)
