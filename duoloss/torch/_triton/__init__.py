@@ -21,11 +21,11 @@ from typing import List, Tuple
 
 import torch
 
+from duoloss.core._validate import IMPLS, check_impl
+
 __all__ = ["IMPLS", "check_impl", "ctc_losses", "resolve_impl", "transducer_losses",
            "transducer_losses_and_grads", "triton_available", "ctc_device",
            "rnnt_device_tail"]
-
-IMPLS = ("auto", "host", "device")
 
 _WARNED: List[str] = []
 
@@ -39,14 +39,6 @@ def triton_available() -> Tuple[bool, str]:
 
 # looked up once: resolve_impl runs inside torch.compile traces
 _AVAILABLE = triton_available()
-
-
-def check_impl(fn: str, impl) -> str:
-    """``impl`` checked: one of ``'auto'``, ``'host'``, ``'device'``."""
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host' or 'device', "
-                         f"got {impl!r}")
-    return impl
 
 
 def _interpreting() -> bool:

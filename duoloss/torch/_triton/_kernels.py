@@ -57,117 +57,126 @@ def _lse3(a, b, c):
 
 
 @triton.jit
-def _ctc_skip(tg_ptr, b, stride_tb, k, n_states):
+def _ctc_skip(tg_b, k, n_states):
     """Whether state ``k`` (odd: label ``(k - 1) // 2``) may be entered from ``k - 2``:
-    a label state whose label differs from the previous label."""
+    a label state whose label differs from the previous label (``tg_b``: the
+    sequence's targets)."""
     odd = (k % 2) == 1
     i = (k - 1) // 2
     m = odd & (k >= 3) & (k < n_states)
-    cur = tl.load(tg_ptr + b * stride_tb + i, mask=m, other=0)
-    prev = tl.load(tg_ptr + b * stride_tb + i - 1, mask=m, other=0)
+    cur = tl.load(tg_b + i, mask=m, other=0)
+    prev = tl.load(tg_b + i - 1, mask=m, other=0)
     return m & (cur != prev)
 
 
-@triton.jit
-def ctc_kernel(lp_ptr, stride_lt, stride_ln, stride_lc,
+@triton.jit(do_not_specialize=["stride_lt", "stride_ln", "stride_tb", "stride_gt",
+                                "stride_gn", "T_MAX", "zero_inf"])
+def ctc_kernel(lp_ptr, stride_lt, stride_ln,
                tg_ptr, stride_tb, il_ptr, tl_ptr,
                alpha_ptr, beta_ptr, loss_ptr,
-               grad_ptr, stride_gt, stride_gn, stride_gc,
-               T_MAX, ZERO_INF: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
+               grad_ptr, stride_gt, stride_gn,
+               T_MAX, zero_inf, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """CTC over the gathered ``(T, N, S + 1)`` lattice (column 0 the blank, column
-    ``1 + i`` label ``i``) for sequence ``b = program_id(0)``.
+    ``1 + i`` label ``i``; classes contiguous) for sequence ``b = program_id(0)``.
 
     ``alpha``/``beta`` scratch ``(N, T, BLOCK)``; ``loss`` ``(N,)``; ``grad``
-    (zeros on entry) receives ``d loss_b / d lp[t, b, column]`` for ``t < T_b``.
-    Lengths must already be in range (the wrapper clamps invalid rows).
+    (zeros on entry, classes contiguous) receives ``d loss_b / d lp[t, b, column]``
+    for ``t < T_b``.  Lengths must already be in range (the wrapper clamps invalid
+    rows); ``zero_inf`` nonzero: an infinite loss is reported as 0.  Every
+    per-sequence and per-frame base is 64-bit (no tensor is limited to 2**31
+    elements); lengths and strides are not specialised (a new ``T`` or ``S`` of
+    the same ``BLOCK`` reuses the compiled kernel).
     """
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)
     t_b = tl.load(il_ptr + b)
     s_b = tl.load(tl_ptr + b)
     n_states = 2 * s_b + 1
     k = tl.arange(0, BLOCK)
     live = k < n_states
     col = tl.where((k % 2) == 1, (k + 1) // 2, 0)
-    skip = _ctc_skip(tg_ptr, b, stride_tb, k, n_states)
+    tg_b = tg_ptr + b * stride_tb
+    skip = _ctc_skip(tg_b, k, n_states)
     neg = tl.full((BLOCK,), float("-inf"), lp_ptr.dtype.element_ty)
-    lp_b = lp_ptr + b * stride_ln + col * stride_lc
-    a_row = alpha_ptr + b * T_MAX * BLOCK + k
-    b_row = beta_ptr + b * T_MAX * BLOCK + k
+    lp_b = lp_ptr + b * stride_ln
+    a_seq = alpha_ptr + b * T_MAX * BLOCK
+    b_seq = beta_ptr + b * T_MAX * BLOCK
     # forward: alpha[t, k] includes the emission of frame t
     if t_b > 0:
-        e = tl.load(lp_b, mask=live, other=float("-inf"))
+        e = tl.load(lp_b + col, mask=live, other=float("-inf"))
         alpha = tl.where(k < 2, e, neg)
-        tl.store(a_row, alpha)
+        tl.store(a_seq + k, alpha)
     for t in range(1, t_b):
         tl.debug_barrier()
-        prev = a_row + (t - 1) * BLOCK
+        prev = a_seq + (t - 1) * BLOCK + k
         a0 = tl.load(prev)
         a1 = tl.load(prev - 1, mask=k >= 1, other=float("-inf"))
         a2 = tl.load(prev - 2, mask=skip, other=float("-inf"))
-        e = tl.load(lp_b + t * stride_lt, mask=live, other=float("-inf"))
+        e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf"))
         alpha = tl.where(live, e + _lse3(a0, a1, a2), neg)
-        tl.store(a_row + t * BLOCK, alpha)
+        tl.store(a_seq + t * BLOCK + k, alpha)
     tl.debug_barrier()
     # log Z from the last frame's two final states
-    last = a_row + (t_b - 1) * BLOCK
     fin = live & (k >= n_states - 2) & ((k * 0 + t_b) > 0)
-    a_fin = tl.load(last, mask=fin, other=float("-inf"))
+    a_fin = tl.load(a_seq + (t_b - 1) * BLOCK + k, mask=fin, other=float("-inf"))
     m = _max(a_fin)
     ms = tl.where(m == float("-inf"), 0.0, m)
     logz = ms + tl.log(_sum(tl.exp(a_fin - ms)))
     logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
     loss = -logz
-    if ZERO_INF:
-        loss = tl.where(loss == float("inf"), 0.0, loss)
+    loss = tl.where((zero_inf != 0) & (loss == float("inf")), 0.0, loss)
     tl.store(loss_ptr + b, loss)
     if WANT_GRAD:
         # backward: beta[t, k] excludes the emission of frame t
-        skip2 = _ctc_skip(tg_ptr, b, stride_tb, k + 2, n_states)
+        skip2 = _ctc_skip(tg_b, k + 2, n_states)
         # as a vector (scalar masks trip the interpreter); NaN stays NaN
         logz_v = tl.full((BLOCK,), 0.0, lp_ptr.dtype.element_ty) + logz
         feasible = logz_v != float("-inf")
         g_b = grad_ptr + b * stride_gn
+        odd = (k % 2) == 1
         for i in range(0, t_b):
             t = t_b - 1 - i
             if i == 0:
                 beta = tl.where(live & (k >= n_states - 2), 0.0, neg)
             else:
                 tl.debug_barrier()
-                nxt = b_row + (t + 1) * BLOCK
+                nxt = b_seq + (t + 1) * BLOCK + k
                 e0 = tl.load(nxt)
                 e1 = tl.load(nxt + 1, mask=(k + 1) < n_states, other=float("-inf"))
                 e2 = tl.load(nxt + 2, mask=skip2, other=float("-inf"))
                 beta = tl.where(live, _lse3(e0, e1, e2), neg)
-            e = tl.load(lp_b + t * stride_lt, mask=live, other=float("-inf"))
+            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf"))
             # the row the previous frame reads: emission + beta
-            tl.store(b_row + t * BLOCK, tl.where(live, e + beta, neg))
-            alpha = tl.load(a_row + t * BLOCK)
+            tl.store(b_seq + t * BLOCK + k, tl.where(live, e + beta, neg))
+            alpha = tl.load(a_seq + t * BLOCK + k)
             post = tl.where(live & feasible, tl.exp(alpha + beta - logz), 0.0)
-            odd = (k % 2) == 1
-            tl.store(g_b + t * stride_gt + col * stride_gc, -post, mask=live & odd)
-            tl.store(g_b + t * stride_gt, -_sum(tl.where(odd, 0.0, post)))
+            g_t = g_b + t * stride_gt
+            tl.store(g_t + col, -post, mask=live & odd)
+            tl.store(g_t, -_sum(tl.where(odd, 0.0, post)))
 
 
-@triton.jit
-def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
-                      py_ptr, stride_yb, stride_ys, stride_yt,
+@triton.jit(do_not_specialize=["stride_xb", "stride_xs", "stride_yb", "stride_ys", "T_X",
+                                "N_LEV"])
+def transducer_kernel(px_ptr, stride_xb, stride_xs,
+                      py_ptr, stride_yb, stride_ys,
                       bd_ptr, alpha_ptr, q_ptr, loss_ptr,
                       gx_ptr, gy_ptr, T_X, N_LEV,
                       MODIFIED: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """k2's mutual-information recursion for sequence ``b = program_id(0)``.
 
     ``px`` ``(N, S, T_X)`` (``T_X = T + 1`` regular, ``T`` modified), ``py``
-    ``(N, S + 1, T)``, boundary rows ``[s0, t0, s1, t1]`` (valid: the wrapper
-    replaces invalid rows).  Levels: anti-diagonals ``i + j`` (regular) or frames
-    ``j`` (modified) of the box node ``(s0 + i, t0 + j)``; lanes: ``i``.  Scratch
-    ``alpha``/``q`` ``(N, N_LEV, BLOCK)``.  ``gx``/``gy`` (zeros on entry, same
-    strides as ``px``/``py``) receive ``d loss_b / d px`` and ``d loss_b / d py``.
+    ``(N, S + 1, T)``, frames contiguous; boundary rows ``[s0, t0, s1, t1]``
+    (valid: the wrapper replaces invalid rows).  Levels: anti-diagonals ``i + j``
+    (regular) or frames ``j`` (modified) of the box node ``(s0 + i, t0 + j)``;
+    lanes: ``i``.  Scratch ``alpha``/``q`` ``(N, N_LEV, BLOCK)``.  ``gx``/``gy``
+    (zeros on entry, same strides as ``px``/``py``) receive ``d loss_b / d px`` and
+    ``d loss_b / d py``.  Per-sequence bases are 64-bit; lengths and strides are
+    not specialised.
     """
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)
     s0 = tl.load(bd_ptr + b * 4)
-    t0 = tl.load(bd_ptr + b * 4 + 1)
-    s1 = tl.load(bd_ptr + b * 4 + 2)
-    t1 = tl.load(bd_ptr + b * 4 + 3)
+    t0 = tl.load(bd_ptr + (b * 4 + 1))
+    s1 = tl.load(bd_ptr + (b * 4 + 2))
+    t1 = tl.load(bd_ptr + (b * 4 + 3))
     ns = s1 - s0 + 1
     nt = t1 - t0 + 1
     if MODIFIED:
@@ -194,7 +203,7 @@ def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
         # blank move from (i, j - 1); symbol move from (i - 1, j) or (i - 1, j - 1)
         my = node & (j >= 1)
         wy = tl.load(prev, mask=my, other=float("-inf")) + tl.load(
-            y_b + s * stride_ys + (t - 1) * stride_yt, mask=my, other=float("-inf"))
+            y_b + s * stride_ys + (t - 1), mask=my, other=float("-inf"))
         if MODIFIED:
             mx = node & (i >= 1) & (j >= 1)
             tx = t - 1
@@ -202,7 +211,7 @@ def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
             mx = node & (i >= 1)
             tx = t
         wx = tl.load(prev - 1, mask=mx, other=float("-inf")) + tl.load(
-            x_b + (s - 1) * stride_xs + tx * stride_xt, mask=mx, other=float("-inf"))
+            x_b + (s - 1) * stride_xs + tx, mask=mx, other=float("-inf"))
         alpha = tl.where(node, _lse3(wy, wx, neg), neg)
         tl.store(a_row + lev * BLOCK, alpha)
     tl.debug_barrier()
@@ -230,23 +239,23 @@ def transducer_kernel(px_ptr, stride_xb, stride_xs, stride_xt,
                 tl.debug_barrier()
                 nxt = q_row + (lev + 1) * BLOCK
                 my = node & (j < nt - 1)
-                wy = tl.load(y_b + s * stride_ys + t * stride_yt, mask=my,
+                wy = tl.load(y_b + s * stride_ys + t, mask=my,
                              other=float("-inf")) + tl.load(nxt, mask=my, other=float("-inf"))
                 if MODIFIED:
                     mx = node & (i < ns - 1) & (j < nt - 1)
                 else:
                     mx = node & (i < ns - 1)
-                wx = tl.load(x_b + s * stride_xs + t * stride_xt, mask=mx,
+                wx = tl.load(x_b + s * stride_xs + t, mask=mx,
                              other=float("-inf")) + tl.load(nxt + 1, mask=mx,
                                                             other=float("-inf"))
                 q = tl.where(node, _lse3(wy, wx, neg), neg)
                 gy = tl.where(feasible, -tl.exp(alpha + wy - total), 0.0)
-                tl.store(gy_ptr + b * stride_yb + s * stride_ys + t * stride_yt, gy, mask=my)
+                tl.store(gy_ptr + b * stride_yb + s * stride_ys + t, gy, mask=my)
                 gx = tl.where(feasible, -tl.exp(alpha + wx - total), 0.0)
-                tl.store(gx_ptr + b * stride_xb + s * stride_xs + t * stride_xt, gx, mask=mx)
+                tl.store(gx_ptr + b * stride_xb + s * stride_xs + t, gx, mask=mx)
                 if MODIFIED:
                     # the host's NaN fill covers frame t1 of px too (when it exists)
                     mlast = node & (i < ns - 1) & (j == nt - 1) & (t < T_X) & nan_total
-                    tl.store(gx_ptr + b * stride_xb + s * stride_xs + t * stride_xt,
+                    tl.store(gx_ptr + b * stride_xb + s * stride_xs + t,
                              tl.where(mlast, float("nan"), 0.0), mask=mlast)
             tl.store(q_row + lev * BLOCK, q)

@@ -15,6 +15,7 @@ one launch per vmap, nested ones included.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Tuple
 
@@ -46,10 +47,32 @@ def _block(n: int) -> int:
     return max(b, 2)
 
 
+def warps(block: int) -> int:
+    """``num_warps`` of a one-program-per-sequence kernel whose levels are vectors of
+    ``block`` lanes: two values per thread up to 32 warps (``num_warps * 32 <=
+    max(block, 32)``: no warp computes values another warp also computes; 16 warps
+    from ``block = 1024``, 32 from 2048)."""
+    return max(1, min(32, block // 64))
+
+
 def _ptr(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a one-element stand-in when it is empty (a zero-size CUDA tensor
     has no address for Triton; the kernels never read it then)."""
     return t if t.numel() else t.new_zeros(1)
+
+
+#: While not None, `launch` appends ``(kernel, grid, args, kwargs)`` here instead of
+#: launching: `duoloss.torch._triton._aot` runs the launchers on meta tensors to list
+#: the kernel variants they produce.
+RECORD = None
+
+
+def launch(kernel, grid, args, kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)`` (or, while `RECORD` is a list, recorded)."""
+    if RECORD is not None:
+        RECORD.append((kernel, grid, args, kwargs))
+        return
+    kernel[grid](*args, **kwargs)
 
 
 def _launch_device(t: torch.Tensor):
@@ -57,6 +80,8 @@ def _launch_device(t: torch.Tensor):
     on its current stream)."""
     if t.device.type == "cuda":
         return torch.cuda.device(t.device)
+    if t.device.type == "meta":
+        return contextlib.nullcontext()
     # the interpreter evaluates the kernels with numpy: log(0) = -inf is intended
     return np.errstate(all="ignore")
 
@@ -67,27 +92,33 @@ def ctc_op(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.
            zero_infinity: bool, want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(losses (N,), grad)``: ``grad`` ``(T, N, S + 1)`` = ``d loss_b / d lp`` (or
     ``(0,)`` without ``want_grad``).  Rows with lengths out of range: NaN."""
+    return _ctc_impl(lp, targets, il, tl, zero_infinity, want_grad)
+
+
+def _ctc_impl(lp, targets, il, tl, zero_infinity, want_grad):
     t_max, n, s1 = lp.shape
     s = s1 - 1
     ok = (il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s)
     il_k = torch.where(ok, il, 0).contiguous()
     tl_k = torch.where(ok, tl, 0).contiguous()
     tg = targets.contiguous()
+    if lp.stride(2) != 1 and s1 > 1:  # the kernel reads classes contiguously
+        lp = lp.contiguous()
     block = _block(2 * s + 1)
     losses = lp.new_empty((n,))
-    grad = torch.zeros_like(lp) if want_grad else lp.new_empty((0,))
+    grad = lp.new_zeros(lp.shape) if want_grad else lp.new_empty((0,))
     if n:
         rows = max(t_max, 1)
         alpha = lp.new_empty((n, rows, block))
         beta = lp.new_empty((n, rows, block)) if want_grad else alpha
         g = grad if want_grad else lp
         with _launch_device(lp):
-            _kernels().ctc_kernel[(n,)](
-                _ptr(lp), lp.stride(0), lp.stride(1), lp.stride(2),
+            launch(_kernels().ctc_kernel, (n,), (
+                _ptr(lp), lp.stride(0), lp.stride(1),
                 _ptr(tg), tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
                 alpha, beta, losses,
-                _ptr(g), g.stride(0), g.stride(1), g.stride(2),
-                rows, ZERO_INF=bool(zero_infinity), WANT_GRAD=bool(want_grad), BLOCK=block)
+                _ptr(g), g.stride(0), g.stride(1), rows, int(bool(zero_infinity))),
+                dict(WANT_GRAD=bool(want_grad), BLOCK=block, num_warps=warps(block)))
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
         grad = torch.where(ok[None, :, None], grad, float("nan"))
@@ -217,6 +248,10 @@ def transducer_op(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor, mo
                   want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(losses (N,), gx, gy)``: the per-sequence gradients w.r.t. ``px``/``py``
     (``(0,)`` without ``want_grad``).  Invalid boundary rows: NaN."""
+    return _transducer_impl(px, py, boundary, modified, want_grad)
+
+
+def _transducer_impl(px, py, boundary, modified, want_grad):
     n, s1, t_max = py.shape
     s = s1 - 1
     t_x = px.shape[2]
@@ -235,11 +270,12 @@ def transducer_op(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor, mo
         gxk = gx if want_grad else px
         gyk = gy if want_grad else py
         with _launch_device(py):
-            _kernels().transducer_kernel[(n,)](
-                _ptr(px), px.stride(0), px.stride(1), px.stride(2),
-                _ptr(py), py.stride(0), py.stride(1), py.stride(2),
-                bd_k, alpha, q, losses, _ptr(gxk), _ptr(gyk), t_x, n_lev,
-                MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block)
+            launch(_kernels().transducer_kernel, (n,), (
+                _ptr(px), px.stride(0), px.stride(1),
+                _ptr(py), py.stride(0), py.stride(1),
+                bd_k, alpha, q, losses, _ptr(gxk), _ptr(gyk), t_x, n_lev),
+                dict(MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block,
+                     num_warps=warps(block)))
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
         gx = torch.where(ok[:, None, None], gx, float("nan"))

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from ._ops import _GradScale, _launch_device
+from ._ops import _GradScale, _launch_device, launch, warps
 
 __all__ = ["kernels_interpreted", "multiblank_losses", "tdt_losses"]
 
@@ -99,6 +99,17 @@ def _shift(x, k, dim, fill=_NEG):
     return out
 
 
+def _pack(durations) -> int:
+    """Durations as one compile-time integer, 12 bits each (the kernel unpacks them)."""
+    out = 0
+    for m, d in enumerate(durations):
+        if not 0 <= d < 4096:
+            raise ValueError(f"tdt_loss: argument 'durations' must hold values below 4096 on "
+                             f"the device path, got {d}")
+        out |= int(d) << (12 * m)
+    return out
+
+
 def _block(n: int) -> int:
     b = 2
     while b < n:
@@ -154,19 +165,22 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
     pos = [(d, w) for (d, _), w in zip(lab_moves, lab_w) if d > 0]
     zero = [w for (d, _), w in zip(lab_moves, lab_w) if d == 0]
     lab = (torch.stack([w for _, w in pos]) if pos else term.new_empty((1,))).contiguous()
-    lab_d = torch.tensor([d for d, _ in pos] or [0], dtype=torch.int32, device=dev)
     blk = torch.stack(blk_w).contiguous()
-    blk_d = torch.tensor([d for _, d, _ in blk_moves], dtype=torch.int32, device=dev)
     w0 = (zero[0] if zero else term).contiguous()
     alpha = torch.full((n, t_max, u1), _NEG, dtype=term.dtype, device=dev)
     beta = torch.full_like(alpha, _NEG) if want_beta else alpha
     ilk = il.clamp(0, t_max).to(torch.int32).contiguous()
+    block = _block(u1)
     if n and t_max:
         with _launch_device(x):
-            _tdt_kernels.tdt_kernel[(n,)](
-                lab, lab_d, blk, blk_d, w0, term.contiguous(), ilk, alpha, beta,
-                n, t_max, u1, len(pos), len(blk_moves),
-                HAS_ZERO=bool(zero), WANT_BETA=bool(want_beta), BLOCK=_block(u1))
+            # the durations are compile-time constants of the kernel (packed 12 bits
+            # each): no table crosses to the device per call
+            launch(_tdt_kernels.tdt_kernel, (n,), (
+                lab, blk, w0, term.contiguous(), ilk, alpha, beta, n, t_max, u1),
+                dict(LAB_D=_pack([d for d, _ in pos]), L=len(pos),
+                     BLK_D=_pack([d for _, d, _ in blk_moves]), J=len(blk_moves),
+                     HAS_ZERO=bool(zero), WANT_BETA=bool(want_beta), BLOCK=block,
+                     num_warps=warps(block)))
     return alpha, (beta if want_beta else None)
 
 

@@ -50,16 +50,32 @@ def _chain_combine(w1, a1, w2, a2):
 
 
 @triton.jit
-def tdt_kernel(lab_ptr, lab_d_ptr, blk_ptr, blk_d_ptr, w0_ptr, term_ptr, il_ptr,
-               alpha_ptr, beta_ptr, N, T_MAX, U1, L, J,
+def _move(a, src, w):
+    """``a`` log-added with ``src + w``, a move read only from a source that holds
+    mass (``src > -inf``) and with a weight (``w > -inf``): a cell no path reaches
+    (or leaves) is never read, whatever its logits (NaN, ``+inf``)."""
+    dead = (src == float("-inf")) | (w == float("-inf"))
+    return _lse2(a, tl.where(dead, float("-inf"), src + w))
+
+
+@triton.jit(do_not_specialize=["N", "T_MAX", "U1"])
+def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
+               alpha_ptr, beta_ptr, N, T_MAX, U1,
+               LAB_D: tl.constexpr, L: tl.constexpr, BLK_D: tl.constexpr, J: tl.constexpr,
                HAS_ZERO: tl.constexpr, WANT_BETA: tl.constexpr, BLOCK: tl.constexpr):
     """Alpha (and with ``WANT_BETA`` beta) of sequence ``b = program_id(0)``; all
     tables contiguous, ``lab`` ``(L, N, T, U1)``, ``blk`` ``(J, N, T, U1)``,
-    ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` in ``[0, T]``."""
-    b = tl.program_id(0)
-    t_b = tl.load(il_ptr + b)
+    ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` in ``[0, T]``.
+
+    The durations are compile-time constants (one variant per duration set, the
+    move loops unrolled): label move ``m`` has duration ``(LAB_D >> 12 m) & 4095``,
+    blank move ``j`` ``(BLK_D >> 12 j) & 4095``.  Bases are 64-bit; ``N``, ``T``
+    and ``U + 1`` are not specialised."""
+    b = tl.program_id(0).to(tl.int64)
+    t_b = tl.load(il_ptr + b).to(tl.int64)
     u = tl.arange(0, BLOCK)
     live = u < U1
+    U1 = U1.to(tl.int64)
     plane = T_MAX * U1                 # one (T, U1) table
     seq = b * plane
     move = N * plane                   # one move's (N, T, U1) table
@@ -69,20 +85,21 @@ def tdt_kernel(lab_ptr, lab_d_ptr, blk_ptr, blk_d_ptr, w0_ptr, term_ptr, il_ptr,
     for t in range(t_b):
         tl.debug_barrier()
         a = tl.where((u == 0) & ((u * 0 + t) == 0), 0.0, neg)
-        for m in range(L):
-            d = tl.load(lab_d_ptr + m)
-            src = u * 0 + t - d
-            ok = live & (u >= 1) & (src >= 0)
-            off = src * U1 + u - 1
-            a = _lse2(a, tl.load(a_seq + off, mask=ok, other=float("-inf"))
-                      + tl.load(lab_ptr + m * move + seq + off, mask=ok, other=float("-inf")))
-        for j in range(J):
-            d = tl.load(blk_d_ptr + j)
-            src = u * 0 + t - d
-            ok = live & (src >= 0)
-            off = src * U1 + u
-            a = _lse2(a, tl.load(a_seq + off, mask=ok, other=float("-inf"))
-                      + tl.load(blk_ptr + j * move + seq + off, mask=ok, other=float("-inf")))
+        for m in tl.static_range(L):
+            d_la = (LAB_D >> (12 * m)) & 4095
+            if t >= d_la:
+                off = (t - d_la) * U1 - 1
+                ok = live & (u >= 1)
+                a = _move(a, tl.load(a_seq + off + u, mask=ok, other=float("-inf")),
+                          tl.load(lab_ptr + m * move + seq + off + u, mask=ok,
+                                  other=float("-inf")))
+        for j in tl.static_range(J):
+            d_ja = (BLK_D >> (12 * j)) & 4095
+            if t >= d_ja:
+                off = (t - d_ja) * U1
+                a = _move(a, tl.load(a_seq + off + u, mask=live, other=float("-inf")),
+                          tl.load(blk_ptr + j * move + seq + off + u, mask=live,
+                                  other=float("-inf")))
         if HAS_ZERO:
             w = tl.load(w0_seq + t * U1 + u - 1, mask=live & (u >= 1), other=float("-inf"))
             _, a = tl.associative_scan((w, a), 0, _chain_combine)
@@ -94,23 +111,25 @@ def tdt_kernel(lab_ptr, lab_d_ptr, blk_ptr, blk_d_ptr, w0_ptr, term_ptr, il_ptr,
         for i in range(t_b):
             t = t_b - 1 - i
             tl.debug_barrier()
-            bt = tl.load(term_ptr + seq + t * U1 + r, mask=live, other=float("-inf"))
-            for m in range(L):
-                d = tl.load(lab_d_ptr + m)
-                dst = u * 0 + t + d
-                ok = live & (r + 1 < U1) & (dst < t_b)
-                bt = _lse2(bt, tl.load(lab_ptr + m * move + seq + t * U1 + r, mask=ok,
-                                       other=float("-inf"))
-                           + tl.load(b_seq + dst * U1 + r + 1, mask=ok, other=float("-inf")))
-            for j in range(J):
-                d = tl.load(blk_d_ptr + j)
-                dst = u * 0 + t + d
-                ok = live & (dst < t_b)
-                bt = _lse2(bt, tl.load(blk_ptr + j * move + seq + t * U1 + r, mask=ok,
-                                       other=float("-inf"))
-                           + tl.load(b_seq + dst * U1 + r, mask=ok, other=float("-inf")))
+            row = t * U1
+            bt = tl.load(term_ptr + seq + row + r, mask=live, other=float("-inf"))
+            for m in tl.static_range(L):
+                d_lb = (LAB_D >> (12 * m)) & 4095
+                if t + d_lb < t_b:
+                    ok = live & (r + 1 < U1)
+                    bt = _move(bt, tl.load(b_seq + row + d_lb * U1 + r + 1, mask=ok,
+                                           other=float("-inf")),
+                               tl.load(lab_ptr + m * move + seq + row + r, mask=ok,
+                                       other=float("-inf")))
+            for j in tl.static_range(J):
+                d_jb = (BLK_D >> (12 * j)) & 4095
+                if t + d_jb < t_b:
+                    bt = _move(bt, tl.load(b_seq + row + d_jb * U1 + r, mask=live,
+                                           other=float("-inf")),
+                               tl.load(blk_ptr + j * move + seq + row + r, mask=live,
+                                       other=float("-inf")))
             if HAS_ZERO:
                 # beta_t(r) = lse(b(r), w0(t, r) + beta_t(r + 1)): lane k - 1 is state r + 1
-                w = tl.load(w0_seq + t * U1 + r, mask=live & (u >= 1), other=float("-inf"))
+                w = tl.load(w0_seq + row + r, mask=live & (u >= 1), other=float("-inf"))
                 _, bt = tl.associative_scan((w, bt), 0, _chain_combine)
-            tl.store(b_seq + t * U1 + r, bt, mask=live)
+            tl.store(b_seq + row + r, bt, mask=live)

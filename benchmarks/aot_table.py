@@ -1,0 +1,168 @@
+"""Ahead-of-time compile table of the torch device path's Triton kernels (no GPU needed).
+
+Every kernel variant the launchers produce for a table of representative shapes (CTC
+``(N, T, C, S) = (32, 500, 50, S)`` with ``S`` up to 4000, i.e. every ``BLOCK`` from 2
+to 8192; RNN-T ``(32, 150, U, 28)`` with ``U`` up to 2000, regular and modified; TDT with
+2 to 8 durations; float32 and float64; with and without gradient) is compiled for sm_80
+and sm_90 with the ``ptxas`` inside the Triton wheel (`duoloss.torch._triton._aot`),
+and one row per variant gives registers, spills, stack, shared memory, warps and how many
+pointer offsets are 32- and 64-bit.  The checks that ``tests/test_aot_compile.py`` runs
+on a subset are applied to every row: no spill at ``BLOCK <= 2048``; no 32-bit scalar
+pointer offset (per-sequence and per-frame bases are 64-bit, so no tensor's size is
+limited to 2**31 elements; vector offsets within a row stay 32-bit).
+
+    python -m benchmarks.aot_table                      # the full table (minutes)
+    python -m benchmarks.aot_table --subset             # the test's subset
+    python -m benchmarks.aot_table --markdown docs/aot.md --json out.json
+
+Run it with ``TRITON_INTERPRET`` unset.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Tuple
+
+CTC_S = (0, 1, 3, 7, 15, 31, 63, 100, 250, 500, 1000, 2000, 4000)
+RNNT_U = (1, 3, 7, 15, 28, 63, 127, 255, 511, 1000, 2000)
+TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
+                 (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
+TDT_U = (7, 127, 1023)
+CAPABILITIES = (80, 90)
+
+# the test's subset: (family, shape parameter, dtype name, grad, extra)
+SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
+          ("ctc", 15, "float64", False, None),
+          ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
+          ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)))
+
+
+def cases(subset: bool = False) -> List[tuple]:
+    """``(family, size parameter, dtype name, grad, extra)`` rows of the table."""
+    if subset:
+        return list(SUBSET)
+    out = []
+    for dt in ("float32", "float64"):
+        for grad in (True, False):
+            out += [("ctc", s, dt, grad, None) for s in CTC_S]
+            out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
+            out += [("tdt", u, dt, grad, d) for u in TDT_U for d in TDT_DURATIONS]
+    return out
+
+
+def launches(case) -> list:
+    import torch
+
+    from duoloss.torch._triton import _aot
+    family, p, dt, grad, extra = case
+    dtype = getattr(torch, dt)
+    if family == "ctc":
+        return _aot.ctc_launches(32, 500, 50, p, dtype, grad)
+    if family == "rnnt":
+        return _aot.transducer_launches(32, 150, p, dtype, grad, modified=bool(extra))
+    return _aot.tdt_launches(4, 40, p, 28, tuple(extra), dtype, grad)
+
+
+def describe(case) -> str:
+    family, p, dt, grad, extra = case
+    if family == "ctc":
+        what = f"CTC S={p}"
+    elif family == "rnnt":
+        what = f"RNN-T U={p}" + (" modified" if extra else "")
+    else:
+        what = f"TDT U={p} d={','.join(map(str, extra))}"
+    return f"{what} {dt} {'grad' if grad else 'no grad'}"
+
+
+def run(subset: bool = False, capabilities=CAPABILITIES, progress=True) -> List[dict]:
+    """One row per (case, kernel variant, capability); variants compiled once each."""
+    from triton.backends.compiler import GPUTarget
+
+    from duoloss.torch._triton import _aot
+    rows: List[dict] = []
+    done: Dict[Tuple[str, int], dict] = {}
+    todo = cases(subset)
+    for i, case in enumerate(todo):
+        recorded = launches(case)
+        for cap in capabilities:
+            target = GPUTarget("cuda", cap, 32)
+            for k, v in _aot.variants(recorded, target).items():
+                if (k, cap) not in done:
+                    t0 = time.perf_counter()
+                    r = _aot.compile_variant(v, target)
+                    r["compile_s"] = time.perf_counter() - t0
+                    done[(k, cap)] = r
+                r = done[(k, cap)]
+                block = int(v["constexprs"].get(
+                    (v["kernel"].arg_names.index("BLOCK"),), 0))
+                rows.append({"case": describe(case), "family": case[0], "kernel":
+                             v["kernel"].fn.__name__, "variant": k, "sm": cap, "block": block,
+                             **{x: r[x] for x in ("regs", "spill_stores", "spill_loads",
+                                                  "stack", "shared", "num_warps")},
+                             "offsets_i32": r["offsets"]["i32"],
+                             "offsets_i64": r["offsets"]["i64"],
+                             "scalar_i32": r["offsets"]["scalar_i32"]})
+        if progress:
+            print(f"[{i + 1}/{len(todo)}] {describe(case)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def problems(rows: List[dict]) -> List[str]:
+    """The rows that break the checks: spills at ``BLOCK <= 2048``; 32-bit scalar
+    pointer offsets."""
+    out = []
+    for r in rows:
+        where = f"{r['case']} sm_{r['sm']} {r['kernel']} BLOCK={r['block']}"
+        if r["block"] <= 2048 and (r["spill_stores"] or r["spill_loads"]):
+            out.append(f"{where}: spills {r['spill_stores']}/{r['spill_loads']} bytes")
+        if r["scalar_i32"]:
+            out.append(f"{where}: {r['scalar_i32']} 32-bit scalar pointer offsets")
+    return out
+
+
+def markdown(rows: List[dict]) -> str:
+    """The table, one line per distinct (kernel variant, capability)."""
+    seen, lines = set(), []
+    lines.append("| kernel | case | sm | BLOCK | warps | registers | spill st/ld (B) "
+                  "| stack (B) | shared (B) | 32-bit scalar offsets |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        k = (r["variant"], r["sm"])
+        if k in seen:
+            continue
+        seen.add(k)
+        lines.append(f"| {r['kernel']} | {r['case']} | {r['sm']} | {r['block']} | "
+                     f"{r['num_warps']} | {r['regs']} | {r['spill_stores']}/{r['spill_loads']} | "
+                     f"{r['stack']} | {r['shared']} | {r['scalar_i32']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--subset", action="store_true", help="only the test's subset")
+    p.add_argument("--json", default="", help="write the rows to this JSON file")
+    p.add_argument("--markdown", default="", help="write the markdown table to this file")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        p.error("run with TRITON_INTERPRET unset (the kernels must be defined for a GPU)")
+    rows = run(args.subset)
+    text = markdown(rows)
+    print(text)
+    bad = problems(rows)
+    print(f"\n{len({(r['variant'], r['sm']) for r in rows})} variants compiled; "
+          f"{len(bad)} problems" + "".join(f"\n  {b}" for b in bad))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
