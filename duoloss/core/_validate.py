@@ -26,6 +26,8 @@ __all__ = [
     "check_dtype",
     "check_ndim",
     "check_reduction",
+    "IMPLS",
+    "check_impl",
     "check_int_scalar",
     "check_int_type",
     "batch_first_hint",
@@ -42,6 +44,8 @@ HALF_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = HALF_DTYPES + ("float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 REDUCTIONS = ("none", "mean", "sum")
+#: The accepted values of every frontend's ``impl`` keyword.
+IMPLS = ("auto", "host", "device")
 
 
 _DTYPE_NAMES: dict = {}
@@ -104,6 +108,16 @@ def check_reduction(fn: str, reduction) -> str:
             f"got {reduction!r}"
         )
     return reduction
+
+
+def check_impl(fn: str, impl) -> str:
+    """``impl`` itself, or the one ``ValueError`` both frontends raise (naming ``fn``)."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(
+            f"{fn}: argument 'impl' must be one of {', '.join(repr(i) for i in IMPLS)}, "
+            f"got {impl!r}"
+        )
+    return impl
 
 
 def check_int_scalar(fn: str, arg: str, value, lo: int, hi: Optional[int] = None) -> int:

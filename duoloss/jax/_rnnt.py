@@ -123,8 +123,11 @@ def _log_probs_gather_fwd(x, idx, blank):
     u_max = x.shape[2] - 1
     m, ls = _normaliser(x)  # the max subtracted first: (x - m) - ls
     px = jnp.take_along_axis(x[:, :, :u_max], idx[:, None, :, None], axis=3)[..., 0]
-    px = (px - m[:, :, :u_max]) - ls[:, :, :u_max]
-    py = (x[..., blank] - m) - ls
+    # a row of -inf logits only (ls = -inf, nothing else gives it): no move leaves the
+    # cell, every log-probability -inf (not NaN), as the core's joiner kernels
+    dead = ls == -jnp.inf
+    px = jnp.where(dead[:, :, :u_max], -jnp.inf, (px - m[:, :, :u_max]) - ls[:, :, :u_max])
+    py = jnp.where(dead, -jnp.inf, (x[..., blank] - m) - ls)
     return (px, py), (x, idx, m, ls)
 
 
@@ -136,7 +139,8 @@ def _log_probs_gather_bwd(blank, res, g):
     lab = jnp.pad(idx, ((0, 0), (0, 1)), constant_values=-1)[:, None, :, None]
     c = -(gpx + gpy)[..., None]
     v = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, n_cls), 3)
-    dx = jnp.where(c != 0, jnp.exp((x - m[..., None]) - ls[..., None]) * c, 0.0)
+    live = (c != 0) & (ls != -jnp.inf)[..., None]     # -inf rows: a zero softmax term
+    dx = jnp.where(live, jnp.exp((x - m[..., None]) - ls[..., None]) * c, 0.0)
     dx = dx + jnp.where(v == lab, gpx[..., None], 0.0) + jnp.where(v == blank, gpy[..., None], 0.0)
     return dx.astype(x.dtype), None
 

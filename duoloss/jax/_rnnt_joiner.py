@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
+from duoloss.core.losses.joiner import check_chunk_size, check_joiner_output
 from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args,
                                             check_rnnt_options)
 
@@ -29,13 +30,11 @@ __all__ = ["rnnt_loss_from_joiner"]
 CHUNK_ELEMENTS = 1 << 24
 
 
-def _joined(fn, joiner, enc, pred):
+def _joined(fn, joiner, enc, pred, n_cls=None, frames=None):
     out = joiner(enc[:, :, None], pred[:, None])
-    want = (enc.shape[0], enc.shape[1], pred.shape[1])
-    if not hasattr(out, "shape") or len(out.shape) != 4 or tuple(out.shape[:3]) != want:
-        shape = tuple(out.shape) if hasattr(out, "shape") else type(out).__name__
-        raise ValueError(f"{fn}: the joiner must map (N, t, 1, D) and (N, 1, U + 1, D') to an "
-                         f"(N, t, U + 1, V)-array = {want + ('V',)}, got {shape}")
+    shape = tuple(out.shape) if hasattr(out, "shape") else type(out).__name__
+    check_joiner_output(fn, shape, (enc.shape[0], enc.shape[1], pred.shape[1]), n_cls, "array",
+                        frames)
     return out
 
 
@@ -103,10 +102,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
     if not callable(joiner):
         raise TypeError(f"{fn}: argument 'joiner' must be callable, got {type(joiner).__name__}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                   or chunk_size < 1):
-        raise ValueError(f"{fn}: argument 'chunk_size' must be None or an int >= 1, "
-                         f"got {chunk_size!r}")
+    chunk_size = check_chunk_size(fn, chunk_size)
     enc = as_array(fn, "encoder_out", encoder_out)
     pred = as_array(fn, "predictor_out", predictor_out)
     targets = as_array(fn, "targets", targets)
@@ -138,7 +134,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: ArrayLike, predictor_ou
 
     def chunk(enc_c, t0):
         c = enc_c.shape[1]
-        x = _joined(fn, joiner, enc_c, pred)
+        x = _joined(fn, joiner, enc_c, pred, n_cls)   # every chunk's V checked (at trace time)
         if bound > 0:
             x = _clamp_grad(x, bound)
         px, py, _ = _lattice(x, targets, jnp.clip(il - t0, 0, c), tl, blank, fused, lam, 0.0)

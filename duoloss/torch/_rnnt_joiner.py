@@ -25,12 +25,14 @@ from typing import Callable, Literal, Optional, Sequence
 
 import torch
 
-from duoloss.core.losses.joiner import transducer_log_probs, transducer_log_probs_grad
+from duoloss.core.losses.joiner import (check_chunk_size, check_joiner_output,
+                                        transducer_log_probs, transducer_log_probs_grad)
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL, check_rnnt_options
 
 from ._adapter import apply_kernel
 from ._args import check_tensor
-from ._joiner import _view, supported
+from ._joiner import _view, lattice_backward, supported
+from ._private import maybe_legacy_batched, transforms_active
 from ._rnnt import _ClampGrad, _ScaleGrad, _boundary, _delay, _lattice, _validate
 
 __all__ = ["rnnt_loss_from_joiner"]
@@ -133,6 +135,12 @@ class _ChunkLattice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_px, g_py):
         x, tg, il, tl, lse = ctx.saved_tensors
+        if maybe_legacy_batched(g_px) or maybe_legacy_batched(g_py):
+            # cotangents batched by the legacy vmap (gradcheck's batched-gradient
+            # check): the same kernel as a torch.library operator, which that vmap
+            # runs once per cotangent (no host read of a batched tensor)
+            return (lattice_backward(x, lse, tg, il, tl, g_px, g_py, ctx.blank),
+                    None, None, None, None)
         out = transducer_log_probs_grad(_view(x, x.shape), _view(lse, lse.shape),
                                         _view(tg, tg.shape), _view(il, -1), _view(tl, -1),
                                         ctx.blank, _view(g_px, g_px.shape),
@@ -164,13 +172,10 @@ def _check_shapes(fn, enc, pred, targets):
                          f"predictor_out), got {tuple(targets.shape)}")
 
 
-def _joined(fn, joiner, enc, pred, t_len):
+def _joined(fn, joiner, enc, pred, t_len, n_cls=None, frames=None):
     out = joiner(enc[:, :, None], pred[:, None])
-    want = (enc.shape[0], t_len, pred.shape[1])
-    if not isinstance(out, torch.Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != want:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{fn}: the joiner must map (N, t, 1, D) and (N, 1, U + 1, D') to an "
-                         f"(N, t, U + 1, V)-tensor = {want + ('V',)}, got {shape}")
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    check_joiner_output(fn, shape, (enc.shape[0], t_len, pred.shape[1]), n_cls, "tensor", frames)
     return out
 
 
@@ -236,10 +241,7 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
     if not callable(joiner):
         raise TypeError(f"{fn}: argument 'joiner' must be callable, got {type(joiner).__name__}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                   or chunk_size < 1):
-        raise ValueError(f"{fn}: argument 'chunk_size' must be None or an int >= 1, "
-                         f"got {chunk_size!r}")
+    chunk_size = check_chunk_size(fn, chunk_size)
     _check_shapes(fn, encoder_out, predictor_out, targets)
     n, t_max, _ = encoder_out.shape
     u1 = predictor_out.shape[1]
@@ -257,11 +259,11 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     fused, lam = bool(fused_log_softmax), float(fastemit_lambda)
 
     def chunk(t0, t1, enc_c, pred):
-        x = _joined(fn, joiner, enc_c, pred, t1 - t0)
+        x = _joined(fn, joiner, enc_c, pred, t1 - t0, n_cls, (t0, t1))
         if bound > 0:
             x = _ClampGrad.apply(x, bound)
         il_c = (il - t0).clamp(0, t1 - t0)
-        if fused and supported(x):
+        if fused and supported(x) and not transforms_active():
             tg, _ = _boundary(x, targets, il_c, tl, blank)
             px, py = _ChunkLattice.apply(x, tg, il_c, tl, blank)
             if lam > 0:
@@ -274,7 +276,9 @@ def rnnt_loss_from_joiner(joiner: Callable, encoder_out: torch.Tensor, predictor
     for t0 in range(0, t_max, chunk_size):
         t1 = min(t_max, t0 + chunk_size)
         args = (t0, t1, encoder_out[:, t0:t1], predictor_out)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not transforms_active():
+            # (torch.func has no saved-tensor hooks: under its transforms the
+            # chunks' activations are kept, not recomputed)
             px, py = _checkpointed(chunk, *args)
         else:
             px, py = chunk(*args)

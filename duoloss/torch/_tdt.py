@@ -15,8 +15,9 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
+from duoloss.core._validate import check_impl
 from duoloss.core._validate import check_int_type as _check_int_type
-from duoloss.core.losses.tdt import (IMPLS, MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
+from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
                                      check_multiblank_args, check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
@@ -43,14 +44,6 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     out = check(targets, il, tl, False)
     return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
-
-
-def check_impl(fn, impl) -> str:
-    """``impl`` checked (JAX's message, word for word)."""
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host', 'device', "
-                         f"got {impl!r}")
-    return impl
 
 
 def _device(fn, impl, logits) -> bool:

@@ -752,7 +752,9 @@ def count_token_spans(labels, n_cls, blank, fn="token_spans"):
     if lab.size and (lab.min() < -1 or lab.max() >= n_cls):
         raise ValueError(f"{fn}: labels must be in [-1, {n_cls}) (-1: padding), got values in "
                          f"[{lab.min()}, {lab.max()}]")
-    lab = lab.reshape(-1, lab.shape[-1]) if lab.ndim else lab.reshape(1, 1)
+    # explicit row count: reshape(-1, 0) is ambiguous for zero frames (ctc_align's T = 0)
+    lab = (lab.reshape(int(np.prod(lab.shape[:-1])), lab.shape[-1]) if lab.ndim
+           else lab.reshape(1, 1))
     if lab.shape[0] == 0 or lab.shape[1] == 0:
         return 0
     first = np.ones(lab.shape, bool)

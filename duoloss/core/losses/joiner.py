@@ -37,8 +37,11 @@ once and writes the gradient once.  For float32 rows the exponential is a
 vectorisable float32 polynomial (``_exp32``: about 1 ulp on ``[-87, 0.5]``)
 and the sums, ``lse`` and the gathered values are float64; float64 rows use
 the float64 ``exp`` of `duoloss.core._numerics`.  Rows whose maximum is
-not finite (NaN, ``+inf``, all ``-inf``) take the C library's ``exp`` and give
-NaN, as ``torch.log_softmax``; a NaN logit makes its row's outputs NaN.
+NaN or ``+inf`` take the C library's ``exp`` and give NaN, as
+``torch.log_softmax``; a NaN logit makes its row's outputs NaN.  A row whose
+logits are all ``-inf`` has no probability to share: ``lse``, the label and
+the blank outputs are ``-inf`` (every move from the cell is impossible, where
+``torch.log_softmax`` gives NaN) and its softmax term is 0.
 """
 from __future__ import annotations
 
@@ -59,7 +62,44 @@ from .._reduce import flush_subnormals
 from .transducer import _batch_serial, _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
-           "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits"]
+           "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits",
+           "check_chunk_size", "check_joiner_output"]
+
+def check_chunk_size(fn, chunk_size):
+    """``rnnt_loss_from_joiner``'s ``chunk_size`` as a Python int (``None`` kept):
+    any integer ``>= 1`` (numpy integers too, as for ``blank``), else a
+    ``ValueError`` naming ``fn``."""
+    if chunk_size is not None and (isinstance(chunk_size, (bool, np.bool_))
+                                   or not isinstance(chunk_size, (int, np.integer))
+                                   or chunk_size < 1):
+        raise ValueError(f"{fn}: argument 'chunk_size' must be None or an int >= 1, "
+                         f"got {chunk_size!r}")
+    return None if chunk_size is None else int(chunk_size)
+
+
+def check_joiner_output(fn, shape, want, n_cls=None, kind="tensor", frames=None):
+    """Check one joiner call of ``rnnt_loss_from_joiner`` (the probe and every chunk).
+
+    Args:
+      fn: the public name for the message.
+      shape: the output's shape, or the type name of a non-array output (a str).
+      want: ``(N, t, U + 1)``, what the first three axes must be.
+      n_cls: ``V`` learnt from the probe (``None``: this is the probe); every
+        chunk's output must have it, or targets would be read against another
+        vocabulary.
+      kind: ``'tensor'`` or ``'array'``, for the message.
+      frames: ``(t0, t1)`` of the chunk, for the message.
+    """
+    want = tuple(int(d) for d in want)
+    if isinstance(shape, str) or len(shape) != 4 or tuple(shape[:3]) != want:
+        raise ValueError(f"{fn}: the joiner must map (N, t, 1, D) and (N, 1, U + 1, D') to an "
+                         f"(N, t, U + 1, V)-{kind} = {want + ('V',)}, got {shape}")
+    if n_cls is not None and int(shape[3]) != int(n_cls):
+        where = "" if frames is None else f" (frames {frames[0]} to {frames[1] - 1})"
+        raise ValueError(f"{fn}: the joiner must give every chunk of frames the same number of "
+                         f"classes V = {n_cls} (from its first call): expected an output of shape "
+                         f"{want + (int(n_cls),)}, got {tuple(shape)}{where}")
+
 
 #: ``labels`` value of a row without a label (its label output is ``-inf``).
 NO_LABEL = -1
@@ -175,8 +215,11 @@ def _row_lse(row, tail, buf):
     for v in range(1, n_cls):
         xv = row[v]
         m = xv if xv > m else m
+    if m == -np.inf:
+        # every logit -inf: no move leaves the cell (probability 0), not NaN
+        return np.float64(m), -np.inf
     if not abs(m) < np.inf:
-        # NaN first entry, +inf, or all -inf: the C library's exp (NaN, as torch)
+        # NaN first entry or +inf: the C library's exp (NaN, as torch)
         s = 0.0
         for v in range(n_cls):
             s += math.exp(np.float64(row[v]) - np.float64(m))
@@ -283,6 +326,8 @@ def _shifted_row(row, k, blank, tail, buf):
     """``(lse, log p(blank), log p(k))`` of a row by the max-shifted path
     (`_row_lse`; ``-inf`` for ``k < 0``): subtract the max first, then log s."""
     m, ls = _row_lse(row, tail, buf)
+    if m == -np.inf:  # every logit -inf: every move from the cell has probability 0
+        return m, m, m
     return (m + ls, (np.float64(row[blank]) - m) - ls,
             (np.float64(row[k]) - m) - ls if k >= 0 else -np.inf)
 
@@ -335,7 +380,11 @@ def _backward_row_shifted(row, ls, c, o, tail, buf):
     logits at 1e15 gave ``e**-1.125`` for 1/3)."""
     n_cls = row.shape[0]
     body = n_cls - n_cls % _BLOCK
-    if abs(ls) < np.inf:
+    if ls == -np.inf:
+        # every logit -inf (`_shifted_row`): no probability to move, a zero softmax term
+        for v in range(n_cls):
+            o[v] = 0.0
+    elif abs(ls) < np.inf:
         m = row[0]
         for v in range(1, n_cls):
             xv = row[v]

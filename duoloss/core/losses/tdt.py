@@ -88,6 +88,7 @@ from .._numerics import logaddexp_fast as _lae
 from .._numerics import exp_poly, fast_exp
 from .._pool import run_batch
 from .._spec import LossKernel
+from .._validate import check_impl
 from .transducer import check_targets_and_lengths
 
 __all__ = ["TDT_KERNEL", "MULTIBLANK_KERNEL", "check_tdt_args", "check_multiblank_args",
@@ -99,17 +100,28 @@ _PARALLEL_MIN_CELLS = 20_000
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _lse(row, k0, k1):
-    """``log sum exp row[k0:k1]`` in float64; NaN for a row with a NaN, ``+inf``
-    or only ``-inf`` entries (as ``torch.log_softmax``).  Not inlined: its own
-    ``reassoc`` flag lets the sum vectorise (6x measured at ``V = 256``)."""
+    """``log sum exp row[k0:k1]`` in float64; NaN for a row with a NaN or
+    ``+inf`` entry (as ``torch.log_softmax``), ``-inf`` for a row of ``-inf``
+    only (no probability to share: every move it weighs is impossible, see
+    `_log_prob`).  Not inlined: its own ``reassoc`` flag lets the sum
+    vectorise (6x measured at ``V = 256``)."""
     m = _NEG_INF
     for k in range(k0, k1):
         v = np.float64(row[k])
         m = v if v > m else m
+    if m == _NEG_INF:
+        return m
     acc = 0.0
     for k in range(k0, k1):
         acc += exp_poly(np.float64(row[k]) - m)   # NaN for NaN, inf - inf, -inf - -inf
     return m + math.log(acc)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _log_prob(v, s):
+    """``v - s``: a logit's log-probability under the normaliser ``s``; ``-inf``
+    when ``s = -inf`` (a row of ``-inf`` only: probability 0, not NaN)."""
+    return v - s if s != _NEG_INF else _NEG_INF
 
 
 @numba.njit(**HELPER, fastmath={"contract"})
@@ -174,14 +186,14 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
             s = _lse(row, 0, n_lab)
             lse[t, u] = s
             if u < ub:
-                lab[t, u] = np.float64(row[tg[b, u]]) - s - sigma
+                lab[t, u] = _log_prob(np.float64(row[tg[b, u]]), s) - sigma
             for j in range(kb):
-                blk[t, u, j] = np.float64(row[blk_sym[j]]) - s - sigma
+                blk[t, u, j] = _log_prob(np.float64(row[blk_sym[j]]), s) - sigma
             if n_dur > 0:
                 s = _lse(row, n_lab, n_lab + n_dur)
                 dlse[t, u] = s
                 for k in range(n_dur):
-                    dlp[t, u, k] = np.float64(row[n_lab + k]) - s
+                    dlp[t, u, k] = _log_prob(np.float64(row[n_lab + k]), s)
     # forward (push): moves go to a later frame or, with d = 0, to u + 1
     alpha = np.full((tb, u1), _NEG_INF)
     alpha[0, 0] = 0.0
@@ -525,17 +537,13 @@ def check_big_blank_durations(fn, durations):
     return d
 
 
-#: The accepted values of the frontends' ``impl`` keyword.
-IMPLS = ("auto", "host", "device")
 
 
 def check_host_impl(fn, impl):
     """``impl`` (``'auto'``/``'host'``); ``'device'`` raises ``NotImplementedError``:
     these losses have no device kernel yet (the seam: the frontends' one
     ``apply_kernel`` call)."""
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host', 'device', "
-                         f"got {impl!r}")
+    check_impl(fn, impl)
     if impl == "device":
         raise NotImplementedError(
             f"{fn}: impl='device' is not available: this loss has no device kernel yet; use "

@@ -16,20 +16,11 @@ from __future__ import annotations
 
 import jax
 
+from duoloss.core._validate import IMPLS, check_impl
+
 __all__ = ["IMPLS", "check_impl", "use_device"]
 
-#: The accepted values of the ``impl`` keyword.
-IMPLS = ("auto", "host", "device")
-
 _ACCELERATORS = ("gpu", "tpu", "cuda", "rocm", "metal")
-
-
-def check_impl(fn: str, impl) -> str:
-    """``impl`` itself, or a ``ValueError`` naming ``fn``."""
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(f"{fn}: argument 'impl' must be one of 'auto', 'host', 'device', "
-                         f"got {impl!r}")
-    return impl
 
 
 def _on_accelerator(x) -> bool:

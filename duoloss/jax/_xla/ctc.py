@@ -67,8 +67,11 @@ def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
     labels = jnp.where(in_len & ~bad, tg, blank)
     ext = jnp.stack([jnp.full_like(labels, blank), labels], axis=2).reshape(n, 2 * s_max)
     ext = jnp.concatenate([ext, jnp.full((n, 1), blank, jnp.int32)], axis=1)   # (N, S')
-    skip = jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]], axis=1)
-    skip = skip & (jnp.arange(2 * s_max + 1) % 2 == 1)[None]
+    s_ext = 2 * s_max + 1
+    # [:, :s_ext]: with every target empty (S' = 1) the two leading False are one too many
+    skip = jnp.concatenate([jnp.zeros((n, 2), bool), ext[:, 2:] != ext[:, :-2]],
+                           axis=1)[:, :s_ext]
+    skip = skip & (jnp.arange(s_ext) % 2 == 1)[None]
     # the extended lattice: blank column (a slice: its transpose is cheap) interleaved with
     # the label columns (a gather whose transpose is _take_labels' own backward)
     lp_blank = jnp.broadcast_to(lp_all[:, :, blank][:, :, None], (t_max, n, s_max + 1))
@@ -196,7 +199,15 @@ def _ctc_bwd(zero_infinity, res, g):
     frames = jnp.arange(lp.shape[0])[:, None, None] < il[None, :, None]
     read = frames & live[None]
     use = ~(jnp.isinf(z) & (z < 0)) & valid        # infeasible: zero gradient
-    post = jnp.exp(alphas + bh - jnp.where(use, z, 0.0)[None, :, None])
+    # Posteriors normalised by each frame's own total (= Z in exact arithmetic),
+    # relative to the frame's best state, as the core: in [0, 1] and summing to 1
+    # even for raw scores of 1e100, where alpha + beta - log Z carries rounding
+    # errors of ~1e84 (docs/numerics.md, "Large scores").
+    ab = jnp.where(read, alphas + bh, NEG_INF)
+    m = jnp.max(ab, axis=2, keepdims=True)
+    e = jnp.exp(ab - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=2, keepdims=True)
+    post = e / jnp.where(total > 0, total, 1.0)
     grad = jnp.where(read & use[None, :, None], -post, 0.0)
     grad = jnp.where(valid[None, :, None], grad, jnp.nan).astype(lp.dtype)
     # scaled by the cotangent; differentiating it again raises (as on the host path)
