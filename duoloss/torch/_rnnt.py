@@ -220,7 +220,12 @@ class _LogProbGather(torch.autograd.Function):
         u_max = x.shape[2] - 1
         logp = torch.log_softmax(x, dim=-1)
         idx = labels[..., :u_max].clamp(min=0).unsqueeze(-1)
-        return torch.gather(logp, 3, idx)[..., 0], logp[..., blank], logp.new_empty(0)
+        px, py = torch.gather(logp, 3, idx)[..., 0], logp[..., blank]
+        # a row of -inf logits only: no move leaves the cell (-inf, where log_softmax
+        # gives NaN), as the core's joiner kernels; its softmax term is zeroed below
+        dead = x.amax(dim=-1) == float("-inf")
+        px = px.masked_fill(dead[..., :u_max], float("-inf"))
+        return px, py.masked_fill(dead, float("-inf")), logp.new_empty(0)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
