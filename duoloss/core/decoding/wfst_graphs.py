@@ -249,13 +249,13 @@ def arpa_graph(lm: Union[str, "os.PathLike[str]", ArpaLM], *,
         >>> import math, os, tempfile
         >>> from duoloss.graphs import arpa_graph
         >>> path = os.path.join(tempfile.mkdtemp(), "lm.arpa")
-        >>> _ = open(path, "w").write("\\\\data\\\\\\nngram 1=3\\n\\n\\\\1-grams:\\n"
-        ...                           "-99\\t<s>\\n-0.3\\ta\\n-0.6\\t</s>\\n\\n\\\\end\\\\\\n")
-        >>> G = arpa_graph(path)          # one history: a loop "a", an epsilon arc for </s>
+        >>> _ = open(path, "w").write("\\data\\\nngram 1=3\n\n\\1-grams:\n"
+        ...                           "-99\t<s>\n-0.3\ta\n-0.6\t</s>\n\n\\end\\\n")
+        >>> G = arpa_graph(path)   # one history: loops "a" and "<unk>", an epsilon arc for </s>
         >>> G.num_nodes(), G.num_arcs()
-        (2, 2)
-        >>> [round(w / math.log(10), 6) for w in G.weights_to_list()]   # log10 again
-        [-0.3, -0.6]
+        (2, 3)
+        >>> [round(w / math.log(10), 4) for w in G.weights_to_list()]   # log10 again
+        [-0.3, -0.6, -100.0]
     """
     fn = "arpa_graph"
     for arg, v in (("bos", bos), ("eos", eos)):
