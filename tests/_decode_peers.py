@@ -317,6 +317,7 @@ class FlashlightCTCDecoder:
             self.decoder = LexiconDecoder(opts, trie, self.lm, sil, self.blank, unk, [], False)
         else:
             d = {t: [[t]] for t in tokens}
+            d.setdefault(unk_word, [[unk_word]])  # create_word_dict looks <unk> up
             self.word_dict = create_word_dict(d)
             self.lm = KenLM(lm, self.word_dict) if lm is not None else ZeroLM()
             opts = LexiconFreeDecoderOptions(beam_size, bst, beam_threshold, lm_weight, sil_score,
