@@ -28,6 +28,7 @@ sys.path.remove(str(ROOT))
 #: script -> (modules it needs, extra arguments, run as a module?)
 SCRIPTS = {
     "ctc": (("torch", "jax", "optax"), [], False),
+    "decode": (("torch",), [], True),
     "asg": (("torch",), [], True),
     "graphs": (("torch",), [], False),
     "mmi": (("torch",), [], True),

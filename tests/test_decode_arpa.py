@@ -286,9 +286,18 @@ def test_unknown_words_and_duplicates(tmp_path):
             "the 2-gram 'a b' appears twice")
 
 
-def test_not_utf8(tmp_path):
+def test_gzip_and_not_utf8(tmp_path, trigram):
+    import gzip
+
     path = tmp_path / "lm.arpa.gz"
+    path.write_bytes(gzip.compress(TRIGRAM.encode()))
+    lm = read_arpa(path)
+    assert lm.words == trigram.words and lm.ngrams == trigram.ngrams
     path.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    with pytest.raises(ValueError, match="read_arpa: ARPA file .* is not a valid gzip file"):
+        read_arpa(str(path))
+    path = tmp_path / "latin1.arpa"
+    path.write_bytes(TRIGRAM.replace("c", "\xe7").encode("latin-1"))
     with pytest.raises(ValueError, match="read_arpa: ARPA file .* is not UTF-8 text"):
         read_arpa(str(path))
 

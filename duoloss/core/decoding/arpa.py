@@ -19,9 +19,11 @@ torchaudio/flashlight user tuned).
 """
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
+import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["ArpaLM", "read_arpa"]
@@ -191,7 +193,7 @@ def read_arpa(path: Union[str, "os.PathLike[str]"]) -> ArpaLM:
     returned.
 
     Args:
-        path: the ARPA file (``.arpa`` text; gzip files are not read).
+        path: the ARPA file: UTF-8 text, or that text gzip-compressed (``.arpa.gz``).
 
     Returns:
         The model, with ``ArpaLM.score`` giving ARPA/KenLM backoff semantics in log10.
@@ -215,17 +217,24 @@ def read_arpa(path: Union[str, "os.PathLike[str]"]) -> ArpaLM:
                         f"got {type(path).__name__}")
     spath = os.fspath(path)
     try:
-        with open(spath, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(spath, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise ValueError(f"read_arpa: ARPA file {spath!r} does not exist") from None
     except IsADirectoryError:
         raise ValueError(f"read_arpa: ARPA file {spath!r} is a directory") from None
+    if data[:2] == b"\x1f\x8b":  # gzip (e.g. LibriSpeech's 4-gram.arpa.gz)
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"read_arpa: ARPA file {spath!r} is not a valid gzip file "
+                             f"({e})") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"read_arpa: ARPA file {spath!r} is not UTF-8 text ({e.reason} at "
-                         f"byte {e.start}; a gzip-compressed file must be decompressed first)"
-                         ) from None
-    return _parse(spath, lines)
+                         f"byte {e.start})") from None
+    return _parse(spath, text.splitlines())
 
 
 def _parse(path: str, lines: List[str]) -> ArpaLM:
