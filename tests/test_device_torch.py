@@ -486,3 +486,39 @@ def test_ctc_device_compile_of_vmap():
     with pytest.raises(Exception, match="device path computed no gradient"):
         compiled(xs.clone().requires_grad_()).sum().backward()
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_k2_device_boxes_inside_the_lattice(rnnt_type, dtype):
+    """Boxes that start inside the lattice (``s0, t0 > 0``) and end before its edge:
+    the level-major layout of the moves (`duoloss.torch._triton._ops.skew`) is indexed
+    from the box's corner; the host path (numba core) is the oracle."""
+    g = torch.Generator().manual_seed(11)
+    lm = torch.randn(3, 6, 5, generator=g, dtype=torch.float64).to(dtype)  # (B, S + 1, C)
+    am = torch.randn(3, 7, 5, generator=g, dtype=torch.float64).to(dtype)  # (B, T, C)
+    y = torch.tensor([[1, 2, 1, 3, 4], [2, 1, 3, 3, 1], [4, 4, 1, 2, 2]])
+    boundary = torch.tensor([[1, 2, 4, 6], [0, 1, 5, 7], [2, 0, 3, 3]])
+    out = []
+    for impl in ("device", "host"):
+        a, b = lm.clone().requires_grad_(), am.clone().requires_grad_()
+        loss = dt.rnnt_loss_simple(a, b, y, 0, boundary, rnnt_type, reduction="none",
+                                   impl=impl)
+        (loss * torch.tensor([1.0, -2.0, 0.5], dtype=dtype)).sum().backward()
+        out.append((loss, a.grad, b.grad))
+    for what, d, h in zip(("loss", "lm grad", "am grad"), *out):
+        _close(d, h, dtype, what)
+
+
+def test_transducer_skew_round_trip():
+    """`skew` lays ``a[b, r, c]`` at row ``r + c`` (regular) or ``c`` (modified),
+    lane ``r``; `unskew` inverts it."""
+    from duoloss.torch._triton import _ops
+    a = torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4)
+    for modified in (False, True):
+        s = _ops.skew(a, modified)
+        for b in range(2):
+            for r in range(3):
+                for c in range(4):
+                    assert s[b, c if modified else r + c, r] == a[b, r, c]
+        assert torch.equal(_ops.unskew(s, a.shape, modified), a)

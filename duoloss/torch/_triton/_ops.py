@@ -262,25 +262,56 @@ def _transducer_impl(px, py, boundary, modified, want_grad):
     block = _block(s + 1)
     n_lev = (t_max + 1) if modified else (s + t_max + 1)
     losses = py.new_empty((n,))
-    gx = torch.zeros_like(px) if want_grad else px.new_empty((0,))
-    gy = torch.zeros_like(py) if want_grad else py.new_empty((0,))
+    gx = px.new_empty((0,))
+    gy = py.new_empty((0,))
     if n:
+        # the moves level-major: each level's lanes read one contiguous run
+        xs, ys = skew(px, modified), skew(py, modified)
         alpha = py.new_empty((n, n_lev, block))
         q = py.new_empty((n, n_lev, block)) if want_grad else alpha
-        gxk = gx if want_grad else px
-        gyk = gy if want_grad else py
+        gxs = xs.new_zeros(xs.shape) if want_grad else xs
+        gys = ys.new_zeros(ys.shape) if want_grad else ys
         with _launch_device(py):
             launch(_kernels().transducer_kernel, (n,), (
-                _ptr(px), px.stride(0), px.stride(1),
-                _ptr(py), py.stride(0), py.stride(1),
-                bd_k, alpha, q, losses, _ptr(gxk), _ptr(gyk), t_x, n_lev),
+                _ptr(xs), xs.stride(0), xs.shape[2], _ptr(ys), ys.stride(0), ys.shape[2],
+                bd_k, alpha, q, losses, _ptr(gxs), _ptr(gys), t_x, n_lev),
                 dict(MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block,
                      num_warps=warps(block)))
+        if want_grad:
+            gx, gy = unskew(gxs, px.shape, modified), unskew(gys, py.shape, modified)
+    elif want_grad:
+        gx, gy = px.new_zeros(px.shape), py.new_zeros(py.shape)
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
         gx = torch.where(ok[:, None, None], gx, float("nan"))
         gy = torch.where(ok[:, None, None], gy, float("nan"))
     return losses, gx, gy
+
+
+def skew(a: torch.Tensor, modified: bool) -> torch.Tensor:
+    """A transducer lattice ``(N, R, C)`` (states, frames) laid out level by level
+    (one copy): modified, ``(N, C, R)`` (rows are frames); regular, ``(N, R + C - 1,
+    R)`` with ``out[b, m, r] = a[b, r, m - r]`` (rows are the anti-diagonals; entries
+    with ``m - r`` outside ``[0, C)`` are left unset and never read)."""
+    n, r, c = a.shape
+    if modified:
+        return a.transpose(1, 2).contiguous()
+    m = max(r + c - 1, 0)
+    out = a.new_empty((n, m, r))
+    if out.numel() and a.numel():
+        out.as_strided((n, r, c), (m * r, r + 1, r)).copy_(a)
+    return out
+
+
+def unskew(g: torch.Tensor, shape, modified: bool) -> torch.Tensor:
+    """The inverse of `skew` (a contiguous ``shape`` tensor)."""
+    n, r, c = shape
+    if modified:
+        return g.transpose(1, 2).contiguous()
+    if g.numel() == 0 or n * r * c == 0:
+        return g.new_zeros(shape)
+    m = g.shape[1]
+    return g.as_strided((n, r, c), (m * r, r + 1, r)).contiguous()
 
 
 @transducer_op.register_fake

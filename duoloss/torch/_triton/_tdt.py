@@ -86,6 +86,18 @@ def _lse_safe(x, dim):
     return m0.squeeze(dim) + torch.log(torch.exp(x - m0).sum(dim=dim))
 
 
+def _path(*terms):
+    """The sum of log-weights along a path, ``-inf`` where any term is ``-inf``: a
+    move out of a cell no path reaches (or into one that reaches no end) is never
+    read, whatever the logits of that cell (NaN, ``+inf``), as on the host."""
+    total = terms[0]
+    dead = terms[0] == _NEG
+    for x in terms[1:]:
+        total = total + x
+        dead = dead | (x == _NEG)
+    return torch.where(dead, _NEG, total)
+
+
 def _shift(x, k, dim, fill=_NEG):
     """``y[i] = x[i - k]`` along ``dim`` (``k < 0``: ``x[i + |k|]``), ``fill`` outside."""
     n = x.shape[dim]
@@ -201,7 +213,7 @@ def _run(x, tg, il, tl, spec, want):
     term = torch.stack(term_w)
     term = _lse_safe(term, 0) if len(term_w) > 1 else term[0]         # (N, T, U1)
     alpha, beta = _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want)
-    logz = _lse_safe((alpha + term).reshape(n, -1), 1)
+    logz = _lse_safe(_path(alpha, term).reshape(n, -1), 1)
     nll = torch.where(il == 0, torch.where(tl == 0, 0.0, float("inf")).to(x.dtype), -logz)
     loss = torch.where(valid, nll * (1.0 + lam), float("nan"))
     if not want:
@@ -211,13 +223,13 @@ def _run(x, tg, il, tl, spec, want):
     plab = torch.zeros_like(alpha)
     pdur = [torch.zeros_like(alpha) for _ in range(n_dur)]
     for (d, i), w in zip(lab_moves, lab_w):
-        p = torch.exp(alpha + w + _shift(_shift(beta, -d, 1), -1, 2) - z)
+        p = torch.exp(_path(alpha, w, _shift(_shift(beta, -d, 1), -1, 2)) - z)
         plab = plab + p
         if i >= 0:
             pdur[i] = pdur[i] + p
     pblk = {}
     for (k, d, i), w, tw in zip(blk_moves, blk_w, term_w):
-        p = torch.exp(alpha + w + _shift(beta, -d, 1) - z) + torch.exp(alpha + tw - z)
+        p = torch.exp(_path(alpha, w, _shift(beta, -d, 1)) - z) + torch.exp(_path(alpha, tw) - z)
         pblk[k] = pblk[k] + p if k in pblk else p
         if i >= 0:
             pdur[i] = pdur[i] + p

@@ -46,7 +46,9 @@ def _lse2(a, b):
 
 @triton.jit
 def _chain_combine(w1, a1, w2, a2):
-    return w1 + w2, _lse2(a2, a1 + w2)
+    # a chain link out of a state without mass (or with a -inf weight) is never read
+    dead = (a1 == float("-inf")) | (w2 == float("-inf"))
+    return w1 + w2, _lse2(a2, tl.where(dead, float("-inf"), a1 + w2))
 
 
 @triton.jit
