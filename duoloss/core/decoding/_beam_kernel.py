@@ -173,6 +173,56 @@ def _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par, c_hwn, c_hwp, nc, best, 
     return nc, best
 
 
+@numba.njit(inline="always")
+def _worse(scores, a, b):
+    # a ranks below b: lower score, or the same score and proposed later
+    return scores[a] < scores[b] or (scores[a] == scores[b] and a > b)
+
+
+@numba.njit(**HELPER)
+def _top_k(scores, n, k):
+    """Indices of the ``k`` best of ``scores[:n]`` (ties: lower index first), best first;
+    the order ``np.argsort(-scores[:n], kind="mergesort")[:k]`` gives, in O(n log k)."""
+    heap = np.empty(k, np.int64)       # a min-heap: heap[0] is the worst kept
+    for i in range(k):
+        heap[i] = i
+        j = i
+        while j > 0:
+            par = (j - 1) >> 1
+            if _worse(scores, heap[j], heap[par]):
+                heap[j], heap[par] = heap[par], heap[j]
+                j = par
+            else:
+                break
+    for i in range(k, n):
+        if _worse(scores, heap[0], i):
+            heap[0] = i
+            j = 0
+            while True:
+                l = 2 * j + 1
+                if l >= k:
+                    break
+                m = l
+                r = l + 1
+                if r < k and _worse(scores, heap[r], heap[l]):
+                    m = r
+                if _worse(scores, heap[m], heap[j]):
+                    heap[j], heap[m] = heap[m], heap[j]
+                    j = m
+                else:
+                    break
+    # heap order -> best first (k is small): insertion sort
+    out = heap.copy()
+    for i in range(1, k):
+        x = out[i]
+        j = i - 1
+        while j >= 0 and _worse(scores, out[j], x):
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = x
+    return out
+
+
 @numba.njit(**HELPER)
 def _store(c_score, c_hist, c_lex, c_tok, c_blank, nc, best, thr, beam, log_add,
            m_table, m_rep, m_score):
@@ -211,8 +261,11 @@ def _store(c_score, c_hist, c_lex, c_tok, c_blank, nc, best, thr, beam, log_add,
                     m_rep[r] = c
                 break
             i = (i + 1) & mask
-    order = np.argsort(-m_score[:n_rep], kind="mergesort")
     k = min(n_rep, beam)
+    if n_rep > beam:
+        order = _top_k(m_score, n_rep, beam)
+    else:
+        order = np.argsort(-m_score[:n_rep], kind="mergesort")
     kept = np.empty(k, np.int64)
     scores = np.empty(k, np.float64)
     for j in range(k):
@@ -255,6 +308,7 @@ def decode_batch(order, em, lengths, pf, pi,
     c_par = np.empty(cap, np.int64)
     c_hwn = np.empty(cap, np.int64)
     c_hwp = np.empty(cap, np.float64)
+    c_base = np.empty(cap, np.int64)     # lexicon-free: the candidate's history (see below)
     m_size = 1
     while m_size < 2 * cap:
         m_size *= 2
@@ -383,27 +437,47 @@ def decode_batch(order, em, lengths, pf, pi,
                         sc = S + row[n]
                         if n == sil:
                             sc += sil_score
+                        n0 = nc
                         if n != blank and (n != p or pb):
-                            nh, n_hist = _hist_child(h_parent, h_unit, h_lm, h_lmscore, h_table,
-                                                     n_hist, H, n, unit_lm, has_lm, lm_keys,
-                                                     lm_probs, lm_nexts, lm_mask, lm_nw, lm_bo,
-                                                     lm_par)
                             nhwn, nhwp, dhw = hwn, hwp, 0.0
                             if has_hw:
                                 nhwn, nhwp, dhw = _hw_step(hw_start, hw_tok, hw_node, hw_fail,
                                                            hw_cum, hw_term, hwn, hwp, n)
-                            nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
-                                            c_hwn, c_hwp, nc, best, thr,
-                                            sc + lm_weight * h_lmscore[nh] + dhw,
-                                            nh, 0, n, 0, h, nhwn, nhwp)
+                            if has_lm:     # the history node caches the LM score
+                                nh, n_hist = _hist_child(h_parent, h_unit, h_lm, h_lmscore,
+                                                         h_table, n_hist, H, n, unit_lm, has_lm,
+                                                         lm_keys, lm_probs, lm_nexts, lm_mask,
+                                                         lm_nw, lm_bo, lm_par)
+                                nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
+                                                c_hwn, c_hwp, nc, best, thr,
+                                                sc + lm_weight * h_lmscore[nh] + dhw,
+                                                nh, 0, n, 0, h, nhwn, nhwp)
+                                if nc > n0:
+                                    c_base[n0] = nh
+                            else:
+                                # no LM: the history H + n is created only if the candidate
+                                # survives; its key is (H, n, not blank), which a repeat of n
+                                # at H + n shares (see below)
+                                nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
+                                                c_hwn, c_hwp, nc, best, thr,
+                                                sc + dhw, H, 0, n, 0, h, nhwn, nhwp)
+                                if nc > n0:
+                                    c_base[n0] = -2 - H
                         elif n == blank:
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
                                             c_hwn, c_hwp, nc, best, thr,
                                             sc, H, 0, n, 1, h, hwn, hwp)
+                            if nc > n0:
+                                c_base[n0] = H
                         else:
+                            # a repeat of n: the history H ends with n; without an LM its key
+                            # is (parent of H, n), the key of the candidate that created H
+                            key = H if has_lm else h_parent[H]
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
                                             c_hwn, c_hwp, nc, best, thr,
-                                            sc, H, 0, n, 0, h, hwn, hwp)
+                                            sc, key, 0, n, 0, h, hwn, hwp)
+                            if nc > n0:
+                                c_base[n0] = H
             kept, scores = _store(c_score, c_hist, c_lex, c_tok, c_blank, nc, best, thr, beam,
                                   log_add, m_table, m_rep, m_score)
             n_hyp = kept.shape[0]
@@ -416,7 +490,16 @@ def decode_batch(order, em, lengths, pf, pi,
             y_hwp = np.empty(n_hyp, np.float64)
             for j in range(n_hyp):
                 c = kept[j]
-                y_hist[j] = c_hist[c]
+                if lexicon:
+                    y_hist[j] = c_hist[c]
+                else:
+                    hb = c_base[c]
+                    if hb < 0:
+                        hb, n_hist = _hist_child(h_parent, h_unit, h_lm, h_lmscore, h_table,
+                                                 n_hist, -2 - hb, c_tok[c], unit_lm, has_lm,
+                                                 lm_keys, lm_probs, lm_nexts, lm_mask, lm_nw,
+                                                 lm_bo, lm_par)
+                    y_hist[j] = hb
                 y_lex[j] = c_lex[c]
                 y_tok[j] = c_tok[c]
                 y_blank[j] = c_blank[c]
