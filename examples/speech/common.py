@@ -1,0 +1,116 @@
+"""What the torch and JAX halves of the recipe share: the token set, batching, augmentation.
+
+Both frameworks see exactly the same batches in the same order (same seed), so that the
+comparison of their results measures the frameworks' training, not different data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BLANK = 0
+SPACE = 1
+#: the output tokens: blank (0), the word separator "|" (1), the apostrophe and a..z
+TOKENS = ["<b>", "|", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+_INDEX = {t: i for i, t in enumerate(TOKENS)}
+SUBSAMPLE = 2  # the encoder's frame rate is 1 / SUBSAMPLE of the features'
+
+
+def encode(text: str) -> np.ndarray:
+    """Token ids of a sentence: its letters, ``|`` between words."""
+    return np.array([_INDEX["|" if c == " " else c] for c in text], np.int32)
+
+
+def decode(ids) -> str:
+    """A sentence from token ids (blanks dropped, ``|`` read as a space, spaces squeezed)."""
+    s = "".join(TOKENS[int(i)] for i in ids if int(i) != BLANK).replace("|", " ")
+    return " ".join(s.split())
+
+
+def out_lengths(n_frames):
+    """Encoder frames for ``n_frames`` feature frames (a stride-2 convolution, kernel 3, pad 1)."""
+    return (np.asarray(n_frames) - 1) // 2 + 1
+
+
+@dataclass
+class Batch:
+    """A padded batch.
+
+    Attributes:
+        feats: ``(N, T, F)`` float32 features (zero padded).
+        feat_lens: ``(N,)`` int32 feature frames.
+        out_lens: ``(N,)`` int32 encoder frames.
+        targets: ``(N, S)`` int32 token ids (zero padded).
+        target_lens: ``(N,)`` int32.
+        index: ``(N,)`` positions of the utterances in their split.
+    """
+
+    feats: np.ndarray
+    feat_lens: np.ndarray
+    out_lens: np.ndarray
+    targets: np.ndarray
+    target_lens: np.ndarray
+    index: np.ndarray
+
+
+PAD_FRAMES, PAD_TOKENS = 128, 32
+
+
+def _round_up(n, k):
+    return -(-int(n) // k) * k
+
+
+def make_batch(feats, texts, index) -> Batch:
+    """Pad the utterances ``index`` of a split into one :class:`Batch`.
+
+    Frames are padded to a multiple of ``PAD_FRAMES`` and tokens to one of ``PAD_TOKENS``, so
+    that a jitted JAX step sees a handful of shapes (one compile each), not one per batch.
+    """
+    lens = np.array([len(feats[i]) for i in index], np.int32)
+    x = np.zeros((len(index), _round_up(lens.max(), PAD_FRAMES), feats[index[0]].shape[1]),
+                 np.float32)
+    for row, i in enumerate(index):
+        x[row, : lens[row]] = feats[i]
+    ys = [encode(texts[i]) for i in index]
+    ylens = np.array([len(y) for y in ys], np.int32)
+    y = np.zeros((len(index), _round_up(max(1, ylens.max()), PAD_TOKENS)), np.int32)
+    for row, t in enumerate(ys):
+        y[row, : len(t)] = t
+    return Batch(x, lens, out_lengths(lens).astype(np.int32), y, ylens, np.asarray(index))
+
+
+def batches(feats, texts, batch_size, rng=None):
+    """Batches of utterances of similar length (shuffled buckets when ``rng`` is given)."""
+    order = np.argsort([len(f) for f in feats], kind="stable")
+    groups = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    if rng is not None:
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+    for g in groups:
+        yield make_batch(feats, texts, g)
+
+
+def spec_augment(batch: Batch, rng, *, freq_masks=2, freq_width=8, time_masks=2,
+                 time_width=10) -> Batch:
+    """SpecAugment's frequency and time masks (set to 0, the normalised mean)."""
+    x = batch.feats.copy()
+    n, _, f = x.shape
+    for b in range(n):
+        for _ in range(freq_masks):
+            w = int(rng.integers(0, freq_width + 1))
+            f0 = int(rng.integers(0, f - w + 1))
+            x[b, :, f0: f0 + w] = 0.0
+        for _ in range(time_masks):
+            w = int(rng.integers(0, time_width + 1))
+            t0 = int(rng.integers(0, max(1, batch.feat_lens[b] - w)))
+            x[b, t0: t0 + w] = 0.0
+    return Batch(x, batch.feat_lens, batch.out_lens, batch.targets, batch.target_lens,
+                 batch.index)
+
+
+def lr_at(step, total, peak, warmup=100):
+    """Linear warm-up to ``peak``, then cosine decay to ``peak / 20``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))

@@ -1,0 +1,227 @@
+"""Speech end to end: synthesise a corpus, train CTC + transducer models in torch and JAX with
+duoloss's losses, decode with duoloss's decoders, score WER and word alignment, report.
+
+Run from the repository root::
+
+    python examples/speech/run.py                 # the full recipe (make recipe)
+    python examples/speech/run.py --smoke         # a few dozen utterances, every stage
+    python examples/speech/run.py --frameworks torch --epochs 4
+
+Writes ``results.json``, ``results.md`` (the tables), ``recipe.png``, the ARPA LM and the
+lexicon into ``--out`` (default ``build/recipe``); the corpus is cached there too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+
+class _Bar:
+    """A minimal progress bar (used when tqdm is not installed)."""
+
+    def __init__(self, iterable=None, total=None, desc=""):
+        self.iterable, self.total, self.desc, self.n = iterable, total, desc, 0
+        self.t0 = time.perf_counter()
+
+    def __iter__(self):
+        for x in self.iterable:
+            yield x
+            self.update(1)
+        self.close()
+
+    def update(self, k):
+        self.n += k
+        if self.total and (self.n == self.total or self.n % max(1, self.total // 20) == 0):
+            print(f"\r{self.desc}: {self.n}/{self.total} ({time.perf_counter() - self.t0:.0f} s)",
+                  end="", file=sys.stderr, flush=True)
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        print(file=sys.stderr)
+
+
+def _progress(quiet):
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+        return lambda it=None, total=None, desc="": tqdm(it, total=total, desc=desc,
+                                                          mininterval=2.0)
+    except ImportError:
+        return _Bar
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="build/recipe")
+    p.add_argument("--n-train", type=int, default=2000)
+    p.add_argument("--n-dev", type=int, default=150)
+    p.add_argument("--n-test", type=int, default=300)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
+    p.add_argument("--frameworks", default="torch,jax")
+    p.add_argument("--threads", type=int, default=2, help="torch/numba/XLA threads")
+    p.add_argument("--workers", type=int, default=None, help="corpus processes")
+    p.add_argument("--beam-size", type=int, default=50)
+    p.add_argument("--rnnt-beam", type=int, default=4)
+    p.add_argument("--smoke", action="store_true",
+                   help="a few dozen utterances and a few steps (every stage runs)")
+    p.add_argument("--no-figure", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.n_train, args.n_dev, args.n_test = 48, 8, 16
+        args.epochs, args.max_steps, args.batch_size = 1, 3, 16
+    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={args.threads > 1} "
+                          f"intra_op_parallelism_threads={args.threads}")
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
+    os.environ.setdefault("DUOLOSS_QUIET_COMPILE", "1")
+
+    import corpus
+    import decode
+    import lm
+    import report
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = _progress(args.quiet)
+    stages = {}
+    results = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                          f"{platform.processor() or platform.platform()}",
+               "args": vars(args), "frameworks": {}, "stages_s": stages}
+
+    t = time.perf_counter()
+    data = corpus.build(out, n_train=args.n_train, n_dev=args.n_dev, n_test=args.n_test,
+                        seed=args.seed, workers=args.workers, progress=progress)
+    stages["corpus"] = time.perf_counter() - t
+    hours = {s: sum(u["duration_s"] for u in data[s]["utts"]) / 3600 for s in data
+             if s in ("train", "dev", "test")}
+    results["corpus"] = {s: {"utterances": len(data[s]["utts"]), "hours": round(h, 3)}
+                         for s, h in hours.items()}
+    results["corpus"]["vocabulary"] = len(corpus.vocabulary())
+    print(f"corpus: {results['corpus']} ({stages['corpus']:.0f} s)", flush=True)
+
+    t = time.perf_counter()
+    train_texts = [u["text"] for u in data["train"]["utts"]]
+    words = corpus.vocabulary()
+    arpa, lexicon = out / "lm.arpa", out / "lexicon.txt"
+    lm.write_arpa(lm.estimate(train_texts, words, order=3), arpa)
+    lm.write_lexicon(words, lexicon)
+    stages["lm"] = time.perf_counter() - t
+
+    test_refs = [u["text"] for u in data["test"]["utts"]]
+    dev_refs = [u["text"] for u in data["dev"]["utts"]]
+    histories, example = {}, None
+    for fw in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
+        t = time.perf_counter()
+        if fw == "torch":
+            import torch
+            torch.set_num_threads(args.threads)
+            import train_torch
+            model, hist = train_torch.train(data, epochs=args.epochs, batch_size=args.batch_size,
+                                            lr=args.lr, seed=args.seed, progress=progress,
+                                            max_steps=args.max_steps)
+            side = decode.TorchSide(model)
+
+            def encode_split(split, model=model):
+                enc, lp = train_torch.encode_split(model, split)
+                return [e.numpy() for e in enc], [x.numpy() for x in lp]
+        elif fw == "jax":
+            import train_jax
+            model, params, hist = train_jax.train(data, epochs=args.epochs,
+                                                  batch_size=args.batch_size, lr=args.lr,
+                                                  seed=args.seed, progress=progress,
+                                                  max_steps=args.max_steps)
+            side = decode.JaxSide(model, params)
+
+            def encode_split(split, model=model, params=params):
+                return train_jax.encode_split(model, params, split)
+        else:
+            raise SystemExit(f"run.py: unknown framework {fw!r} (torch, jax)")
+        stages[f"{fw}_train"] = time.perf_counter() - t
+        histories[fw] = hist
+
+        # the LM weight and word score: a small grid on the dev split (never the test set)
+        t = time.perf_counter()
+        enc_d, lp_d = encode_split(data["dev"])
+        best = None
+        for lm_weight in (0.5, 1.0, 2.0):
+            for word_score in (-1.0, 0.0, 1.0):
+                dec = side.ctc_decoder(tokens=decode.TOKENS, lexicon=str(lexicon), lm=str(arpa),
+                                       beam_size=args.beam_size, lm_weight=lm_weight,
+                                       word_score=word_score,
+                                       blank_token=decode.TOKENS[decode.BLANK],
+                                       sil_token=decode.TOKENS[decode.SPACE])
+                lps, lens = decode._pad(lp_d)
+                hyps = [" ".join(h[0].words) if h else "" for h in side.beam_ctc(dec, lps, lens)]
+                w = decode.wer(dev_refs, hyps)
+                if best is None or w < best[0]:
+                    best = (w, lm_weight, word_score)
+        stages[f"{fw}_tune_lm"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        enc, lp = encode_split(data["test"])
+        decoded = decode.run_decoders(side, enc, lp, test_refs, lexicon=lexicon, arpa=arpa,
+                                      beam_size=args.beam_size, lm_weight=best[1],
+                                      word_score=best[2], rnnt_beam=args.rnnt_beam,
+                                      progress=progress)
+        stages[f"{fw}_decode"] = time.perf_counter() - t
+        t = time.perf_counter()
+        aligned = decode.word_boundaries(side, lp, test_refs, data["frame_s"])
+        align = decode.boundary_errors(aligned, data["test"]["utts"])
+        stages[f"{fw}_align"] = time.perf_counter() - t
+        results["frameworks"][fw] = {
+            "wer": {k: v[0] for k, v in decoded.items()},
+            "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
+            "alignment": align,
+            "train_steps": len(hist["ctc"]), "final_loss": {
+                "ctc": float(np.mean(hist["ctc"][-10:])), "rnnt": float(np.mean(hist["rnnt"][-10:]))},
+            "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
+                         for i, r in enumerate(test_refs[:5])]}
+        print(f"{fw}: WER " + ", ".join(f"{k} {v[0]:.2f}%" for k, v in decoded.items())
+              + f"; word boundaries: median {align['median_ms']:.1f} ms, "
+              f"{100 * align['within_100ms']:.1f}% within 100 ms", flush=True)
+        if example is None:
+            i = next((i for i, a in enumerate(data["test"]["audio"]) if a is not None), 0)
+            example = {"feats": data["test"]["feats"][i], "log_probs": lp[i],
+                       "text": test_refs[i], "hyp": decoded["ctc_beam_lm"][1][i],
+                       "aligned": aligned[i],
+                       "true": (data["test"]["utts"][i]["word_starts"],
+                                data["test"]["utts"][i]["word_ends"]),
+                       "title": f"test utterance {i} ({data['test']['utts'][i]['voice']}, "
+                                f"rate {data['test']['utts'][i]['rate']}, "
+                                f"SNR {data['test']['utts'][i]['snr_db']:.0f} dB), {fw} model"}
+
+    if not args.no_figure and histories:
+        t = time.perf_counter()
+        report.figure(out / "recipe.png", histories, example, frame_s=data["frame_s"])
+        stages["figure"] = time.perf_counter() - t
+    md = report.table(results)
+    (out / "results.md").write_text(md + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
+    print(md)
+    print("stages (s): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}"
+          + ("" if args.no_figure else f", {out / 'recipe.png'}"))
+    return results
+
+
+if __name__ == "__main__":
+    main()

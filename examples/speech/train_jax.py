@@ -1,0 +1,165 @@
+"""The recipe's JAX model (flax linen) and training loop: the twin of ``train_torch.py``.
+
+Same layers and sizes as the torch model: a stride-2 and a stride-1 convolution, two
+bidirectional GRU layers, a CTC head trained with :func:`duoloss.jax.ctc_loss`, and a
+transducer predictor (embedding + GRU) and joiner trained with :func:`duoloss.jax.rnnt_loss`.
+The training step is one ``jax.jit`` (optax AdamW); batches are padded to a few shapes
+(``common.PAD_FRAMES``/``PAD_TOKENS``) so that it compiles a handful of times.
+"""
+from __future__ import annotations
+
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import duoloss.jax as dj
+from common import BLANK, TOKENS, batches, lr_at, spec_augment
+
+V = len(TOKENS)
+
+
+class Encoder(nn.Module):
+    """``(N, T, F)`` features -> ``(N, T', 2 * hidden)`` encodings."""
+
+    conv: int = 192
+    hidden: int = 128
+    layers: int = 2
+
+    @nn.compact
+    def __call__(self, x, out_lens):
+        h = nn.relu(nn.Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
+        h = nn.relu(nn.Conv(self.conv, (3,), padding=[(1, 1)])(h))
+        for _ in range(self.layers):
+            h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)),
+                                 nn.RNN(nn.GRUCell(self.hidden), reverse=True, keep_order=True)
+                                 )(h, seq_lengths=out_lens)
+        return h
+
+
+class SpeechModel(nn.Module):
+    """Encoder + CTC head + transducer predictor and joiner."""
+
+    conv: int = 192
+    hidden: int = 128
+    pred: int = 128
+    joint: int = 128
+
+    def setup(self):
+        self.encoder = Encoder(self.conv, self.hidden)
+        self.ctc_head = nn.Dense(V)
+        self.embed = nn.Embed(V, self.pred)
+        self.pred_cell = nn.GRUCell(self.pred)
+        self.pred_rnn = nn.RNN(self.pred_cell, return_carry=True)
+        self.join_enc = nn.Dense(self.joint)
+        self.join_pred = nn.Dense(self.joint)
+        self.join_out = nn.Dense(V)
+
+    def __call__(self, x, out_lens, prev):
+        """Encodings, CTC log-probabilities and the ``(N, T', U + 1, V)`` joiner logits."""
+        enc = self.encode(x, out_lens)
+        _, pred = self.predictor(prev)
+        return enc, self.ctc_log_probs(enc), self.joiner(enc[:, :, None, :], pred[:, None, :, :])
+
+    def encode(self, x, out_lens):
+        return self.encoder(x, out_lens)
+
+    def ctc_log_probs(self, enc):
+        return jax.nn.log_softmax(self.ctc_head(enc), -1)
+
+    def predictor(self, tokens, carry=None):
+        """``(N, U)`` previous tokens -> (final carry, ``(N, U, pred)`` outputs)."""
+        return self.pred_rnn(self.embed(tokens), initial_carry=carry)
+
+    def joiner(self, enc, pred):
+        return self.join_out(jnp.tanh(self.join_enc(enc) + self.join_pred(pred)))
+
+
+def _loss_fn(params, model, x, feat_lens, out_lens, y, y_lens):
+    prev = jnp.pad(y, ((0, 0), (1, 0)), constant_values=BLANK)
+    _, lp, logits = model.apply({"params": params}, x, out_lens, prev)
+    ctc = dj.ctc_loss(jnp.swapaxes(lp, 0, 1), y, out_lens, y_lens, blank=BLANK, reduction="mean")
+    rnnt = dj.rnnt_loss(logits, y, out_lens, y_lens, blank=BLANK, reduction="none")
+    rnnt = jnp.mean(rnnt / y_lens)
+    return ctc + rnnt, (ctc, rnnt)
+
+
+def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
+          max_steps=None):
+    """Train a :class:`SpeechModel` on ``data["train"]`` (same batches as the torch run).
+
+    Returns:
+        ``(model, params, history)``: ``history`` has per-step ``ctc``, ``rnnt``, ``time``.
+    """
+    model = SpeechModel()
+    feats = data["train"]["feats"]
+    texts = [u["text"] for u in data["train"]["utts"]]
+    first = next(batches(feats, texts, batch_size))
+    params = model.init(jax.random.key(seed), jnp.asarray(first.feats[:2]),
+                        jnp.asarray(first.out_lens[:2]),
+                        jnp.zeros((2, first.targets.shape[1] + 1), jnp.int32))["params"]
+    steps_per_epoch = -(-len(feats) // batch_size)
+    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
+    opt = optax.chain(optax.clip_by_global_norm(5.0),
+                      optax.inject_hyperparams(optax.adamw)(learning_rate=lr, weight_decay=1e-2))
+    opt_state = opt.init(params)
+
+    @jax.jit
+    def step_fn(params, opt_state, lr_now, x, feat_lens, out_lens, y, y_lens):
+        (_, (ctc, rnnt)), grads = jax.value_and_grad(_loss_fn, has_aux=True)(
+            params, model, x, feat_lens, out_lens, y, y_lens)
+        opt_state[1].hyperparams["learning_rate"] = lr_now
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, ctc, rnnt
+
+    rng = np.random.default_rng(seed)
+    hist = {"ctc": [], "rnnt": [], "time": []}
+    start, step = time.perf_counter(), 0
+    bar = progress(total=total, desc="jax train") if progress else None
+    for epoch in range(epochs):
+        for batch in batches(feats, texts, batch_size, rng):
+            if step >= total:
+                break
+            batch = spec_augment(batch, rng)
+            params, opt_state, ctc, rnnt = step_fn(
+                params, opt_state, jnp.float32(lr_at(step, total, lr)), batch.feats,
+                batch.feat_lens, batch.out_lens, batch.targets, batch.target_lens)
+            hist["ctc"].append(float(ctc))
+            hist["rnnt"].append(float(rnnt))
+            hist["time"].append(time.perf_counter() - start)
+            step += 1
+            if bar:
+                bar.update(1)
+                bar.set_postfix(ctc=f"{float(ctc):.3f}", rnnt=f"{float(rnnt):.3f}")
+        if log and step <= total:
+            n = steps_per_epoch
+            log(f"jax epoch {epoch + 1}: ctc {np.mean(hist['ctc'][-n:]):.3f} "
+                f"rnnt {np.mean(hist['rnnt'][-n:]):.3f} ({hist['time'][-1]:.0f} s)")
+    if bar:
+        bar.close()
+    return model, params, hist
+
+
+def encode_split(model, params, split, batch_size=64):
+    """Encoder outputs and CTC log-probabilities of every utterance of a split (numpy)."""
+    feats = split["feats"]
+    texts = [u["text"] for u in split["utts"]]
+
+    @jax.jit
+    def run(x, out_lens):
+        def f(m):
+            enc = m.encode(x, out_lens)
+            return enc, m.ctc_log_probs(enc)
+        return nn.apply(f, model)({"params": params})
+
+    enc_out, lp_out = [None] * len(feats), [None] * len(feats)
+    for batch in batches(feats, texts, batch_size):
+        enc, lp = run(batch.feats, batch.out_lens)
+        enc, lp = np.asarray(enc), np.asarray(lp)
+        for row, i in enumerate(batch.index):
+            n = int(batch.out_lens[row])
+            enc_out[i], lp_out[i] = enc[row, :n], lp[row, :n]
+    return enc_out, lp_out

@@ -1,0 +1,155 @@
+"""The recipe's PyTorch model and training loop.
+
+One ``nn.Module`` with a shared encoder and two heads, trained with the sum of two duoloss
+losses:
+
+* encoder: a stride-2 convolution (kernel 3) and a second convolution over the log-mel
+  frames, then two bidirectional GRU layers: ``(N, T, 64) -> (N, T', 2H)``, ``T' = (T-1)//2+1``;
+* CTC head: a linear layer to the 29 tokens, trained with :func:`duoloss.torch.ctc_loss`;
+* transducer: a predictor (embedding + one GRU layer over the previous tokens, the blank as
+  start symbol) and a joiner (``tanh(W_e enc + W_p pred)`` then a linear layer to the
+  tokens), trained with :func:`duoloss.torch.rnnt_loss`.
+
+The flax twin in ``train_jax.py`` has the same layers and sizes.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+import duoloss.torch as dt
+from common import BLANK, TOKENS, batches, lr_at, spec_augment
+
+V = len(TOKENS)
+
+
+class Encoder(nn.Module):
+    """``(N, T, F)`` features -> ``(N, T', 2 * hidden)`` encodings."""
+
+    def __init__(self, n_feats=64, conv=192, hidden=128, layers=2):
+        super().__init__()
+        self.conv1 = nn.Conv1d(n_feats, conv, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv1d(conv, conv, 3, padding=1)
+        self.rnn = nn.GRU(conv, hidden, num_layers=layers, bidirectional=True, batch_first=True)
+
+    def forward(self, x, out_lens):
+        h = torch.relu(self.conv1(x.transpose(1, 2)))
+        h = torch.relu(self.conv2(h)).transpose(1, 2)
+        packed = nn.utils.rnn.pack_padded_sequence(h, torch.as_tensor(out_lens).cpu(),
+                                                   batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=h.shape[1])
+        return out
+
+
+class SpeechModel(nn.Module):
+    """Encoder + CTC head + transducer predictor and joiner (see the module docstring)."""
+
+    def __init__(self, n_feats=64, conv=192, hidden=128, pred=128, joint=128):
+        super().__init__()
+        self.encoder = Encoder(n_feats, conv, hidden)
+        self.ctc_head = nn.Linear(2 * hidden, V)
+        self.embed = nn.Embedding(V, pred)
+        self.pred_rnn = nn.GRU(pred, pred, batch_first=True)
+        self.join_enc = nn.Linear(2 * hidden, joint)
+        self.join_pred = nn.Linear(pred, joint)
+        self.join_out = nn.Linear(joint, V)
+
+    def ctc_log_probs(self, enc):
+        """``(N, T', V)`` log-probabilities of the CTC head."""
+        return self.ctc_head(enc).log_softmax(-1)
+
+    def predictor(self, tokens, state=None):
+        """``(N, U)`` previous tokens (the blank starts) -> ``(N, U, pred)`` and the GRU state."""
+        out, state = self.pred_rnn(self.embed(tokens), state)
+        return out, state
+
+    def joiner(self, enc, pred):
+        """``enc (..., 2H)`` and ``pred (..., P)`` broadcast -> ``(..., V)`` logits."""
+        return self.join_out(torch.tanh(self.join_enc(enc) + self.join_pred(pred)))
+
+    def losses(self, batch):
+        """CTC and RNN-T losses of a :class:`common.Batch`, each per target token, batch mean."""
+        x = torch.from_numpy(batch.feats)
+        out_lens = torch.from_numpy(batch.out_lens).long()
+        y = torch.from_numpy(batch.targets).long()
+        y_lens = torch.from_numpy(batch.target_lens).long()
+        enc = self.encoder(x, out_lens)
+        lp = self.ctc_log_probs(enc).transpose(0, 1)  # (T', N, V)
+        ctc = dt.ctc_loss(lp, y, out_lens, y_lens, blank=BLANK, reduction="mean")
+        prev = torch.nn.functional.pad(y, (1, 0), value=BLANK)  # (N, U + 1)
+        pred, _ = self.predictor(prev)
+        logits = self.joiner(enc[:, :, None, :], pred[:, None, :, :])  # (N, T', U + 1, V)
+        rnnt = dt.rnnt_loss(logits, y.int(), out_lens.int(), y_lens.int(), blank=BLANK,
+                            reduction="none")
+        return ctc, (rnnt / y_lens).mean()
+
+
+def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
+          max_steps=None):
+    """Train a :class:`SpeechModel` on ``data["train"]``.
+
+    Returns:
+        ``(model, history)``: ``history`` has per-step ``ctc``, ``rnnt`` and ``time`` lists.
+    """
+    torch.manual_seed(seed)
+    model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
+    feats = data["train"]["feats"]
+    texts = [u["text"] for u in data["train"]["utts"]]
+    steps_per_epoch = -(-len(feats) // batch_size)
+    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
+    rng = np.random.default_rng(seed)
+    hist = {"ctc": [], "rnnt": [], "time": []}
+    start, step = time.perf_counter(), 0
+    bar = progress(total=total, desc="torch train") if progress else None
+    model.train()
+    for epoch in range(epochs):
+        for batch in batches(feats, texts, batch_size, rng):
+            if step >= total:
+                break
+            batch = spec_augment(batch, rng)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, lr)
+            ctc, rnnt = model.losses(batch)
+            opt.zero_grad()
+            (ctc + rnnt).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            hist["ctc"].append(float(ctc))
+            hist["rnnt"].append(float(rnnt))
+            hist["time"].append(time.perf_counter() - start)
+            step += 1
+            if bar:
+                bar.update(1)
+                bar.set_postfix(ctc=f"{float(ctc):.3f}", rnnt=f"{float(rnnt):.3f}")
+        if log and step <= total:
+            n = steps_per_epoch
+            log(f"torch epoch {epoch + 1}: ctc {np.mean(hist['ctc'][-n:]):.3f} "
+                f"rnnt {np.mean(hist['rnnt'][-n:]):.3f} ({hist['time'][-1]:.0f} s)")
+    if bar:
+        bar.close()
+    model.eval()
+    return model, hist
+
+
+@torch.no_grad()
+def encode_split(model, split, batch_size=64):
+    """Encoder outputs and CTC log-probabilities of every utterance of a split.
+
+    Returns:
+        ``(enc, log_probs)``: lists (in split order) of ``(T', 2H)`` and ``(T', V)`` tensors.
+    """
+    feats = split["feats"]
+    texts = [u["text"] for u in split["utts"]]
+    enc_out, lp_out = [None] * len(feats), [None] * len(feats)
+    for batch in batches(feats, texts, batch_size):
+        enc = model.encoder(torch.from_numpy(batch.feats), torch.from_numpy(batch.out_lens).long())
+        lp = model.ctc_log_probs(enc)
+        for row, i in enumerate(batch.index):
+            n = int(batch.out_lens[row])
+            enc_out[i], lp_out[i] = enc[row, :n], lp[row, :n]
+    return enc_out, lp_out
