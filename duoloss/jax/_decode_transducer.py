@@ -196,8 +196,8 @@ def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
     blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
     if kind == "multiblank":
         extra = _search.multiblank_moves(fn, extra, blank, n_cls)
-    return _search.greedy_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
-                                 blank, max_sym, extra, start)
+    return _compiled(_greedy_run, encoder_out, lengths, kind=kind, predict=predict, join=join,
+                     blank=blank, max_sym=max_sym, extra=tuple(extra or ()), start=start)
 
 
 def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, durations, beam,
@@ -214,9 +214,41 @@ def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, duration
                              f"D = {len(durations)} durations, got {n_out}")
         n_cls = None if n_out is None else n_out - len(durations)
     blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
-    like = jnp.zeros((), jnp.promote_types(dtype or encoder_out.dtype, jnp.float32))
+    score_dtype = jnp.promote_types(dtype or encoder_out.dtype, jnp.float32)
+    return _compiled(_beam_run, encoder_out, lengths, kind=kind, predict=predict, join=join,
+                     blank=blank, beam=beam, max_sym=max_sym,
+                     durations=tuple(durations or ()), start=start,
+                     score_dtype=np.dtype(score_dtype).name)
+
+
+def _greedy_run(encoder_out, lengths, *, kind, predict, join, blank, max_sym, extra, start):
+    return _search.greedy_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
+                                 blank, max_sym, list(extra), start)
+
+
+def _beam_run(encoder_out, lengths, *, kind, predict, join, blank, beam, max_sym, durations,
+              start, score_dtype):
+    like = jnp.zeros((), score_dtype)
     return _search.beam_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
-                               blank, beam, max_sym, durations, start, like)
+                               blank, beam, max_sym, list(durations), start, like)
+
+
+_JITTED: dict = {}
+
+
+def _compiled(run, encoder_out, lengths, **static):
+    """``run`` under one ``jax.jit`` whose cache is keyed by the static arguments (the
+    model's callables by identity): a second call with the same ``predict``/``join`` and
+    shapes reuses the compiled search.  Callables that cannot be hashed run unjitted
+    (still ``lax`` loops)."""
+    try:
+        hash(tuple(static.values()))
+    except TypeError:
+        return run(encoder_out, lengths, **static)
+    fn = _JITTED.get(run)
+    if fn is None:
+        fn = _JITTED[run] = jax.jit(run, static_argnames=tuple(static))
+    return fn(encoder_out, lengths, **static)
 
 
 _PROTOCOL = """
