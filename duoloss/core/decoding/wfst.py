@@ -331,6 +331,17 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                 best = 0.0
         else:
             row = em[t]
+            # a first lower bound on the frame's best: the best token's best move (so that
+            # moves that the final cut would drop are skipped from the start)
+            kb = 0
+            for k in range(1, n_cur):
+                if c_score[k] > c_score[kb]:
+                    kb = k
+            s = c_state[kb]
+            for a in range(eps_end[s], ptr[s + 1]):
+                v = c_score[kb] + weight[a] + row[ilabel[a]]
+                if v > best:
+                    best = v
             for k in range(n_cur):
                 s = c_state[k]
                 base = c_score[k]
