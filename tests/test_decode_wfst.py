@@ -242,6 +242,15 @@ def test_arpa_graph_path_weights_equal_the_arpa_scores(arpa_path):
     G2 = arpa_graph(lm, words=["b", "ab", "ba"])
     comp = gtn.compose(sentence_acceptor([1, 0]), G2)
     assert gtn.viterbi_score(comp).item() == pytest.approx(HAND[("ab", "b")] * LN10, abs=1e-5)
+    # a word the LM does not know is scored as <unk> (the ARPA semantics); LM words outside
+    # `words` get no arc
+    G3 = arpa_graph(lm, words=["zz", "ab"])
+    unk = lm.ngrams[0][(lm.unk,)][0]
+    for sent, log10 in (([0], -0.5 + unk - 1.0), ([1], HAND[("ab",)])):
+        comp = gtn.compose(sentence_acceptor(sent), G3)
+        assert gtn.viterbi_score(comp).item() == pytest.approx(log10 * LN10, abs=1e-4)
+        assert lm.sentence_log10(["zz"] if sent == [0] else ["ab"]) == pytest.approx(log10)
+    assert set(G3.labels_to_list()) == {-1, 0, 1}
 
 
 def test_arpa_graph_backoff_is_the_documented_approximation(tmp_path):
