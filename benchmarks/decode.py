@@ -142,7 +142,8 @@ def make_impls(task, args):
         labels = ["" if t == "-" else " " if t == "|" else t for t in tokens]
         py = build_ctcdecoder(labels, kenlm_model_path=task["arpa"], unigrams=task["vocab"],
                               alpha=LM_WEIGHT / math.log(10), beta=WORD_SCORE)
-        rows = [np.ascontiguousarray(em_np[b, : lens_np[b]]) for b in range(len(lens_np))]
+        n_py = min(len(lens_np), args.pyctc_utts or len(lens_np))
+        rows = [np.ascontiguousarray(em_np[b, : lens_np[b]]) for b in range(n_py)]
         impls[PY_LM] = (lambda: [py.decode(r, beam_width=args.beam) for r in rows],
                         lambda out: [s.split() for s in out])
     dec_free = dt.ctc_decoder(tokens, beam_size=args.beam)
@@ -166,10 +167,15 @@ def main(argv=None):
     p.add_argument("--beam", type=int, default=50, help="beam size (default 50)")
     p.add_argument("--hotwords", type=int, default=200,
                    help="hotwords of the hotword case (default 200; 0 skips it)")
+    p.add_argument("--pyctc-utts", type=int, default=None,
+                   help="time pyctcdecode on the first K utterances only and scale its time "
+                        "to the batch (default: 10 for B > 10; pure Python is slow)")
     p.add_argument("--skip", nargs="*", default=[],
                    choices=["flashlight", "pyctcdecode", "hotwords", "greedy"],
                    help="leave these implementations out")
     args = H.finish_args(p.parse_args(argv), "decode")
+    if args.pyctc_utts is None and not args.quick:
+        args.pyctc_utts = 10
     if args.threads:
         os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     results, blocks = [], []
@@ -191,10 +197,14 @@ def main(argv=None):
 
             tm = H.paired({k: timed(k, f) for k, (f, _) in impls.items()}, args.rounds,
                           label=label)
+        n_py = min(B, args.pyctc_utts or B)
+        if PY_LM in tm.rounds_ms and n_py < B:  # per-utterance time scaled to the batch
+            tm.rounds_ms[PY_LM] = [ms * B / n_py for ms in tm.rounds_ms[PY_LM]]
         wers, agree = {}, None
         for k, (_, words) in impls.items():
             if words is not None:
-                wers[k] = P.wer(task["refs"], words(outputs[k]))
+                hyps = words(outputs[k])
+                wers[k] = P.wer(task["refs"][: len(hyps)], hyps)
         if FL_LM in impls:
             a = impls[DU_LM][1](outputs[DU_LM])
             b = impls[FL_LM][1](outputs[FL_LM])
@@ -211,7 +221,8 @@ def main(argv=None):
                 trows.append([f"{n} / {d}", H.fmt_ratio(r), f"<= {target}x",
                               "yes" if r["median"] <= target else "**no**"])
         text += "\n\n" + H.table(["ratio", "median (IQR)", "target", "met"], trows, "lrrl")
-        extra = {"n_ngrams": task["n_ngrams"], "lexicon_words": V, "beam": args.beam,
+        extra = {"pyctcdecode_utterances": n_py if PY_LM in impls else None,
+                 "n_ngrams": task["n_ngrams"], "lexicon_words": V, "beam": args.beam,
                  "hotwords": min(args.hotwords, len(task["hotwords"])), "wer": wers,
                  "same_best_words_as_flashlight": agree, "build_s": build_s,
                  "threads": None}
@@ -225,6 +236,9 @@ def main(argv=None):
                 f"{extra['threads']}")
         if agree is not None:
             head += f"; duoloss's best words = flashlight's on {agree:.0%} of the utterances"
+        if PY_LM in impls and n_py < B:
+            head += (f"; pyctcdecode timed on {n_py} utterances, its time scaled by {B}/{n_py} "
+                     f"(its WER on those {n_py})")
         blocks.append(head + "\n\n" + text)
         results.append(H.result(size, tm, ratios=ratios, extra=extra))
     H.emit(args, results, "\n\n".join(blocks))
