@@ -132,6 +132,7 @@ def prepare_graph(graph: Graph, fn: str = "graph_decode") -> DecodingGraph:
                            "infinitely many of them between two frames); remove it, e.g. "
                            "with duoloss.gtn.remove")
     # co-accessible states (an accept state reachable): arcs into others are useless
+    accept = np.array(accept, np.bool_)      # a writeable copy: one kernel signature for all callers
     co = _coaccessible(n, src, dst, accept)
     keep = co[dst] & (wf > -np.inf) if A else np.zeros(0, np.bool_)
     ids = np.flatnonzero(keep)
@@ -149,7 +150,7 @@ def prepare_graph(graph: Graph, fn: str = "graph_decode") -> DecodingGraph:
         int(n), int(il.max()) + 1 if A and int(il.max()) >= 0 else 0, ptr, eps_end.astype(np.int64),
         np.ascontiguousarray(dst[ids]), np.ascontiguousarray(il[ids]),
         np.ascontiguousarray(wf[ids]), ids.astype(np.int64), rank, int(depth), starts,
-        np.ascontiguousarray(accept, np.bool_), bool(eps.any()), il.copy(), ol.copy())
+        accept, bool(eps.any()), il.copy(), ol.copy())
 
 
 def _eps_rank(n, src, dst):
