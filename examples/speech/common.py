@@ -15,6 +15,7 @@ SPACE = 1
 TOKENS = ["<b>", "|", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 _INDEX = {t: i for i, t in enumerate(TOKENS)}
 SUBSAMPLE = 2  # the encoder's frame rate is 1 / SUBSAMPLE of the features'
+JOINT_STACK = 2  # the transducer joins pairs of encoder frames (stacked: 1 / 4 of the features')
 
 
 def encode(text: str) -> np.ndarray:
@@ -33,6 +34,11 @@ def out_lengths(n_frames):
     return (np.asarray(n_frames) - 1) // 2 + 1
 
 
+def joint_lengths(out_lens):
+    """Transducer frames: the joiner sees pairs of encoder frames (40 ms, half the CTC rate)."""
+    return (np.asarray(out_lens) + 1) // 2
+
+
 @dataclass
 class Batch:
     """A padded batch.
@@ -41,6 +47,7 @@ class Batch:
         feats: ``(N, T, F)`` float32 features (zero padded).
         feat_lens: ``(N,)`` int32 feature frames.
         out_lens: ``(N,)`` int32 encoder frames.
+        joint_lens: ``(N,)`` int32 transducer frames (``joint_lengths(out_lens)``).
         targets: ``(N, S)`` int32 token ids (zero padded).
         target_lens: ``(N,)`` int32.
         index: ``(N,)`` positions of the utterances in their split.
@@ -49,6 +56,7 @@ class Batch:
     feats: np.ndarray
     feat_lens: np.ndarray
     out_lens: np.ndarray
+    joint_lens: np.ndarray
     targets: np.ndarray
     target_lens: np.ndarray
     index: np.ndarray
@@ -77,7 +85,9 @@ def make_batch(feats, texts, index) -> Batch:
     y = np.zeros((len(index), _round_up(max(1, ylens.max()), PAD_TOKENS)), np.int32)
     for row, t in enumerate(ys):
         y[row, : len(t)] = t
-    return Batch(x, lens, out_lengths(lens).astype(np.int32), y, ylens, np.asarray(index))
+    out_lens = out_lengths(lens).astype(np.int32)
+    return Batch(x, lens, out_lens, joint_lengths(out_lens).astype(np.int32), y, ylens,
+                 np.asarray(index))
 
 
 def batches(feats, texts, batch_size, rng=None):
@@ -104,8 +114,8 @@ def spec_augment(batch: Batch, rng, *, freq_masks=2, freq_width=8, time_masks=2,
             w = int(rng.integers(0, time_width + 1))
             t0 = int(rng.integers(0, max(1, batch.feat_lens[b] - w)))
             x[b, t0: t0 + w] = 0.0
-    return Batch(x, batch.feat_lens, batch.out_lens, batch.targets, batch.target_lens,
-                 batch.index)
+    return Batch(x, batch.feat_lens, batch.out_lens, batch.joint_lens, batch.targets,
+                 batch.target_lens, batch.index)
 
 
 def lr_at(step, total, peak, warmup=100):

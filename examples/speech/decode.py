@@ -16,7 +16,7 @@ from __future__ import annotations
 import jiwer
 import numpy as np
 
-from common import BLANK, SPACE, SUBSAMPLE, TOKENS, decode as ids_to_text, encode
+from common import BLANK, SPACE, SUBSAMPLE, TOKENS, decode as ids_to_text, encode, joint_lengths
 
 
 def wer(refs, hyps):
@@ -58,6 +58,9 @@ class TorchSide:
 
     def beam_ctc(self, decoder, lp, lens):
         return decoder(self._t(lp), self._t(lens))
+
+    def stack(self, enc):
+        return self.model.stack(self._t(enc)).numpy()
 
     def _predict(self, tokens, state):
         emb = self.model.embed(tokens)[:, None, :]
@@ -124,6 +127,10 @@ class JaxSide:
         self._ctc_greedy = jax.jit(lambda lp, n: d.ctc_greedy_decode(lp, n, BLANK,
                                                                      batch_first=True))
 
+    def stack(self, enc):
+        from train_jax import stack
+        return np.asarray(stack(enc))
+
     def greedy_ctc(self, lp, lens):
         tokens, n, _ = self._ctc_greedy(lp, lens.astype(np.int32))
         tokens, n = np.asarray(tokens), np.asarray(n)
@@ -172,13 +179,14 @@ def run_decoders(side, enc, lp, refs, *, lexicon, arpa, beam_size=50, lm_weight=
     for idx in groups:
         lps, lens = _pad([lp[i] for i in idx])
         encs, _ = _pad([enc[i] for i in idx])
+        encs, jlens = side.stack(encs), joint_lengths(lens)
         for i, t in zip(idx, side.greedy_ctc(lps, lens)):
             hyps["ctc_greedy"][i] = ids_to_text(t)
         for i, h in zip(idx, side.beam_ctc(decoder, lps, lens)):
             hyps["ctc_beam_lm"][i] = " ".join(h[0].words) if h else ""
-        for i, t in zip(idx, side.greedy_rnnt(encs, lens)):
+        for i, t in zip(idx, side.greedy_rnnt(encs, jlens)):
             hyps["rnnt_greedy"][i] = ids_to_text(t)
-        for i, t in zip(idx, side.beam_rnnt(encs, lens, rnnt_beam)):
+        for i, t in zip(idx, side.beam_rnnt(encs, jlens, rnnt_beam)):
             hyps["rnnt_beam"][i] = ids_to_text(t)
         if bar:
             bar.update(len(idx))

@@ -88,8 +88,7 @@ def main(argv=None):
     if args.smoke:
         args.n_train, args.n_dev, args.n_test = 48, 8, 16
         args.epochs, args.max_steps, args.batch_size = 1, 3, 16
-    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={args.threads > 1} "
-                          f"intra_op_parallelism_threads={args.threads}")
+    sizes = dict(conv=32, hidden=32, pred=32, joint=32) if args.smoke else None
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     os.environ.setdefault("DUOLOSS_QUIET_COMPILE", "1")
 
@@ -137,7 +136,7 @@ def main(argv=None):
             import train_torch
             model, hist = train_torch.train(data, epochs=args.epochs, batch_size=args.batch_size,
                                             lr=args.lr, seed=args.seed, progress=progress,
-                                            max_steps=args.max_steps)
+                                            max_steps=args.max_steps, sizes=sizes)
             side = decode.TorchSide(model)
 
             def encode_split(split, model=model):
@@ -148,7 +147,7 @@ def main(argv=None):
             model, params, hist = train_jax.train(data, epochs=args.epochs,
                                                   batch_size=args.batch_size, lr=args.lr,
                                                   seed=args.seed, progress=progress,
-                                                  max_steps=args.max_steps)
+                                                  max_steps=args.max_steps, sizes=sizes)
             side = decode.JaxSide(model, params)
 
             def encode_split(split, model=model, params=params):

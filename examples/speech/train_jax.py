@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import duoloss.jax as dj
-from common import BLANK, TOKENS, batches, lr_at, spec_augment
+from common import BLANK, JOINT_STACK, TOKENS, batches, lr_at, spec_augment
 
 V = len(TOKENS)
 
@@ -40,13 +40,20 @@ class Encoder(nn.Module):
         return h
 
 
+def stack(enc):
+    """``(N, T', D)`` -> ``(N, ceil(T'/2), 2D)``: pairs of frames side by side (zero padded)."""
+    n, t, d = enc.shape
+    enc = jnp.pad(enc, ((0, 0), (0, (-t) % JOINT_STACK), (0, 0)))
+    return enc.reshape(n, -1, JOINT_STACK * d)
+
+
 class SpeechModel(nn.Module):
     """Encoder + CTC head + transducer predictor and joiner."""
 
     conv: int = 192
     hidden: int = 128
     pred: int = 128
-    joint: int = 128
+    joint: int = 96
 
     def setup(self):
         self.encoder = Encoder(self.conv, self.hidden)
@@ -62,7 +69,8 @@ class SpeechModel(nn.Module):
         """Encodings, CTC log-probabilities and the ``(N, T', U + 1, V)`` joiner logits."""
         enc = self.encode(x, out_lens)
         _, pred = self.predictor(prev)
-        return enc, self.ctc_log_probs(enc), self.joiner(enc[:, :, None, :], pred[:, None, :, :])
+        enc2 = stack(enc)
+        return enc, self.ctc_log_probs(enc), self.joiner(enc2[:, :, None, :], pred[:, None, :, :])
 
     def encode(self, x, out_lens):
         return self.encoder(x, out_lens)
@@ -78,23 +86,23 @@ class SpeechModel(nn.Module):
         return self.join_out(jnp.tanh(self.join_enc(enc) + self.join_pred(pred)))
 
 
-def _loss_fn(params, model, x, feat_lens, out_lens, y, y_lens):
+def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens):
     prev = jnp.pad(y, ((0, 0), (1, 0)), constant_values=BLANK)
     _, lp, logits = model.apply({"params": params}, x, out_lens, prev)
     ctc = dj.ctc_loss(jnp.swapaxes(lp, 0, 1), y, out_lens, y_lens, blank=BLANK, reduction="mean")
-    rnnt = dj.rnnt_loss(logits, y, out_lens, y_lens, blank=BLANK, reduction="none")
+    rnnt = dj.rnnt_loss(logits, y, joint_lens, y_lens, blank=BLANK, reduction="none")
     rnnt = jnp.mean(rnnt / y_lens)
     return ctc + rnnt, (ctc, rnnt)
 
 
 def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None):
+          max_steps=None, sizes=None):
     """Train a :class:`SpeechModel` on ``data["train"]`` (same batches as the torch run).
 
     Returns:
         ``(model, params, history)``: ``history`` has per-step ``ctc``, ``rnnt``, ``time``.
     """
-    model = SpeechModel()
+    model = SpeechModel(**(sizes or {}))
     feats = data["train"]["feats"]
     texts = [u["text"] for u in data["train"]["utts"]]
     first = next(batches(feats, texts, batch_size))
@@ -108,9 +116,9 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
     opt_state = opt.init(params)
 
     @jax.jit
-    def step_fn(params, opt_state, lr_now, x, feat_lens, out_lens, y, y_lens):
+    def step_fn(params, opt_state, lr_now, x, out_lens, joint_lens, y, y_lens):
         (_, (ctc, rnnt)), grads = jax.value_and_grad(_loss_fn, has_aux=True)(
-            params, model, x, feat_lens, out_lens, y, y_lens)
+            params, model, x, out_lens, joint_lens, y, y_lens)
         opt_state[1].hyperparams["learning_rate"] = lr_now
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, ctc, rnnt
@@ -126,7 +134,7 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
             batch = spec_augment(batch, rng)
             params, opt_state, ctc, rnnt = step_fn(
                 params, opt_state, jnp.float32(lr_at(step, total, lr)), batch.feats,
-                batch.feat_lens, batch.out_lens, batch.targets, batch.target_lens)
+                batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
             hist["ctc"].append(float(ctc))
             hist["rnnt"].append(float(rnnt))
             hist["time"].append(time.perf_counter() - start)

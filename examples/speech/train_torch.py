@@ -7,8 +7,10 @@ losses:
   frames, then two bidirectional GRU layers: ``(N, T, 64) -> (N, T', 2H)``, ``T' = (T-1)//2+1``;
 * CTC head: a linear layer to the 29 tokens, trained with :func:`duoloss.torch.ctc_loss`;
 * transducer: a predictor (embedding + one GRU layer over the previous tokens, the blank as
-  start symbol) and a joiner (``tanh(W_e enc + W_p pred)`` then a linear layer to the
-  tokens), trained with :func:`duoloss.torch.rnnt_loss`.
+  start symbol) and a joiner (``tanh(W_e enc2 + W_p pred)`` then a linear layer to the
+  tokens), trained with :func:`duoloss.torch.rnnt_loss`; ``enc2`` stacks pairs of encoder
+  frames (40 ms per transducer frame: the joint tensor, the costly part of a transducer on
+  a CPU, is half as long, and a transducer emits several tokens per frame when it must).
 
 The flax twin in ``train_jax.py`` has the same layers and sizes.
 """
@@ -21,7 +23,7 @@ import torch
 from torch import nn
 
 import duoloss.torch as dt
-from common import BLANK, TOKENS, batches, lr_at, spec_augment
+from common import BLANK, JOINT_STACK, TOKENS, batches, lr_at, spec_augment
 
 V = len(TOKENS)
 
@@ -48,13 +50,13 @@ class Encoder(nn.Module):
 class SpeechModel(nn.Module):
     """Encoder + CTC head + transducer predictor and joiner (see the module docstring)."""
 
-    def __init__(self, n_feats=64, conv=192, hidden=128, pred=128, joint=128):
+    def __init__(self, n_feats=64, conv=192, hidden=128, pred=128, joint=96):
         super().__init__()
         self.encoder = Encoder(n_feats, conv, hidden)
         self.ctc_head = nn.Linear(2 * hidden, V)
         self.embed = nn.Embedding(V, pred)
         self.pred_rnn = nn.GRU(pred, pred, batch_first=True)
-        self.join_enc = nn.Linear(2 * hidden, joint)
+        self.join_enc = nn.Linear(2 * hidden * JOINT_STACK, joint)
         self.join_pred = nn.Linear(pred, joint)
         self.join_out = nn.Linear(joint, V)
 
@@ -66,6 +68,13 @@ class SpeechModel(nn.Module):
         """``(N, U)`` previous tokens (the blank starts) -> ``(N, U, pred)`` and the GRU state."""
         out, state = self.pred_rnn(self.embed(tokens), state)
         return out, state
+
+    @staticmethod
+    def stack(enc):
+        """``(N, T', D)`` -> ``(N, ceil(T'/2), 2D)``: pairs of frames side by side (zero padded)."""
+        n, t, d = enc.shape
+        enc = torch.nn.functional.pad(enc, (0, 0, 0, (-t) % JOINT_STACK))
+        return enc.reshape(n, -1, JOINT_STACK * d)
 
     def joiner(self, enc, pred):
         """``enc (..., 2H)`` and ``pred (..., P)`` broadcast -> ``(..., V)`` logits."""
@@ -80,23 +89,28 @@ class SpeechModel(nn.Module):
         enc = self.encoder(x, out_lens)
         lp = self.ctc_log_probs(enc).transpose(0, 1)  # (T', N, V)
         ctc = dt.ctc_loss(lp, y, out_lens, y_lens, blank=BLANK, reduction="mean")
+        # torch takes ragged shapes: the joint tensor is cut to the batch's longest sequence
+        u_max, t_max = int(y_lens.max()), int(batch.joint_lens.max())
+        y = y[:, :u_max]
         prev = torch.nn.functional.pad(y, (1, 0), value=BLANK)  # (N, U + 1)
         pred, _ = self.predictor(prev)
-        logits = self.joiner(enc[:, :, None, :], pred[:, None, :, :])  # (N, T', U + 1, V)
-        rnnt = dt.rnnt_loss(logits, y.int(), out_lens.int(), y_lens.int(), blank=BLANK,
-                            reduction="none")
+        enc2 = self.stack(enc)[:, :t_max]
+        logits = self.joiner(enc2[:, :, None, :], pred[:, None, :, :])  # (N, T'/2, U + 1, V)
+        rnnt = dt.rnnt_loss(logits, y.int(), torch.from_numpy(batch.joint_lens), y_lens.int(),
+                            blank=BLANK, reduction="none")
         return ctc, (rnnt / y_lens).mean()
 
 
 def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None):
+          max_steps=None, sizes=None):
     """Train a :class:`SpeechModel` on ``data["train"]``.
 
     Returns:
         ``(model, history)``: ``history`` has per-step ``ctc``, ``rnnt`` and ``time`` lists.
+        ``sizes`` overrides the layer sizes (``conv``, ``hidden``, ``pred``, ``joint``).
     """
     torch.manual_seed(seed)
-    model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1])
+    model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1], **(sizes or {}))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
     feats = data["train"]["feats"]
     texts = [u["text"] for u in data["train"]["utts"]]
@@ -119,8 +133,8 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
             (ctc + rnnt).backward()
             nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             opt.step()
-            hist["ctc"].append(float(ctc))
-            hist["rnnt"].append(float(rnnt))
+            hist["ctc"].append(ctc.item())
+            hist["rnnt"].append(rnnt.item())
             hist["time"].append(time.perf_counter() - start)
             step += 1
             if bar:
