@@ -19,9 +19,18 @@ CUDA part: ``benchmarks/_device_torch.run_torch_cases`` (Triton device path vs h
 ``F.ctc_loss``, torchaudio, warp-rnnt, k2, with peak memory) when torch sees a CUDA
 device; otherwise the script says the CUDA part was skipped.
 
+``--check`` (``benchmarks/_device_check.py``): every device function on the GPU against
+the host path (values and gradients, float32/float64), host syncs under
+``torch.cuda.set_sync_debug_mode``, CUDA graph capture, extra memory, and full-step
+timings against ``F.ctc_loss`` (native, cuDNN), warprnnt-numba's CUDA kernel, a
+materialised-joiner baseline and ``optax.ctc_loss``, printed as one table; ``--dry`` runs
+it on CPU (Triton interpreter, tiny sizes) as a test of the script.
+
 Targets on CPU (issue 20): ``ctc_loss`` device <= 1x ``optax.ctc_loss``; ``rnnt_loss``
 device <= 0.7x the pure-JAX diagonal scan.
 
+    python -m benchmarks.device --check         # the one-shot GPU check (see below)
+    python -m benchmarks.device --check --dry   # the same steps on CPU, tiny sizes
     python -m benchmarks.device                 # the issue's sizes
     python -m benchmarks.device --quick         # smoke test
     python -m benchmarks.device --only ctc --ctc-sizes "32,500,50,100"
@@ -152,6 +161,10 @@ def _pruned(size, rounds, label):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--check" in argv:  # the one-shot GPU check (issue 27): benchmarks/_device_check.py
+        from benchmarks import _device_check
+        return _device_check.main(argv)
     p = H.parser(__doc__, names="B,T,C,L", sizes=CTC_SIZES, quick_sizes=QUICK["ctc"],
                  rounds=5, quick_rounds=2)
     p.add_argument("--rnnt-sizes", default=None, metavar="N,T,U,V[;...]")

@@ -1,0 +1,730 @@
+"""``python -m benchmarks.device --check``: the one-shot GPU check of the device paths.
+
+One script for the first session on a GPU (issue 27 point 6), under 8 minutes on one
+card, nothing to install beyond the pinned packages (a peer that is not importable is
+skipped with a message).  In order:
+
+1. **validation**: every device function (torch: ``ctc_loss``, ``ctc_align``,
+   ``rnnt_loss``, ``rnnt_align``, ``rnnt_loss_simple`` regular and modified,
+   ``rnnt_loss_smoothed``, ``rnnt_loss_pruned``, ``tdt_loss``, ``multiblank_rnnt_loss``;
+   JAX: ``ctc_loss``, ``optax_ctc_loss``, ``rnnt_loss``, ``rnnt_loss_simple``,
+   ``tdt_loss``, ``multiblank_rnnt_loss``, ``ctc_align``) with ``impl='device'`` on the
+   GPU against ``impl='host'`` (the numba core) on the same inputs: losses and gradients
+   (for a random cotangent), float32 and float64, at sizes that reach the multi-warp
+   kernel variants (CTC ``BLOCK = 2048``, RNN-T ``BLOCK = 512``);
+2. **host syncs**: each torch device loss, forward and backward, under
+   ``torch.cuda.set_sync_debug_mode("error")`` with its integer arguments on the host
+   (the validation copy done), and the number of synchronisations with them on the GPU;
+3. **CUDA graphs**: each torch device loss captured (forward + backward) in a
+   ``torch.cuda.CUDAGraph`` and replayed on new logits, against eager;
+4. **memory**: extra peak memory (``torch.cuda.max_memory_allocated``) of forward +
+   backward beyond the logits and their gradient, in units of the logits' size;
+5. **speed**: full steps (logits -> log_softmax -> loss -> backward), median ms and peak
+   MiB: CTC against ``F.ctc_loss`` (native, and cuDNN where it applies); RNN-T against
+   warprnnt-numba's CUDA kernel (skipped if not importable) and a materialised-joiner
+   baseline (``log_softmax`` of the whole ``(N, T, U+1, V)`` joiner output, gathers and
+   the anti-diagonal recursion in torch ops, differentiated by autograd); JAX CTC against
+   ``optax.ctc_loss`` (``jit(value_and_grad)``).
+
+Everything is printed as it runs, then one table.  ``--dry`` runs the same steps on CPU
+at tiny sizes (the torch kernels in Triton's interpreter, JAX on its CPU backend; no
+sync, graph or GPU-memory step), in well under a minute: a test of this script, not a
+measurement.  No GPU figure is ever printed that was not measured.
+
+    python -m benchmarks.device --check            # on a GPU machine (PYTHONPATH=.)
+    python -m benchmarks.device --check --dry      # anywhere
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from typing import Callable, Dict, List, Optional
+
+ROWS: List[dict] = []
+T0 = time.perf_counter()
+
+
+def _say(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+def _row(section: str, case: str, status: str, detail: str = "", ms: Optional[float] = None,
+         peak: Optional[float] = None) -> None:
+    ROWS.append({"section": section, "case": case, "status": status, "detail": detail,
+                 "ms": ms, "peak_mib": peak})
+    extra = "" if ms is None else f" {ms:.3f} ms"
+    extra += "" if peak is None else f" peak {peak:.1f} MiB"
+    _say(f"{section:<10} {case:<44} {status:<5}{extra} {detail}")
+
+
+def _short(e: BaseException) -> str:
+    """The exception and the innermost duoloss frame (where a sync happened)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "duoloss" in f.filename]
+    where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}{where}"
+
+
+# ------------------------------------------------------------------ comparison
+def _err(a, b):
+    """Max abs difference relative to max(|b|, 1) over finite entries, or a string
+    when the NaN/inf positions differ."""
+    import torch
+    a = torch.as_tensor(a).detach().double().cpu()
+    b = torch.as_tensor(b).detach().double().cpu()
+    if a.shape != b.shape:
+        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    if not torch.equal(torch.isnan(a), torch.isnan(b)):
+        return "NaN positions differ"
+    if not torch.equal(torch.isinf(a), torch.isinf(b)) or not torch.equal(
+            a[torch.isinf(a)], b[torch.isinf(b)]):
+        return "inf positions differ"
+    fin = torch.isfinite(b)
+    if not fin.any():
+        return 0.0
+    scale = max(b[fin].abs().max().item(), 1.0)
+    return (a[fin] - b[fin]).abs().max().item() / scale
+
+
+TOL = {"float32": 2e-4, "float64": 1e-9}
+
+
+def _judge(section, case, dtype_name, errs: Dict[str, object]):
+    bad = [f"{k}: {v}" for k, v in errs.items()
+           if isinstance(v, str) or v > TOL[dtype_name]]
+    detail = " ".join(f"{k} {v:.1e}" if not isinstance(v, str) else f"{k} {v}"
+                      for k, v in errs.items())
+    _row(section, f"{case} {dtype_name}", "FAIL" if bad else "ok", detail)
+
+
+# ------------------------------------------------------------------ torch inputs
+class Sizes:
+    def __init__(self, dry: bool):
+        self.dry = dry
+        # (N, T, C, S) CTC; (N, T, U, V) transducers; big ones reach multi-warp variants
+        self.ctc = [(3, 12, 6, 4)] if dry else [(8, 150, 30, 40), (2, 1300, 60, 600)]
+        self.rnnt = [(2, 6, 3, 5)] if dry else [(4, 50, 16, 20), (2, 24, 300, 8)]
+        self.k2 = (2, 6, 3, 5) if dry else (4, 60, 20, 12)
+        self.tdt = (2, 6, 3, 5) if dry else (3, 40, 12, 10)
+        self.speed_ctc = [(2, 20, 8, 5)] if dry else [(32, 500, 50, 100), (16, 1000, 100, 200)]
+        self.speed_rnnt = [(2, 8, 3, 6)] if dry else [(32, 150, 40, 28), (16, 300, 60, 256)]
+        self.rounds = 1 if dry else 10
+
+
+def _gen(seed):
+    import torch
+    return torch.Generator().manual_seed(seed)
+
+
+def _ctc_inputs(size, dtype, dev, seed=0):
+    import torch
+    n, t, c, s = size
+    g = _gen(seed)
+    x = torch.randn(t, n, c, generator=g, dtype=torch.float64)
+    tg = torch.randint(1, c, (n, s), generator=g)
+    il = torch.randint(max(2 * s + 1, t // 2), t + 1, (n,), generator=g).clamp(max=t)
+    il[0] = t
+    tl = torch.randint(max(s // 2, 0), s + 1, (n,), generator=g)
+    tl[0] = s
+    return x.log_softmax(-1).to(dtype).to(dev), tg, il, tl
+
+
+def _rnnt_inputs(size, dtype, dev, seed=0, extra=0):
+    import torch
+    n, t, u, v = size
+    g = _gen(seed)
+    x = torch.randn(n, t, u + 1, v + extra, generator=g, dtype=torch.float64).to(dtype).to(dev)
+    tg = torch.randint(1, v, (n, u), generator=g)
+    il = torch.full((n,), t, dtype=torch.int64)
+    il[1:] = torch.randint(max(t // 2, 1), t + 1, (n - 1,), generator=g)
+    tl = torch.full((n,), u, dtype=torch.int64)
+    tl[1:] = torch.randint(0, u + 1, (n - 1,), generator=g)
+    return x, tg, il, tl
+
+
+def _both(fn, floats, dev, n_out=1):
+    """``fn(impl, *floats)`` -> per-sequence losses; losses and gradients for a random
+    cotangent, device and host."""
+    import torch
+    out = {}
+    for impl in ("device", "host"):
+        xs = [f.detach().clone().requires_grad_() for f in floats]
+        loss = fn(impl, *xs)
+        cot = torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype, device=loss.device)
+        (loss.reshape(-1) * cot).sum().backward()
+        out[impl] = (loss.detach(), [x.grad for x in xs])
+    errs = {"loss": _err(out["device"][0], out["host"][0])}
+    for i, (gd, gh) in enumerate(zip(out["device"][1], out["host"][1])):
+        errs[f"grad{i}" if len(floats) > 1 else "grad"] = _err(gd, gh)
+    return errs
+
+
+def torch_cases(sz: Sizes, dev):
+    """``[(name, dtype_name, thunk -> errs)]`` of the torch validation."""
+    import torch
+
+    import duoloss.torch as dt
+    cases = []
+    for dtype in (torch.float32, torch.float64):
+        dn = str(dtype).split(".")[1]
+        for size in sz.ctc:
+            lp, tg, il, tl = _ctc_inputs(size, dtype, dev)
+            tgd, ild, tld = tg.to(dev), il.to(dev), tl.to(dev)
+            cases.append((f"torch ctc_loss {size}", dn, lambda lp=lp, a=(tgd, ild, tld), d=dev:
+                          _both(lambda impl, x: dt.ctc_loss(x, *a, reduction="none",
+                                                           impl=impl), [lp], d)))
+
+            def align(lp=lp, a=(tgd, ild, tld)):
+                outs = [dt.ctc_align(lp, *a, impl=impl) for impl in ("device", "host")]
+                return {"path": _err(outs[0][0], outs[1][0]),
+                        "score": _err(outs[0][1], outs[1][1])}
+            cases.append((f"torch ctc_align {size}", dn, align))
+        for size in sz.rnnt:
+            x, tg, il, tl = _rnnt_inputs(size, dtype, dev)
+            a = (tg.to(dev), il.to(dev), tl.to(dev))
+            cases.append((f"torch rnnt_loss {size}", dn, lambda x=x, a=a, d=dev: _both(
+                lambda impl, z: dt.rnnt_loss(z, *a, blank=0, reduction="none", impl=impl),
+                [x], d)))
+
+            def ralign(x=x, a=a):
+                outs = [dt.rnnt_align(x, *a, blank=0, impl=impl) for impl in ("device", "host")]
+                return {f"out{i}": _err(p, q) for i, (p, q) in enumerate(zip(*outs))}
+            cases.append((f"torch rnnt_align {size}", dn, ralign))
+        n, t, u, v = sz.k2
+        g = _gen(3)
+        lm = torch.randn(n, u + 1, v, generator=g, dtype=torch.float64).to(dtype).to(dev)
+        am = torch.randn(n, t, v, generator=g, dtype=torch.float64).to(dtype).to(dev)
+        sym = torch.randint(1, v, (n, u), generator=g).to(dev)
+        bd = torch.tensor([[0, 0, u, t]] + [[0, 0, max(u - 1 - i % u, 0), t - 1 - i]
+                                            for i in range(n - 1)]).to(dev)
+        for rt in ("regular", "modified"):
+            cases.append((f"torch rnnt_loss_simple {rt} {sz.k2}", dn,
+                          lambda rt=rt, lm=lm, am=am: _both(
+                              lambda impl, a, b: dt.rnnt_loss_simple(
+                                  a, b, sym, 0, bd, rt, reduction="none", impl=impl),
+                              [lm, am], dev)))
+        cases.append((f"torch rnnt_loss_smoothed {sz.k2}", dn, lambda lm=lm, am=am: _both(
+            lambda impl, a, b: dt.rnnt_loss_smoothed(a, b, sym, 0, 0.1, 0.2, bd,
+                                                     reduction="none", impl=impl),
+            [lm, am], dev)))
+
+        def pruned(lm=lm, am=am):
+            _, (gx, gy) = dt.rnnt_loss_simple(lm, am, sym, 0, bd, reduction="sum",
+                                              return_grad=True, impl="host")
+            ranges = dt.get_rnnt_prune_ranges(gx, gy, bd, 3)
+            am_p, lm_p = dt.do_rnnt_pruning(am, lm, ranges)
+            logits = (am_p + lm_p).detach()
+            return _both(lambda impl, z: dt.rnnt_loss_pruned(z, sym, ranges, 0, bd,
+                                                             reduction="none", impl=impl),
+                         [logits], dev)
+        cases.append((f"torch rnnt_loss_pruned {sz.k2}", dn, pruned))
+        durs = (0, 1, 2, 3, 4)
+        x, tg, il, tl = _rnnt_inputs(sz.tdt, dtype, dev, seed=5, extra=len(durs))
+        a = (tg.to(dev), il.to(dev), tl.to(dev))
+        cases.append((f"torch tdt_loss {sz.tdt} d={durs}", dn, lambda x=x, a=a: _both(
+            lambda impl, z: dt.tdt_loss(z, *a, 0, durs, reduction="none", impl=impl),
+            [x], dev)))
+        x, tg, il, tl = _rnnt_inputs(sz.tdt, dtype, dev, seed=6)
+        v = sz.tdt[3]
+        tg = tg.clamp(max=v - 4)  # big blanks at v-2, v-3; the blank v-1
+        a = (tg.to(dev), il.to(dev), tl.to(dev))
+        cases.append((f"torch multiblank_rnnt_loss {sz.tdt}", dn, lambda x=x, a=a: _both(
+            lambda impl, z: dt.multiblank_rnnt_loss(z, *a, v - 1, (2, 4), reduction="none",
+                                                    impl=impl), [x], dev)))
+    return cases
+
+
+def jax_cases(sz: Sizes):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import duoloss.jax as dj
+
+    def both(fn, floats):
+        out = {}
+        for impl in ("device", "host"):
+            def total(*xs):
+                loss = fn(impl, *xs)
+                cot = jnp.linspace(0.5, 1.5, loss.size, dtype=loss.dtype)
+                return (loss.reshape(-1) * cot).sum(), loss
+            (_, loss), grads = jax.value_and_grad(total, argnums=tuple(range(len(floats))),
+                                                  has_aux=True)(*floats)
+            out[impl] = (np.asarray(loss), [np.asarray(g) for g in grads])
+        errs = {"loss": _err(out["device"][0], out["host"][0])}
+        for i, (gd, gh) in enumerate(zip(out["device"][1], out["host"][1])):
+            errs[f"grad{i}" if len(floats) > 1 else "grad"] = _err(gd, gh)
+        return errs
+
+    cases = []
+    for dtype in ("float32", "float64"):
+        size = sz.ctc[0]
+        lp, tg, il, tl = _ctc_inputs(size, __import__("torch").float64, "cpu")
+        lpj = jnp.asarray(lp.numpy().astype(dtype))
+        tgj, ilj, tlj = (jnp.asarray(z.numpy()) for z in (tg, il, tl))
+        cases.append((f"jax ctc_loss {size}", dtype, lambda lpj=lpj: both(
+            lambda impl, z: dj.ctc_loss(z, tgj, ilj, tlj, reduction="none", impl=impl),
+            [lpj])))
+        n, t, _c, s = size
+        logits = jnp.asarray(np.transpose(lp.numpy(), (1, 0, 2)).astype(dtype))
+        lpad = jnp.asarray((np.arange(t)[None] >= il.numpy()[:, None]).astype(dtype))
+        bpad = jnp.asarray((np.arange(s)[None] >= tl.numpy()[:, None]).astype(dtype))
+        cases.append((f"jax optax_ctc_loss {size}", dtype, lambda logits=logits, lpad=lpad,
+                      bpad=bpad: both(lambda impl, z: dj.optax_ctc_loss(
+                          z, lpad, tgj, bpad, impl=impl), [logits])))
+
+        def calign(lpj=lpj):
+            outs = [dj.ctc_align(lpj, tgj, ilj, tlj, impl=impl) for impl in ("device", "host")]
+            return {"path": _err(np.asarray(outs[0][0]), np.asarray(outs[1][0])),
+                    "score": _err(np.asarray(outs[0][1]), np.asarray(outs[1][1]))}
+        cases.append((f"jax ctc_align {size}", dtype, calign))
+        size = sz.rnnt[0]
+        x, tg, il, tl = _rnnt_inputs(size, __import__("torch").float64, "cpu")
+        xj = jnp.asarray(x.numpy().astype(dtype))
+        a = tuple(jnp.asarray(z.numpy()) for z in (tg, il, tl))
+        cases.append((f"jax rnnt_loss {size}", dtype, lambda xj=xj, a=a: both(
+            lambda impl, z: dj.rnnt_loss(z, *a, blank=0, reduction="none", impl=impl), [xj])))
+        n, t, u, v = sz.k2
+        rng = np.random.default_rng(3)
+        lm = jnp.asarray(rng.standard_normal((n, u + 1, v)).astype(dtype))
+        am = jnp.asarray(rng.standard_normal((n, t, v)).astype(dtype))
+        sym = jnp.asarray(rng.integers(1, v, (n, u)))
+        cases.append((f"jax rnnt_loss_simple {sz.k2}", dtype, lambda lm=lm, am=am: both(
+            lambda impl, p, q: dj.rnnt_loss_simple(p, q, sym, 0, reduction="none", impl=impl),
+            [lm, am])))
+        durs = (0, 1, 2, 3, 4)
+        x, tg, il, tl = _rnnt_inputs(sz.tdt, __import__("torch").float64, "cpu", seed=5,
+                                     extra=len(durs))
+        xj = jnp.asarray(x.numpy().astype(dtype))
+        a = tuple(jnp.asarray(z.numpy()) for z in (tg, il, tl))
+        cases.append((f"jax tdt_loss {sz.tdt}", dtype, lambda xj=xj, a=a: both(
+            lambda impl, z: dj.tdt_loss(z, *a, 0, durs, reduction="none", impl=impl), [xj])))
+        x, tg, il, tl = _rnnt_inputs(sz.tdt, __import__("torch").float64, "cpu", seed=6)
+        v = sz.tdt[3]
+        xj = jnp.asarray(x.numpy().astype(dtype))
+        a = (jnp.asarray(tg.clamp(max=v - 4).numpy()),) + tuple(
+            jnp.asarray(z.numpy()) for z in (il, tl))
+        cases.append((f"jax multiblank_rnnt_loss {sz.tdt}", dtype, lambda xj=xj, a=a: both(
+            lambda impl, z: dj.multiblank_rnnt_loss(z, *a, v - 1, (2, 4), reduction="none",
+                                                    impl=impl), [xj])))
+    return cases
+
+
+# --------------------------------------------------- syncs, graphs and memory
+def _device_losses(sz: Sizes, dev, host_ints: bool):
+    """``[(name, logits tensor, fn(logits) -> scalar loss)]``, float32, one per torch
+    device loss; integer arguments on the host (``host_ints``) or on ``dev``."""
+    import torch
+
+    import duoloss.torch as dt
+    idev = "cpu" if host_ints else dev
+    out = []
+    lp, tg, il, tl = _ctc_inputs(sz.ctc[0], torch.float32, dev)
+    a = tuple(z.to(idev) for z in (tg, il, tl))
+    out.append(("ctc_loss", lp, lambda z, a=a: dt.ctc_loss(z.log_softmax(-1), *a,
+                                                           impl="device")))
+    x, tg, il, tl = _rnnt_inputs(sz.rnnt[0], torch.float32, dev)
+    a = tuple(z.to(idev) for z in (tg, il, tl))
+    out.append(("rnnt_loss", x, lambda z, a=a: dt.rnnt_loss(z, *a, blank=0, impl="device")))
+    n, t, u, v = sz.k2
+    g = _gen(3)
+    am = torch.randn(n, t, v, generator=g).to(dev)
+    lm = torch.randn(n, u + 1, v, generator=g).to(dev)
+    sym = torch.randint(1, v, (n, u), generator=g).to(idev)
+    bd = torch.tensor([[0, 0, u, t]] * n).to(idev)
+    out.append(("rnnt_loss_simple", am, lambda z, lm=lm, sym=sym, bd=bd: dt.rnnt_loss_simple(
+        lm, z, sym, 0, bd, impl="device")))
+    durs = (0, 1, 2, 4)
+    x, tg, il, tl = _rnnt_inputs(sz.tdt, torch.float32, dev, seed=5, extra=len(durs))
+    a = tuple(z.to(idev) for z in (tg, il, tl))
+    out.append(("tdt_loss", x, lambda z, a=a: dt.tdt_loss(z, *a, 0, durs, impl="device")))
+    x, tg, il, tl = _rnnt_inputs(sz.tdt, torch.float32, dev, seed=6)
+    vv = sz.tdt[3]
+    a = (tg.clamp(max=vv - 4).to(idev), il.to(idev), tl.to(idev))
+    out.append(("multiblank_rnnt_loss", x, lambda z, a=a: dt.multiblank_rnnt_loss(
+        z, *a, vv - 1, (2, 4), impl="device")))
+    return out
+
+
+def check_syncs(sz, dev):
+    import torch
+    for name, x, fn in _device_losses(sz, dev, host_ints=True):
+        x = x.detach().requires_grad_()
+        fn(x).backward()  # compiles, first-call work
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            x.grad = None
+            fn(x).backward()
+            status, detail = "ok", "no sync (integer arguments on the host)"
+        except Exception as e:  # noqa: BLE001 (reported)
+            status, detail = "FAIL", _short(e)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        _row("sync", name, status, detail)
+    for name, x, fn in _device_losses(sz, dev, host_ints=False):
+        x = x.detach().requires_grad_()
+        fn(x).backward()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            try:
+                x.grad = None
+                loss = fn(x)
+                n_fwd = sum("synchroniz" in str(w.message) for w in rec)
+                loss.backward()
+                n_all = sum("synchroniz" in str(w.message) for w in rec)
+                status = "ok" if n_all == n_fwd else "FAIL"
+                detail = (f"{n_fwd} sync(s) in the forward (the validation copy of GPU "
+                          f"integer arguments), {n_all - n_fwd} in the backward")
+            except Exception as e:  # noqa: BLE001
+                status, detail = "FAIL", _short(e)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        _row("sync", name + " (GPU ints)", status, detail)
+
+
+def check_graphs(sz, dev):
+    import torch
+    for host_ints in (False, True):
+        for name, x0, fn in _device_losses(sz, dev, host_ints=host_ints):
+            label = name + (" (host ints)" if host_ints else " (GPU ints)")
+            try:
+                x = x0.detach().clone().requires_grad_()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(2):
+                        x.grad = None
+                        fn(x).backward()
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                x.grad = None
+                with torch.cuda.graph(graph):
+                    loss = fn(x)
+                    loss.backward()
+                new = x0 + 0.1 * torch.randn_like(x0)
+                with torch.no_grad():
+                    x.copy_(new)
+                graph.replay()
+                torch.cuda.synchronize()
+                y = new.detach().clone().requires_grad_()
+                ref = fn(y)
+                ref.backward()
+                errs = {"loss": _err(loss, ref), "grad": _err(x.grad, y.grad)}
+                bad = [k for k, v in errs.items() if isinstance(v, str) or v > 1e-5]
+                _row("graph", label, "FAIL" if bad else "ok",
+                     " ".join(f"{k} {v}" for k, v in errs.items()))
+            except Exception as e:  # noqa: BLE001
+                _row("graph", label, "FAIL", _short(e))
+                torch.cuda.synchronize()
+
+
+def check_memory(dev, dry):
+    """Extra peak memory of forward + backward beyond the logits and their gradient."""
+    import torch
+
+    import duoloss.torch as dt
+    if dry:
+        _row("memory", "(GPU only)", "skip", "torch.cuda.max_memory_allocated needs a GPU; "
+             "python -m benchmarks.device_memory measures peak RSS on CPU")
+        return
+    cases = []
+    n, t, u, v = 16, 200, 60, 512
+    x, tg, il, tl = _rnnt_inputs((n, t, u, v), torch.float32, dev)
+    a = tuple(z.to(dev) for z in (tg, il, tl))
+    cases.append(("rnnt_loss (16,200,60,512)", x,
+                  lambda z: dt.rnnt_loss(z, *a, blank=0, impl="device")))
+    durs = (0, 1, 2, 3, 4)
+    xd, tg, il, tl = _rnnt_inputs((n, t, u, v), torch.float32, dev, extra=len(durs))
+    ad = tuple(z.to(dev) for z in (tg, il, tl))
+    cases.append(("tdt_loss (16,200,60,512+5)", xd,
+                  lambda z: dt.tdt_loss(z, *ad, 0, durs, impl="device")))
+    cases.append(("multiblank_rnnt_loss (16,200,60,512)", x,
+                  lambda z: dt.multiblank_rnnt_loss(z, a[0].clamp(max=v - 4), a[1], a[2],
+                                                    v - 1, (2, 4), impl="device")))
+    lp, tg, il, tl = _ctc_inputs((32, 500, 1000, 100), torch.float32, dev)
+    ac = tuple(z.to(dev) for z in (tg, il, tl))
+    cases.append(("ctc_loss (32,500,1000,100)", lp,
+                  lambda z: dt.ctc_loss(z, *ac, impl="device")))
+    for name, x0, fn in cases:
+        x = x0.detach().clone().requires_grad_()
+        fn(x).backward()
+        x.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(x).backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        size = x.numel() * x.element_size()
+        extra = peak - size  # beyond the gradient (allocated during the call)
+        _row("memory", name, "ok" if extra <= size else "FAIL",
+             f"extra {extra / size:.2f}x logits ({extra / 2**20:.0f} MiB; logits "
+             f"{size / 2**20:.0f} MiB)", peak=peak / 2**20)
+
+
+# ------------------------------------------------------------------ timing
+def _time(fn, dev, rounds):
+    import torch
+    fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    fn()
+    peak = None
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), peak
+
+
+def _timed(case, name, fn, dev, rounds):
+    try:
+        ms, peak = _time(fn, dev, rounds)
+        _row("speed", f"{case} {name}", "ok", "", ms=ms, peak=peak)
+    except Exception as e:  # noqa: BLE001
+        _row("speed", f"{case} {name}", "skip", _short(e))
+
+
+def materialised_rnnt(logits, targets, il, tl, blank):
+    """The materialised-joiner baseline: ``log_softmax`` over the whole ``(N, T, U+1,
+    V)`` joiner output, the blank and label columns gathered, then the forward
+    variables over anti-diagonals in torch ops (autograd differentiates it all)."""
+    import torch
+    n, t, u1, _v = logits.shape
+    lp = logits.log_softmax(-1)
+    blank_lp = lp[..., blank]                                            # (N, T, U+1)
+    idx = targets.to(torch.int64).clamp(min=0)[:, None, :, None].expand(n, t, u1 - 1, 1)
+    emit_lp = lp[:, :, :-1].gather(-1, idx)[..., 0]                      # (N, T, U)
+    neg = torch.tensor(float("-inf"), dtype=lp.dtype, device=lp.device)
+    alpha = [[None] * u1 for _ in range(t)]
+    for d in range(t + u1 - 1):
+        for i in range(max(0, d - t + 1), min(d, u1 - 1) + 1):
+            j = d - i
+            terms = []
+            if j > 0:
+                terms.append(alpha[j - 1][i] + blank_lp[:, j - 1, i])
+            if i > 0:
+                terms.append(alpha[j][i - 1] + emit_lp[:, j, i - 1])
+            alpha[j][i] = (torch.zeros(n, dtype=lp.dtype, device=lp.device) if not terms
+                           else torch.logsumexp(torch.stack(terms), 0))
+    # per-sequence ends: alpha[T_b - 1][U_b] + blank
+    fin = torch.stack([torch.stack([alpha[j][i] for i in range(u1)], 1) for j in range(t)], 1)
+    b = torch.arange(n, device=lp.device)
+    ilg, tlg = il.to(lp.device) - 1, tl.to(lp.device)
+    del neg
+    return -(fin[b, ilg, tlg] + blank_lp[b, ilg, tlg])
+
+
+def speed(sz: Sizes, dev, skip_jax: bool):
+    import torch
+    import torch.nn.functional as F
+
+    import duoloss.torch as dt
+    rounds = sz.rounds
+    for size in sz.speed_ctc:
+        b, t, c, l = size
+        g = _gen(0)
+        x = torch.randn(t, b, c, generator=g).to(dev).requires_grad_()
+        tg = torch.randint(1, c, (b, l), generator=g)
+        il = torch.full((b,), t, dtype=torch.int64)
+        tl = torch.full((b,), l, dtype=torch.int64)
+        tgd, ild, tld = tg.to(dev), il.to(dev), tl.to(dev)
+
+        def step(f):
+            def run():
+                x.grad = None
+                f(x.log_softmax(-1)).backward()
+            return run
+        case = f"ctc {size}"
+        _timed(case, "duoloss device", step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
+                                                                   impl="device")), dev, rounds)
+        with torch.backends.cudnn.flags(enabled=False):
+            _timed(case, "F.ctc_loss native", step(lambda lp: F.ctc_loss(lp, tgd, ild, tld)),
+                   dev, rounds)
+        if dev.type == "cuda" and l <= 256:
+            flat, il32, tl32 = tg.reshape(-1).to(torch.int32), il.to(torch.int32), tl.to(
+                torch.int32)
+            _timed(case, "F.ctc_loss cuDNN", step(lambda lp: F.ctc_loss(lp, flat, il32, tl32)),
+                   dev, rounds)
+        _timed(case, "duoloss host", step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
+                                                                 impl="host")), dev,
+               max(1, rounds // 5))
+    warp = None
+    try:
+        from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss as warp
+    except Exception as e:  # noqa: BLE001
+        _row("speed", "rnnt warprnnt-numba", "skip", f"not importable ({type(e).__name__}: "
+             f"{str(e)[:80]})")
+    for size in sz.speed_rnnt:
+        n, t, u, v = size
+        g = _gen(0)
+        x = torch.randn(n, t, u + 1, v, generator=g).to(dev).requires_grad_()
+        y = torch.randint(1, v, (n, u), generator=g).to(dev)
+        ll = torch.full((n,), t, dtype=torch.int32, device=dev)
+        yl = torch.full((n,), u, dtype=torch.int32, device=dev)
+
+        def step(f):
+            def run():
+                x.grad = None
+                f().sum().backward()
+            return run
+        case = f"rnnt {size}"
+        _timed(case, "duoloss device", step(lambda: dt.rnnt_loss(
+            x, y, ll, yl, blank=0, reduction="sum", impl="device")), dev, rounds)
+        if warp is not None and dev.type == "cuda":
+            _timed(case, "warprnnt-numba CUDA", step(lambda: warp(
+                x, y.to(torch.int32), ll, yl, blank=0, reduction="sum")), dev, rounds)
+        if t * (u + 1) <= 6000 or sz.dry:
+            _timed(case, "materialised joiner (torch ops)", step(lambda: materialised_rnnt(
+                x, y, ll, yl, 0)), dev, max(1, rounds // 5))
+        else:
+            _row("speed", f"{case} materialised joiner", "skip",
+                 f"T*(U+1) = {t * (u + 1)} Python-level cells: too slow to time here")
+    if skip_jax:
+        return
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+        import optax
+
+        import duoloss.jax as dj
+    except Exception as e:  # noqa: BLE001
+        _row("speed", "jax ctc", "skip", f"jax/optax not importable: {e}")
+        return
+    for size in sz.speed_ctc:
+        b, t, c, l = size
+        rng = np.random.default_rng(0)
+        logits = jnp.asarray(rng.standard_normal((b, t, c)).astype(np.float32))
+        tg = jnp.asarray(rng.integers(1, c, (b, l)))
+        il = jnp.full((b,), t)
+        tl = jnp.full((b,), l)
+        lpad = jnp.zeros((b, t), jnp.float32)
+        bpad = jnp.zeros((b, l), jnp.float32)
+        f_duo = jax.jit(jax.value_and_grad(lambda z: dj.ctc_loss(
+            jax.nn.log_softmax(z, -1).transpose(1, 0, 2), tg, il, tl, reduction="sum",
+            impl="device")))
+        f_opt = jax.jit(jax.value_and_grad(lambda z: optax.ctc_loss(z, lpad, tg, bpad).sum()))
+        for name, f in (("duoloss jax device", f_duo), ("optax.ctc_loss", f_opt)):
+            try:
+                jax.block_until_ready(f(logits))
+                times = []
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(logits))
+                    times.append((time.perf_counter() - t0) * 1e3)
+                stats = jax.devices()[0].memory_stats() or {}
+                peak = stats.get("peak_bytes_in_use")
+                _row("speed", f"jax ctc {size} {name}", "ok",
+                     "(peak: JAX process-wide)" if peak else "",
+                     ms=statistics.median(times), peak=None if peak is None else peak / 2**20)
+            except Exception as e:  # noqa: BLE001
+                _row("speed", f"jax ctc {size} {name}", "skip", _short(e))
+
+
+# ------------------------------------------------------------------ main
+def _table() -> str:
+    head = f"{'section':<8} {'case':<52} {'result':<6} {'ms':>9} {'peak MiB':>9}  detail"
+    lines = [head, "-" * len(head)]
+    for r in ROWS:
+        ms = "" if r["ms"] is None else f"{r['ms']:.3f}"
+        pk = "" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
+        lines.append(f"{r['section']:<8} {r['case'][:52]:<52} {r['status']:<6} {ms:>9} "
+                     f"{pk:>9}  {r['detail'][:110]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.device --check",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="(this check)")
+    p.add_argument("--dry", action="store_true",
+                   help="CPU, tiny sizes, Triton interpreter: a test of the script")
+    p.add_argument("--skip", action="append", default=[],
+                   choices=("torch", "jax", "sync", "graph", "memory", "speed"),
+                   help="leave out a step (repeatable)")
+    p.add_argument("--json", default="", help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    if args.dry:
+        # before the kernels are imported: they run in Triton's interpreter on CPU
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    cuda = torch.cuda.is_available() and not args.dry
+    if not cuda and not args.dry:
+        print("no CUDA device here: nothing measured (use --dry to test the script on CPU)")
+        return 2
+    dev = torch.device("cuda" if cuda else "cpu")
+    sz = Sizes(args.dry)
+    import triton
+    info = [f"torch {torch.__version__}", f"triton {triton.__version__}"]
+    if cuda:
+        info.append(torch.cuda.get_device_name(dev))
+    _say("device check: " + ", ".join(info) + (" (DRY RUN: CPU, interpreter, tiny sizes)"
+                                               if args.dry else ""))
+    warnings.filterwarnings("ignore", message=".*non-writable.*")
+    skip = set(args.skip)
+    jax_ok = "jax" not in skip
+    if jax_ok:
+        try:
+            import jax
+            jax.config.update("jax_enable_x64", True)
+            _say(f"jax {jax.__version__} backend {jax.default_backend()} "
+                 f"({jax.devices()[0].device_kind})")
+        except Exception as e:  # noqa: BLE001
+            _row("jax", "import", "skip", f"jax not importable: {e}")
+            jax_ok = False
+    groups = []
+    if "torch" not in skip:
+        groups.append(("torch", lambda: torch_cases(sz, dev)))
+    if jax_ok:
+        groups.append(("jax", lambda: jax_cases(sz)))
+    for section, make in groups:
+        try:
+            cases = make()
+        except Exception as e:  # noqa: BLE001
+            _row(section, "inputs", "FAIL", _short(e))
+            continue
+        for name, dn, thunk in cases:
+            try:
+                _judge(section, name, dn, thunk())
+            except Exception as e:  # noqa: BLE001
+                _row(section, f"{name} {dn}", "FAIL", _short(e))
+    if cuda:
+        if "sync" not in skip:
+            check_syncs(sz, dev)
+        if "graph" not in skip:
+            check_graphs(sz, dev)
+    else:
+        _row("sync", "(GPU only)", "skip", "set_sync_debug_mode and CUDA graphs need a GPU")
+    if "memory" not in skip:
+        check_memory(dev, args.dry)
+    if "speed" not in skip:
+        speed(sz, dev, not jax_ok)
+    print("\n" + _table())
+    fails = sum(r["status"] == "FAIL" for r in ROWS)
+    _say(f"done: {len(ROWS)} rows, {fails} FAIL")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "dry": args.dry, "rows": ROWS}, f, indent=1)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
