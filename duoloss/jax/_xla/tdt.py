@@ -79,10 +79,31 @@ def multiblank_losses(logits, targets, logit_lengths, target_lengths, *, blank,
 
 # ----------------------------------------------------------------- helpers
 def _lse_raw(x, axis):
-    """``log sum exp`` as the core's normaliser: NaN for a row holding NaN, ``+inf``
-    or only ``-inf`` (as ``log_softmax``)."""
+    """``log sum exp`` as the core's normaliser: NaN for a row holding NaN or
+    ``+inf`` (as ``log_softmax``), ``-inf`` for a row of ``-inf`` only (no
+    probability to share: see `_log_prob`)."""
     m = jnp.max(x, axis=axis, keepdims=True)
-    return m + jnp.log(jnp.sum(jnp.exp(x - m), axis=axis, keepdims=True))
+    s = m + jnp.log(jnp.sum(jnp.exp(x - m), axis=axis, keepdims=True))
+    return jnp.where(m == NEG_INF, NEG_INF, s)
+
+
+def _log_prob(x, s):
+    """``x - s``, ``-inf`` where ``s = -inf`` (a row of ``-inf`` only: every
+    move it weighs has probability 0, not NaN), as the core."""
+    return jnp.where(s == NEG_INF, NEG_INF, x - s)
+
+
+def _from(a, w):
+    """``a + w`` pushed from a lattice value ``a``: ``-inf`` where ``a = -inf``
+    whatever ``w`` (NaN, ``+inf``): the core never pushes from a cell no path
+    reaches, so a NaN or ``inf`` row there is never read."""
+    return jnp.where(a == NEG_INF, NEG_INF, a + w)
+
+
+def _wsum(w1, w2):
+    """``w1 + w2`` of move weights along a path, ``-inf`` when either is (a path
+    through an impossible move carries nothing, even past a NaN weight)."""
+    return jnp.where((w1 == NEG_INF) | (w2 == NEG_INF), NEG_INF, w1 + w2)
 
 
 def _lse_safe(x, axis):
@@ -103,11 +124,15 @@ def _shift_t(x, d, fill=NEG_INF):
     return jnp.concatenate([x[d:], jnp.full_like(x[:d], fill)], axis=0)
 
 
-def _chain(w, a):
-    """``x_u = lse(a_u, x_{u-1} + w_u)`` along the last axis (``x_{-1} = -inf``)."""
+def _chain(w, a, push=False):
+    """``x_u = lse(a_u, x_{u-1} + w_u)`` along the last axis (``x_{-1} = -inf``);
+    ``push``: the forward's ``x_{u-1} + w_u`` taken as `_from` (nothing from
+    ``x_{u-1} = -inf``), as the core's push."""
     def combine(e1, e2):
         w1, a1 = e1
         w2, a2 = e2
+        if push:
+            return _wsum(w1, w2), lse2(a2, _from(a1, w2))
         return w1 + w2, lse2(a2, a1 + w2)
     return jax.lax.associative_scan(combine, (w, a), axis=w.ndim - 1)[1]
 
@@ -131,11 +156,12 @@ def _prepare(x, tg, il, tl, spec):
     lse = _lse_raw(tok, -1)                                      # (N, T, U1, 1)
     y = jnp.clip(tg, 0, n_lab - 1).astype(jnp.int32)
     y = jnp.concatenate([y, jnp.zeros((n, 1), jnp.int32)], axis=1)       # (N, U1)
-    lab = jnp.take_along_axis(tok, jnp.broadcast_to(y[:, None, :, None], (n, t_max, u1, 1)),
-                              axis=-1)[..., 0] - lse[..., 0] - sigma
+    lab = _log_prob(jnp.take_along_axis(tok, jnp.broadcast_to(y[:, None, :, None],
+                                                              (n, t_max, u1, 1)),
+                                        axis=-1)[..., 0], lse[..., 0]) - sigma
     if n_dur:
         dur = x[..., n_lab:]
-        dlp = dur - _lse_raw(dur, -1)
+        dlp = _log_prob(dur, _lse_raw(dur, -1))
     # frame-major (T, N, U1) geometry
     t = jnp.arange(t_max, dtype=jnp.int32)[:, None, None]
     u = jnp.arange(u1, dtype=jnp.int32)[None, None, :]
@@ -152,7 +178,7 @@ def _prepare(x, tg, il, tl, spec):
         lab_w.append(jnp.where(ok, fm(w), NEG_INF))
     blk_w, term_w = [], []
     for k, d, i in blk_moves:
-        w = fm(tok[..., k] - lse[..., 0] - sigma + (dlp[..., i] if i >= 0 else 0.0))
+        w = fm(_log_prob(tok[..., k], lse[..., 0]) - sigma + (dlp[..., i] if i >= 0 else 0.0))
         blk_w.append(jnp.where(inbox & (t + d < tb3), w, NEG_INF))
         term_w.append(jnp.where(inbox & (u == ub3) & (t + d == tb3), w, NEG_INF))
     return valid, tb, ub, inbox, lse, y, lab_w, blk_w, term_w
@@ -170,12 +196,12 @@ def _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, dtype):
         tt, w0_t, lab_t, blk_t = xs
         a = jnp.full((n, u1), NEG_INF, dtype)
         for (d, _), w in zip(lab_s, lab_t):
-            a = lse2(a, shift_right(win[d - 1] + w, 1))
+            a = lse2(a, shift_right(_from(win[d - 1], w), 1))
         for (d, _), w in zip(blk_s, blk_t):
-            a = lse2(a, win[d - 1] + w)
+            a = lse2(a, _from(win[d - 1], w))
         a = jnp.where(start & (tt == 0), 0.0, a)
         if w0_t is not None:
-            a = _chain(w0_t, a)
+            a = _chain(w0_t, a, push=True)
         win = jnp.concatenate([a[None], win[:-1]], axis=0)
         return win, a
 
@@ -227,7 +253,7 @@ def _run(x, tg, il, tl, spec, want):
     alpha = _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, x.dtype)
     term = jnp.stack(term_w)                                 # (J, T, N, U1)
     term = _lse_safe(term, 0) if len(term_w) > 1 else term[0]
-    logz = _lse_safe(jnp.reshape(jnp.transpose(alpha + term, (1, 0, 2)), (n, -1)), 1)
+    logz = _lse_safe(jnp.reshape(jnp.transpose(_from(alpha, term), (1, 0, 2)), (n, -1)), 1)
     nll = jnp.where(tb == 0, jnp.where(ub == 0, 0.0, jnp.inf), -logz)
     loss = jnp.where(valid, nll * (1.0 + lam), jnp.nan)
     if not want:
@@ -237,14 +263,15 @@ def _run(x, tg, il, tl, spec, want):
     z = jnp.where(use, logz, 0.0)[None, :, None]
     plab = jnp.zeros_like(alpha)
     pdur = [jnp.zeros_like(alpha) for _ in range(n_dur)]
+    # moves from cells no path reaches carry nothing (the core skips them)
     for (d, i), w in zip(lab_moves, lab_w):
-        p = jnp.exp(alpha + w + shift_left(_shift_t(beta, -d), 1) - z)
+        p = jnp.exp(_from(alpha, w + shift_left(_shift_t(beta, -d), 1)) - z)
         plab = plab + p
         if i >= 0:
             pdur[i] = pdur[i] + p
     pblk = {}
     for (k, d, i), w, tw in zip(blk_moves, blk_w, term_w):
-        p = jnp.exp(alpha + w + _shift_t(beta, -d) - z) + jnp.exp(alpha + tw - z)
+        p = jnp.exp(_from(alpha, w + _shift_t(beta, -d)) - z) + jnp.exp(_from(alpha, tw) - z)
         pblk[k] = pblk.get(k, 0.0) + p
         if i >= 0:
             pdur[i] = pdur[i] + p
