@@ -402,7 +402,8 @@ def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, duration
 
 _BEAM_DOC = """
     Hypotheses with the same tokens on the same frame are merged by log-add (their
-    probabilities summed, the better one's frames kept), *before* the beam is cut, so that
+    probabilities summed; the frames of the one already in the beam kept), *before* the
+    beam is cut, so that
     with a beam that keeps every hypothesis the scores are exact: each sequence's score is
     the log of the sum of the probabilities of all its paths (moves as described above).
     Scores are sums of ``log_softmax`` of the joiner's logits (no length normalisation;
