@@ -101,6 +101,8 @@ def is_concrete(*xs) -> bool:
     """
     if torch.compiler.is_compiling():
         return False
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return False  # a CUDA graph capture: no host reads (bad sequences get NaN)
     if not _transforms_active():
         return True  # no vmap level is alive
     return not any(isinstance(x, torch.Tensor) and _is_batched(x) for x in xs)

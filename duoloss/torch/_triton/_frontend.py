@@ -46,9 +46,9 @@ def ctc_device(lp: torch.Tensor, targets, input_lengths, target_lengths, blank: 
     if lp.dtype in _HALF:  # as the host path: computed in float32, loss in the input's dtype
         out_dtype = torch.float32 if torch.is_autocast_enabled(dev.type) else lp.dtype
         lp = lp.float()
-    tg = torch.as_tensor(targets).to(device=dev, dtype=torch.int64)
-    il = torch.as_tensor(input_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
-    tl = torch.as_tensor(target_lengths).to(device=dev, dtype=torch.int64).reshape(-1)
+    tg = _ops.int_to(targets, dev)
+    il = _ops.int_to(input_lengths, dev).reshape(-1)
+    tl = _ops.int_to(target_lengths, dev).reshape(-1)
     # the host path's gather plan (duoloss._xp.ctc): column 0 the blank, column
     # 1 + i label i; column_targets name each label by the column of its first
     # occurrence (equal labels, equal columns: the kernel's skip rule compares

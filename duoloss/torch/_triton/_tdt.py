@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from ._ops import _GradScale, _launch_device, launch, warps
+from ._ops import _GradScale, _launch_device, int_to, launch, warps
 
 __all__ = ["kernels_interpreted", "multiblank_losses", "tdt_losses"]
 
@@ -294,9 +294,9 @@ class _TDT(torch.autograd.Function):
 
 
 def _apply(x, tg, il, tl, specs):
-    tg = torch.as_tensor(tg).to(device=x.device, dtype=torch.int64)
-    il = torch.as_tensor(il).to(device=x.device, dtype=torch.int64).reshape(-1)
-    tl = torch.as_tensor(tl).to(device=x.device, dtype=torch.int64).reshape(-1)
+    tg = int_to(tg, x.device)
+    il = int_to(il, x.device).reshape(-1)
+    tl = int_to(tl, x.device).reshape(-1)
     want = torch.is_grad_enabled() and x.requires_grad
     return _TDT.apply(x, tg, il, tl, specs, want)[0]
 
