@@ -7,8 +7,9 @@ Everything here works on flat arrays built once per decoder by ``ctc_beam``:
   score, as float32 like flashlight's ``TrieNode::maxScore``);
 * the n-gram LM as an open-addressing hash table keyed by ``(context state, word)`` with the
   log10 probability and the next state, plus each state's backoff weight and backoff state;
-* the hotword automaton (a trie with failure links, Aho-Corasick style) in CSR form, with the
-  cumulative bonus of each node and whether a phrase ends there.
+* the hotword automaton (a trie with failure links, Aho-Corasick style) as a dense
+  transition table over the tokens the hotwords use, with each node's trie parent, its
+  cumulative bonus and whether a phrase ends there.
 
 Per utterance the search keeps, per frame, at most ``beam`` hypotheses in plain arrays and
 one parent pointer per frame and hypothesis; histories (the word sequence with a lexicon,
@@ -75,29 +76,17 @@ def lm_score_many(keys, probs, nexts, mask, n_words, bo, parent, states, words, 
 
 
 @numba.njit(inline="always")
-def _hw_step(hw_start, hw_tok, hw_node, hw_fail, hw_cum, hw_term, node, pending, x):
-    """Advance the hotword automaton by unit ``x``: (new node, new pending, score delta)."""
-    v = node
-    first = True
-    c = 0
-    while True:
-        found = -1
-        for j in range(hw_start[v], hw_start[v + 1]):
-            if hw_tok[j] == x:
-                found = hw_node[j]
-                break
-        if found >= 0:
-            c = found
-            break
-        if v == 0:
-            c = 0
-            break
-        v = hw_fail[v]
-        first = False
-    if first:   # the match goes on: one more unit's bonus
+def _hw_step(hw_col, hw_goto, hw_par, hw_cum, hw_term, node, pending, x):
+    """Advance the hotword automaton by unit ``x``: (new node, new pending, score delta).
+
+    ``hw_goto[node, hw_col[x]]`` is the automaton's transition (a child, else the failure
+    links' target); a dense table, because a search through the failure links in the hot
+    loop (even as a call in a branch never taken) slowed every candidate by a third."""
+    c = np.int64(hw_goto[node, hw_col[x]])
+    if hw_par[c] == node:   # the match goes on: one more unit's bonus
         delta = hw_cum[c] - hw_cum[node]
         pending = pending + delta
-    else:       # abandoned: the partial bonus is taken back, a suffix match starts
+    else:                   # abandoned: the partial bonus is taken back, a suffix match starts
         delta = hw_cum[c] - pending
         pending = hw_cum[c]
     if hw_term[c]:
@@ -278,7 +267,7 @@ def _store(c_score, c_hist, c_lex, c_tok, c_blank, nc, best, thr, beam, log_add,
 def decode_batch(order, em, lengths, pf, pi,
                  ch_start, ch_token, ch_node, lab_start, lab_word, smear,
                  unit_lm, lm_keys, lm_probs, lm_nexts, lm_bo, lm_par,
-                 hw_start, hw_tok, hw_node, hw_fail, hw_cum, hw_term,
+                 hw_col, hw_goto, hw_par, hw_cum, hw_term,
                  out_n, out_score, out_path, out_words, out_nwords):
     """Decode the utterances listed in ``order``.
 
@@ -388,8 +377,8 @@ def decode_batch(order, em, lengths, pf, pi,
                             sc += sil_score
                         nhwn, nhwp, dhw = hwn, hwp, 0.0
                         if has_hw:
-                            nhwn, nhwp, dhw = _hw_step(hw_start, hw_tok, hw_node, hw_fail,
-                                                       hw_cum, hw_term, hwn, hwp, n)
+                            nhwn, nhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum,
+                                                       hw_term, hwn, hwp, n)
                         sc += dhw
                         if ch_start[child + 1] > ch_start[child]:
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
@@ -441,8 +430,8 @@ def decode_batch(order, em, lengths, pf, pi,
                         if n != blank and (n != p or pb):
                             nhwn, nhwp, dhw = hwn, hwp, 0.0
                             if has_hw:
-                                nhwn, nhwp, dhw = _hw_step(hw_start, hw_tok, hw_node, hw_fail,
-                                                           hw_cum, hw_term, hwn, hwp, n)
+                                nhwn, nhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum,
+                                                           hw_term, hwn, hwp, n)
                             if has_lm:     # the history node caches the LM score
                                 nh, n_hist = _hist_child(h_parent, h_unit, h_lm, h_lmscore,
                                                          h_table, n_hist, H, n, unit_lm, has_lm,

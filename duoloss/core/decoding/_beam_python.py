@@ -84,7 +84,7 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
     lexicon = dec.lexicon is not None
     if lexicon:
         ch_start, ch_token, ch_node, lab_start, lab_word, smear, _ = dec._trie
-    hw_start, hw_tok, hw_node, hw_fail, hw_cum, hw_term = dec._hw
+    hw_col, hw_goto, hw_par, hw_cum, hw_term = dec._hw
     has_hw = dec._has_hw
     beam, k_tok, blank, sil = dec.beam_size, dec.beam_size_token, dec.blank, dec.sil
     thr, lmw = dec.beam_threshold, dec.lm_weight
@@ -92,22 +92,8 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
     out: Dict[int, List[CTCHypothesis]] = {}
 
     def hw_step(node: int, pending: float, x: int) -> Tuple[int, float, float]:
-        v, first = node, True
-        while True:
-            found = -1
-            for j in range(hw_start[v], hw_start[v + 1]):
-                if hw_tok[j] == x:
-                    found = int(hw_node[j])
-                    break
-            if found >= 0:
-                c = found
-                break
-            if v == 0:
-                c = 0
-                break
-            v = int(hw_fail[v])
-            first = False
-        if first:
+        c = int(hw_goto[node, hw_col[x]])
+        if hw_par[c] == node:
             delta = hw_cum[c] - hw_cum[node]
             pending += delta
         else:

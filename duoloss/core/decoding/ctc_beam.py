@@ -167,6 +167,8 @@ def compile_lm(lm: ArpaLM) -> _LMTables:
     n_max = order - 1
 
     def next_state(full: Tuple[int, ...]) -> int:
+        if len(full) <= n_max:     # an n-gram short enough to be a context itself
+            return state(full)
         for m in range(min(len(full), n_max), 0, -1):
             suf = full[len(full) - m:]
             if suf in ngrams[m - 1]:
@@ -263,7 +265,7 @@ def _build_lexicon_trie(entries: List[Tuple[str, List[List[int]]]], word_scores:
     return ch_start, ch_token, ch_node, lab_start, lab_word, smear, max_lab
 
 
-def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float]]):
+def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float]], n_units: int):
     """Aho-Corasick automaton over unit sequences; every spelling of a phrase of weight
     ``w`` and ``n`` units earns ``w / n`` per matched unit (the largest such share where
     phrases share a prefix), so a whole phrase earns ``w``."""
@@ -306,12 +308,26 @@ def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float]]):
                 if fail[c] == c:
                     fail[c] = 0
             queue.append(c)
-    start = np.zeros(n + 1, np.int64)
+    parent = np.full(n, -1, np.int64)
     for v in range(n):
-        start[v + 1] = start[v] + len(children[v])
-    tok = np.array([u for v in range(n) for u in children[v]], np.int64)
-    node = np.array([children[v][u] for v in range(n) for u in children[v]], np.int64)
-    return start, tok, node, fail, cum, np.array(term, np.bool_)
+        for c in children[v].values():
+            parent[c] = v
+    # the full transition table over the units the phrases use (column 0: any other unit)
+    used = sorted({u for ch in children for u in ch})
+    col = np.zeros(n_units, np.int64)
+    for i, u in enumerate(used):
+        col[u] = i + 1
+    if n * (len(used) + 1) > (1 << 26):
+        raise ValueError(f"{_FN}: argument 'hotwords': the hotwords make an automaton of {n} "
+                         f"states over {len(used)} tokens, too large for its table (at most "
+                         f"{1 << 26} entries); use fewer or shorter hotwords")
+    goto = np.zeros((n, len(used) + 1), np.int32)
+    for v in queue:            # breadth first: a node's failure target comes before it
+        if v:
+            goto[v] = goto[fail[v]]
+        for u, c in children[v].items():
+            goto[v, col[u]] = c
+    return col, goto, parent, cum, np.array(term, np.bool_)
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -384,10 +400,10 @@ class CTCDecoder:
         self._unit_lm = unit_lm
         self._has_lm = has_lm
         if hotwords:
-            self._hw = _build_hotword_automaton(hotwords)
+            self._hw = _build_hotword_automaton(hotwords, n_cls)
         else:
-            self._hw = (np.zeros(2, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
-                        np.zeros(1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
+            self._hw = (np.zeros(n_cls, np.int64), np.zeros((1, 1), np.int32),
+                        np.full(1, -1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
         self._has_hw = bool(hotwords)
 
     # ---------------------------------------------------------------- decoding
@@ -454,7 +470,7 @@ class CTCDecoder:
         cells = int(lens[todo].sum()) * self.beam_size
         args = (em, lens, pf, pi, ch_start, ch_token, ch_node, lab_start, lab_word, smear,
                 self._unit_lm, tables.keys, tables.probs, tables.nexts, tables.bo, tables.parent,
-                hw[0], hw[1], hw[2], hw[3], hw[4], hw[5],
+                hw[0], hw[1], hw[2], hw[3], hw[4],
                 out_n, out_score, out_path, out_words, out_nwords)
         run_batch(_k.decode_batch, order, cells, _PARALLEL_MIN_CELLS, args)
         res: Dict[int, List[CTCHypothesis]] = {}
