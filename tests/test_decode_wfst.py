@@ -454,3 +454,68 @@ def test_builders_bad_input(tmp_path, arpa_path):
     bad.write_text("\\data\\\nngram 1=2\n\n\\1-grams:\n-1.0\ta\n\n\\end\\\n")
     with pytest.raises(ValueError, match="bad.arpa"):
         arpa_graph(bad)
+
+
+def reference_beam_search(em, graph, beam, max_active):
+    """Token passing in plain Python: every move of every kept state, the epsilon closure
+    by relaxation until nothing changes, then the beam and the max_active best.  States
+    from which no accept state can be reached are never entered (the search trims them)."""
+    n, src, dst, il, ol, w, start, accept = gtn.graph_arrays(graph)
+    live = set(np.flatnonzero(accept).tolist())
+    while True:
+        more = {int(s) for s, d in zip(src, dst) if int(d) in live} - live
+        if not more:
+            break
+        live |= more
+    useful = np.array([int(d) in live for d in dst], bool)
+    src, dst, il, w = src[useful], dst[useful], il[useful], w[useful]
+    arc_id = np.flatnonzero(useful)
+    tokens = {int(s): (0.0, []) for s in np.flatnonzero(start) if int(s) in live}
+
+    def closure_and_prune(tok):
+        changed = True
+        while changed:
+            changed = False
+            for s, (sc, path) in list(tok.items()):
+                for a in np.flatnonzero((src == s) & (il < 0)):
+                    v = sc + float(w[a])
+                    d = int(dst[a])
+                    if v > tok.get(d, (-np.inf, None))[0]:
+                        tok[d] = (v, path + [int(arc_id[a])])
+                        changed = True
+        if not tok:
+            return tok
+        best = max(v for v, _ in tok.values())
+        kept = sorted(((v, s) for s, (v, _) in tok.items() if v >= best - beam and v > -np.inf),
+                      reverse=True)[:max_active]
+        return {s: tok[s] for _, s in kept}
+
+    tokens = closure_and_prune(tokens)
+    for t in range(em.shape[0]):
+        nxt = {}
+        for s, (sc, path) in tokens.items():
+            for a in np.flatnonzero((src == s) & (il >= 0)):
+                v = sc + float(w[a]) + float(em[t, il[a]])
+                d = int(dst[a])
+                if v > nxt.get(d, (-np.inf, None))[0]:
+                    nxt[d] = (v, path + [int(arc_id[a])])
+        tokens = closure_and_prune(nxt)
+    final = [(v, p) for s, (v, p) in tokens.items() if accept[s]]
+    return max(final) if final else None
+
+
+def test_pruned_search_equals_a_plain_python_token_passing_reference(rng):
+    C, K = 4, 5
+    for trial in range(30):
+        g = random_graph(rng, n=int(rng.integers(4, 12)), arcs=int(rng.integers(10, 40)), C=C, K=K)
+        T = int(rng.integers(1, 8))
+        em = log_probs(rng, 1, T, C)
+        beam, max_active = float(rng.choice([0.5, 2.0, 5.0, math.inf])), int(rng.integers(1, 5))
+        [hyps] = graph_decode(em, g, beam=beam, max_active=max_active)
+        ref = reference_beam_search(em[0], g, beam, max_active)
+        if ref is None:
+            assert hyps == []
+            continue
+        [h] = hyps
+        assert h.score == pytest.approx(ref[0], abs=1e-9)
+        assert h.arcs.tolist() == ref[1]

@@ -90,6 +90,7 @@ class DecodingGraph(NamedTuple):
     weight: np.ndarray        # (A',) float64
     arc_id: np.ndarray        # (A',) int64: index of the arc in the user's graph
     rank: np.ndarray          # (N,) int64: topological rank in the epsilon subgraph
+    gain: np.ndarray          # (N,) float64: the most a chain of epsilon arcs adds from a state (>= 0)
     eps_depth: int            # most input-epsilon arcs on one chain
     starts: np.ndarray        # (S,) int64
     accept: np.ndarray        # (N,) bool
@@ -145,20 +146,22 @@ def prepare_graph(graph: Graph, fn: str = "graph_decode") -> DecodingGraph:
     np.cumsum(np.bincount(s_ids, minlength=n), out=ptr[1:])
     n_eps = np.bincount(s_ids[il[ids] < 0], minlength=n)
     eps_end = ptr[:-1] + n_eps
-    starts = np.flatnonzero(start).astype(np.int64)
+    starts = np.flatnonzero(np.asarray(start) & co).astype(np.int64)
+    dk = np.ascontiguousarray(dst[ids])
+    wk = np.ascontiguousarray(wf[ids])
     return DecodingGraph(
         int(n), int(il.max()) + 1 if A and int(il.max()) >= 0 else 0, ptr, eps_end.astype(np.int64),
-        np.ascontiguousarray(dst[ids]), np.ascontiguousarray(il[ids]),
-        np.ascontiguousarray(wf[ids]), ids.astype(np.int64), rank, int(depth), starts,
+        dk, np.ascontiguousarray(il[ids]),
+        wk, ids.astype(np.int64), rank, _eps_gain(n, ptr, eps_end, dk, wk, rank), int(depth), starts,
         accept, bool(eps.any()), il.copy(), ol.copy())
 
 
 def _eps_rank(n, src, dst):
     """Topological rank of every state in the graph of the epsilon arcs, the longest
     chain of epsilon arcs, and whether that graph is acyclic."""
-    rank = np.zeros(n, np.int64)
     if src.size == 0:
-        return rank, 0, True
+        return np.arange(n, dtype=np.int64), 0, True
+    rank = np.zeros(n, np.int64)
     indeg = np.bincount(dst, minlength=n)
     order = np.argsort(src, kind="stable")
     ptr = np.zeros(n + 1, np.int64)
@@ -195,6 +198,23 @@ def _kahn(n, ptr, dst, indeg, rank):
     return tail == n, depth
 
 
+@numba.njit(cache=True, nogil=True)
+def _eps_gain(n, ptr, eps_end, dst, weight, rank):
+    """gain[s]: the largest total weight of a chain of epsilon arcs from ``s`` (0 for the
+    empty chain): pruning may drop a state only when its score plus this is below the cut."""
+    gain = np.zeros(n, np.float64)
+    order = np.empty(n, np.int64)
+    for s in range(n):
+        order[rank[s]] = s
+    for i in range(n - 1, -1, -1):
+        s = order[i]
+        for a in range(ptr[s], eps_end[s]):
+            g = weight[a] + gain[dst[a]]
+            if g > gain[s]:
+                gain[s] = g
+    return gain
+
+
 def _coaccessible(n, src, dst, accept):
     """States from which an accept state is reachable (reverse breadth-first search)."""
     order = np.argsort(dst, kind="stable")
@@ -228,16 +248,53 @@ def _reverse_reach(n, ptr, src, accept):
 # ----------------------------------------------------------------------------- search
 @numba.njit(**HELPER)
 def _grow_i(a, cap):
-    out = np.empty(cap, a.dtype)
-    out[:a.shape[0]] = a
+    out = np.empty(cap, np.int64)
+    for i in range(a.shape[0]):
+        out[i] = a[i]
     return out
 
 
 @numba.njit(**HELPER)
 def _grow_f(a, cap):
-    out = np.empty(cap, a.dtype)
-    out[:a.shape[0]] = a
+    out = np.empty(cap, np.float64)
+    for i in range(a.shape[0]):
+        out[i] = a[i]
     return out
+
+
+@numba.njit(**HELPER)
+def _kth_smallest(v, k):
+    """The ``k``-th smallest value of ``v`` (0-based; ``v`` is reordered): quickselect."""
+    lo = 0
+    hi = v.shape[0] - 1
+    while lo < hi:
+        pivot = v[(lo + hi) >> 1]
+        i = lo
+        j = hi
+        while i <= j:
+            while v[i] < pivot:
+                i += 1
+            while v[j] > pivot:
+                j -= 1
+            if i <= j:
+                tmp = v[i]
+                v[i] = v[j]
+                v[j] = tmp
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            break
+    return v[k]
+
+
+@numba.njit(**HELPER)
+def _grow_tokens(cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark):
+    return (_grow_i(n_state, cap), _grow_f(n_score, cap), _grow_i(n_pred, cap),
+            _grow_i(n_prev, cap), _grow_i(n_arc, cap), _grow_i(heap, cap), _grow_i(mark, cap))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -279,7 +336,7 @@ def _heap_pop(heap, size, key, rank):
 
 
 @numba.njit(**HELPER)
-def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, has_eps,
+def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, accept, has_eps,
                 beam, max_active, slot, out_arcs, b, stats):
     """Search one utterance; write its arcs to ``out_arcs[b]``.  Returns
     ``(score, path length)``; length ``-1`` when no path survives."""
@@ -321,13 +378,8 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                 n_next += 1
                 if n_next == cap:
                     cap *= 2
-                    n_state = _grow_i(n_state, cap)
-                    n_score = _grow_f(n_score, cap)
-                    n_pred = _grow_i(n_pred, cap)
-                    n_prev = _grow_i(n_prev, cap)
-                    n_arc = _grow_i(n_arc, cap)
-                    heap = _grow_i(heap, cap)
-                    mark = _grow_i(mark, cap)
+                    n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
+                        cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
             if n_next > 0:
                 best = 0.0
         else:
@@ -348,9 +400,10 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                 base = c_score[k]
                 for a in range(eps_end[s], ptr[s + 1]):
                     v = base + weight[a] + row[ilabel[a]]
-                    if not (v >= best - beam) or v == -np.inf:
-                        continue
                     d = dst[a]
+                    # skip a move whose state (and what its epsilon arcs can add) the cut drops
+                    if not (v + gain[d] >= best - beam) or v == -np.inf:
+                        continue
                     j = slot[d]
                     if j < 0:
                         j = n_next
@@ -363,13 +416,8 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                         n_next += 1
                         if n_next == cap:
                             cap *= 2
-                            n_state = _grow_i(n_state, cap)
-                            n_score = _grow_f(n_score, cap)
-                            n_pred = _grow_i(n_pred, cap)
-                            n_prev = _grow_i(n_prev, cap)
-                            n_arc = _grow_i(n_arc, cap)
-                            heap = _grow_i(heap, cap)
-                            mark = _grow_i(mark, cap)
+                            n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
+                                cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
                     elif v > n_score[j]:
                         n_score[j] = v
                         n_pred[j] = -1
@@ -388,13 +436,11 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                 j, hsize = _heap_pop(heap, hsize, n_state, rank)
                 s = n_state[j]
                 base = n_score[j]
-                if not (base >= best - beam):
-                    continue
                 for a in range(ptr[s], eps_end[s]):
                     v = base + weight[a]
-                    if not (v >= best - beam) or v == -np.inf:
-                        continue
                     d = dst[a]
+                    if not (v + gain[d] >= best - beam) or v == -np.inf:
+                        continue
                     i = slot[d]
                     if i < 0:
                         i = n_next
@@ -407,13 +453,8 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
                         n_next += 1
                         if n_next == cap:
                             cap *= 2
-                            n_state = _grow_i(n_state, cap)
-                            n_score = _grow_f(n_score, cap)
-                            n_pred = _grow_i(n_pred, cap)
-                            n_prev = _grow_i(n_prev, cap)
-                            n_arc = _grow_i(n_arc, cap)
-                            heap = _grow_i(heap, cap)
-                            mark = _grow_i(mark, cap)
+                            n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
+                                cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
                         if eps_end[d] > ptr[d]:
                             hsize = _heap_push(heap, hsize, n_state, rank, i)
                     elif v > n_score[i]:
@@ -437,7 +478,7 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
             vals = np.empty(n_keep, np.float64)
             for i in range(n_keep):
                 vals[i] = n_score[heap[i]]
-            cut = np.partition(vals, n_keep - max_active)[n_keep - max_active]
+            cut = _kth_smallest(vals.copy(), n_keep - max_active)
             above = 0
             for i in range(n_keep):
                 if vals[i] > cut:
@@ -521,14 +562,14 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, starts, accept, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _decode_batch(order, em, lengths, ptr, eps_end, dst, ilabel, weight, rank, starts, accept,
-                  has_eps, beam, max_active, out_arcs, out_len, out_score, stats):
+def _decode_batch(order, em, lengths, ptr, eps_end, dst, ilabel, weight, rank, gain, starts,
+                  accept, has_eps, beam, max_active, out_arcs, out_len, out_score, stats):
     slot = np.full(ptr.shape[0] - 1, -1, np.int64)
     for i in range(order.shape[0]):
         b = order[i]
         if out_len[b] == -2:      # NaN emissions: no hypothesis
             continue
-        score, m = _decode_one(em[b], lengths[b], ptr, eps_end, dst, ilabel, weight, rank,
+        score, m = _decode_one(em[b], lengths[b], ptr, eps_end, dst, ilabel, weight, rank, gain,
                                starts, accept, has_eps, beam, max_active, slot, out_arcs, b,
                                stats)
         out_score[b] = score
@@ -619,7 +660,7 @@ def graph_decode(emissions: np.ndarray, graph: Graph, *, lengths: Optional[np.nd
         cells = int(ln.sum()) * max(1, min(ma or dg.num_states, dg.num_states))
         _pool.run_batch(_decode_batch, order, cells, 1 << 16,
                         (em, ln, dg.ptr, dg.eps_end, dg.dst, dg.ilabel, dg.weight, dg.rank,
-                         dg.starts, dg.accept, dg.has_eps, bm, ma, out_arcs, out_len,
+                         dg.gain, dg.starts, dg.accept, dg.has_eps, bm, ma, out_arcs, out_len,
                          out_score, stats))
     if _stats is not None:
         _stats["peak_active"] = stats[:, 0].copy()
