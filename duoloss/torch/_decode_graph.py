@@ -56,9 +56,11 @@ def graph_decode(emissions: torch.Tensor, graph: Graph, *,
         floating dtype (computed in float64).
       graph: the decoding graph (one for the whole batch).
       lengths: ``(B,)`` frames per utterance in ``[0, T]``; ``None``: all ``T``.
-      beam: keep the states whose score is within ``beam`` of the frame's best (natural
-        log); ``math.inf``: no score pruning.
-      max_active: keep at most this many states per frame (the best); ``None``: no limit.
+      beam: after each frame (and its epsilon closure) keep the states whose score is
+        within ``beam`` of the frame's best (natural log); ``math.inf``: no score pruning.
+      max_active: then keep at most this many of them, the best (ties: the first
+        reached); ``None``: no limit.  States from which no accept state can be reached
+        are never entered.
 
     Returns:
       One list per utterance holding its best hypothesis (a ``GraphHypothesis``:
