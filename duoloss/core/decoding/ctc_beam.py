@@ -702,6 +702,8 @@ def _looks_like_arpa(path: str) -> bool:
             head = f.read(4096)
     except OSError:
         return True       # let read_arpa report it
+    if head[:2] == b"\x1f\x8b":         # gzip: a compressed ARPA file (read_arpa reads it)
+        return True
     text = head.lstrip()
     return text.startswith(b"\\data\\") or not head or b"\0" not in head
 
