@@ -5,6 +5,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 import numpy as np
 
 from duoloss.core import _validate as _v
@@ -17,7 +18,7 @@ __all__ = ["ctc_greedy_decode"]
 PAD = -1
 
 
-def ctc_greedy_decode(log_probs: jax.Array, input_lengths: jax.Array | Sequence[int] | int,
+def ctc_greedy_decode(log_probs: ArrayLike, input_lengths: ArrayLike | Sequence[int],
                       blank: int = 0, *,
                       batch_first: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""CTC greedy (best-path) decoding: the best class per frame, repeats merged, blanks removed.

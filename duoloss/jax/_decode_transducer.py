@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 import numpy as np
 
 from duoloss.core import _validate as _v
@@ -261,7 +262,7 @@ _PROTOCOL = """
 """
 
 
-def rnnt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+def rnnt_greedy_decode(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequence[int],
                        predict: Predict, join: Join, blank: int = -1, *,
                        max_symbols_per_frame: int = 10,
                        start_token: Optional[int] = None
@@ -301,7 +302,7 @@ def rnnt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequ
                    blank, None, max_symbols_per_frame, start_token)
 
 
-def tdt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+def tdt_greedy_decode(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequence[int],
                       predict: Predict, join: Join, blank: int, durations: Sequence[int], *,
                       max_symbols_per_frame: int = 10,
                       start_token: Optional[int] = None
@@ -341,7 +342,7 @@ def tdt_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Seque
                    blank, durations, max_symbols_per_frame, start_token)
 
 
-def multiblank_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+def multiblank_greedy_decode(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequence[int],
                              predict: Predict, join: Join, blank: int,
                              big_blank_durations: Sequence[int], *,
                              max_symbols_per_frame: int = 10,
@@ -381,7 +382,7 @@ def multiblank_greedy_decode(encoder_out: jax.Array, encoder_lengths: jax.Array 
                    predict, join, blank, big_blank_durations, max_symbols_per_frame, start_token)
 
 
-def rnnt_beam_search(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+def rnnt_beam_search(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequence[int],
                      predict: Predict, join: Join, blank: int = -1, *, beam: int = 4,
                      start_token: Optional[int] = None
                      ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -418,7 +419,7 @@ def rnnt_beam_search(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequen
                  None, beam, 1, start_token)
 
 
-def tdt_beam_search(encoder_out: jax.Array, encoder_lengths: jax.Array | Sequence[int],
+def tdt_beam_search(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequence[int],
                     predict: Predict, join: Join, blank: int, durations: Sequence[int], *,
                     beam: int = 4, max_symbols_per_frame: int = 2,
                     start_token: Optional[int] = None

@@ -128,3 +128,41 @@ core_losses, core_grad = dc.ctc_loss_and_grad(x.astype(np.float64), t, jl, jt)
 assert_type(core_losses, np.ndarray)
 assert_type(core_grad, np.ndarray | None)
 assert_type(dc.transducer_viterbi(np.zeros((1, 2, 4)), np.zeros((1, 3, 3))), tuple[np.ndarray, np.ndarray])
+
+# --- decoding: CTC greedy, transducer greedy and beam search ---------------------------------
+assert_type(dt.ctc_greedy_decode(lp, il), tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.ctc_greedy_decode(lp, [6, 5], 0, batch_first=False), tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+t_pred = lambda tok, st: (tok.float()[:, None], st)  # noqa: E731
+assert_type(dt.rnnt_greedy_decode(enc, il, t_pred, lambda e, p: e + p, max_symbols_per_frame=2),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.tdt_greedy_decode(enc, il, t_pred, lambda e, p: e + p, 2, [0, 1]),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.multiblank_greedy_decode(enc, il, t_pred, lambda e, p: e + p, 4, [2]),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.rnnt_beam_search(enc, il, t_pred, lambda e, p: e + p, beam=2),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dt.tdt_beam_search(enc, il, t_pred, lambda e, p: e + p, 2, [0, 1], beam=2),
+            tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor])
+assert_type(dj.ctc_greedy_decode(x, jl), tuple[jax.Array, jax.Array, jax.Array])
+j_pred = lambda tok, st: (tok[:, None] * 1.0, st)  # noqa: E731
+assert_type(dj.rnnt_greedy_decode(np.zeros((2, 6, 5)), jl, j_pred, lambda e, p: e + p),
+            tuple[jax.Array, jax.Array, jax.Array])
+assert_type(dj.tdt_greedy_decode(np.zeros((2, 6, 5)), jl, j_pred, lambda e, p: e + p, 2, [0, 1]),
+            tuple[jax.Array, jax.Array, jax.Array])
+assert_type(dj.multiblank_greedy_decode(np.zeros((2, 6, 5)), jl, j_pred, lambda e, p: e + p, 4, [2]),
+            tuple[jax.Array, jax.Array, jax.Array])
+assert_type(dj.rnnt_beam_search(np.zeros((2, 6, 5)), jl, j_pred, lambda e, p: e + p, beam=2),
+            tuple[jax.Array, jax.Array, jax.Array, jax.Array])
+assert_type(dj.tdt_beam_search(np.zeros((2, 6, 5)), jl, j_pred, lambda e, p: e + p, 2, [0, 1]),
+            tuple[jax.Array, jax.Array, jax.Array, jax.Array])
+
+# --- decoding: WFST (graph_decode, lexicon_graph, arpa_graph) ---------------------------------
+from duoloss.core.decoding.wfst import GraphHypothesis  # noqa: E402
+
+w_lex = dg.lexicon_graph({"ab": [[1, 2]]}, ["-", "a", "b"], words=["ab"], sil=0)
+assert_type(w_lex, Graph)
+w_graph = gtn.compose(dg.ctc_topo(3), w_lex)
+assert_type(dt.graph_decode(torch.zeros((1, 4, 3)), w_graph, lengths=[4], beam=10.0, max_active=None),
+            list[list[GraphHypothesis]])
+assert_type(dj.graph_decode(np.zeros((1, 4, 3)), w_graph, lengths=np.array([4]), max_active=50),
+            list[list[GraphHypothesis]])
