@@ -10,7 +10,7 @@ Checked on: torch 2.13.0 (CPU).
 Why each is needed:
 
 * functorch introspection (``transforms_active``, ``is_wrapped``, ``unwrap``,
-  ``is_batched_level``, ``clear_interpreter_stack``): the kernels read input
+  ``is_batched_level``, ``clear_interpreter_stack``, ``maybe_legacy_batched``): the kernels read input
   values on the host, so the frontend must tell a tensor whose values it may
   read (a ``torch.func.grad`` wrapper: read its innermost tensor) from one
   whose values are unknown (a ``torch.func.vmap`` batch, handled by the vmap
@@ -30,7 +30,8 @@ from typing import Callable
 import torch
 
 __all__ = ["clear_interpreter_stack", "function_apply", "is_batched_level", "is_wrapped",
-           "mark_constant_result", "transforms_active", "unwrap", "unwrap_dead_wrappers"]
+           "mark_constant_result", "maybe_legacy_batched", "transforms_active", "unwrap",
+           "unwrap_dead_wrappers"]
 
 
 def _false(*unused) -> bool:
@@ -56,6 +57,20 @@ is_wrapped: Callable[[torch.Tensor], bool] = getattr(
 # batch.  Checked on 2.13.0.  Absent: False.
 is_batched_level: Callable[[torch.Tensor], bool] = getattr(
     _functorch, "is_batchedtensor", _false)
+
+
+def _true(*unused) -> bool:
+    return True
+
+
+# ``torch._C._functorch.is_legacy_batchedtensor(t)``: t is batched by the legacy
+# vmap (``torch._vmap_internals.vmap``), which ``gradcheck(...,
+# check_batched_grad=True)`` runs over a backward with no functorch transform
+# active, so ``transforms_active`` does not see it.  Checked on 2.13.0.
+# Absent: True (every tensor may be batched: the backward paths then take their
+# tensor-op formulas, which give the same bits, never a host read).
+maybe_legacy_batched: Callable[[torch.Tensor], bool] = getattr(
+    _functorch, "is_legacy_batchedtensor", _true)
 
 
 def _identity(t):

@@ -31,7 +31,7 @@ from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
 from ._device_align import rnnt_tokens, transducer_viterbi_regular
 from ._triton import check_impl, resolve_impl, rnnt_device_tail
-from ._weights import flush_subnormals
+from ._weights import flush_subnormals, unit_cotangent
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
 
@@ -156,7 +156,7 @@ class _FusedRNNT(torch.autograd.Function):
     def backward(ctx, g):
         x, targets, il, tl, lse, gx, gy = ctx.saved_tensors
         graph = torch.is_grad_enabled()
-        if ctx.grad is not None and not graph and bool(g == 1):
+        if ctx.grad is not None and not graph and unit_cotangent(g):
             grad, ctx.grad = ctx.grad, None  # a retained graph's next backward recomputes
             return grad, None, None, None, None, None, None
         # as the general path: the weighted lattice gradients (subnormals
@@ -244,9 +244,9 @@ class _LogProbGather(torch.autograd.Function):
         out.mul_(c.unsqueeze(-1))
         # softmax(x) is NaN only in rows with a non-finite normaliser, where py is
         # NaN or -inf; zero those rows where no cotangent arrives
+        # (always: asking whether any row is dead would synchronise with the device)
         dead = (c == 0) & ~torch.isfinite(py)
-        if not is_concrete(dead, out) or bool(dead.any()):
-            out.masked_fill_(dead.unsqueeze(-1), 0.0)
+        out.masked_fill_(dead.unsqueeze(-1), 0.0)
         idx = labels.clamp(min=0).unsqueeze(-1)
         out.scatter_add_(3, idx, (gpx * (labels >= 0)).unsqueeze(-1))
         out[..., ctx.blank] += gpy

@@ -13,6 +13,12 @@ numbers:
 * a backward only scales the saved gradients by the cotangent
   (`scale_cotangent`), flushing subnormal products to zero as XLA does
   (a cotangent of exactly 1 returns the core's bits);
+* no backward turns a tensor into a Python value: tensors batched by
+  ``torch.func.vmap`` or by the legacy vmap of ``gradcheck(...,
+  check_batched_grad=True)``, traced tensors and tensors on a device always
+  take the tensor-op formulas; only a plain CPU cotangent is compared with 1
+  on the host (`unit_cotangent`: CPU memory, no device synchronisation), to
+  skip work whose result is known;
 * under ``vmap`` the weights of each instance apply to its own row
   (`weigh_batched`).
 """
@@ -25,9 +31,10 @@ import torch
 
 from duoloss.core._reduce import reduction_weights as reduction_weights_host
 
-from ._private import transforms_active
+from ._private import maybe_legacy_batched, transforms_active
 
-__all__ = ["flush_subnormals", "reduction_weights", "scale_cotangent", "weigh_batched"]
+__all__ = ["flush_subnormals", "reduction_weights", "scale_cotangent", "unit_cotangent",
+           "weigh_batched"]
 
 # 'sum' weights per batch size, shared by every call (never written to).
 _ONES = {}
@@ -66,11 +73,26 @@ def flush_subnormals(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.abs() < tiny, t * 0, t)
 
 
+def unit_cotangent(g: torch.Tensor) -> bool:
+    """True when ``g`` is known to hold exactly 1 in every entry (``loss.backward()``).
+
+    Read on the host only for a plain CPU tensor (no device synchronisation)
+    that no vmap batches (``torch.func.vmap`` or the legacy vmap of
+    ``gradcheck(..., check_batched_grad=True)``), that no transform wraps and
+    that ``torch.compile`` does not trace; False (unknown) for anything else.
+    Callers use it only to skip work whose result is then known: False always
+    gives the same bits, through tensor ops.
+    """
+    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or g.requires_grad
+            or g.device.type != "cpu" or transforms_active() or maybe_legacy_batched(g)):
+        return False
+    return bool((g.numpy() == 1).all())
+
+
 def _flushed(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``out = grad * g`` with subnormals flushed, unless ``g`` is all ones (then
     ``out`` holds the core's bits, which have none: no pass over the gradient)."""
-    if (not torch.compiler.is_compiling() and not transforms_active()
-            and not g.requires_grad and bool((g == 1).all())):
+    if unit_cotangent(g):
         return out
     return flush_subnormals(out)
 
