@@ -86,17 +86,20 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.smoke:
-        args.n_train, args.n_dev, args.n_test = 48, 8, 16
-        args.epochs, args.max_steps, args.batch_size = 1, 3, 16
+        args.n_train, args.n_dev, args.n_test = 32, 8, 16
+        args.epochs, args.max_steps, args.batch_size = 1, 2, 16
     sizes = dict(conv=32, hidden=32, pred=32, joint=32) if args.smoke else None
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     os.environ.setdefault("DUOLOSS_QUIET_COMPILE", "1")
 
+    import common
     import corpus
     import decode
     import lm
     import report
 
+    if args.smoke:  # one padded shape: one jit compile of the JAX step
+        common.PAD_FRAMES, common.PAD_TOKENS = 512, 64
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = _progress(args.quiet)

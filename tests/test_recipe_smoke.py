@@ -1,0 +1,161 @@
+"""The speech recipe (examples/speech) cannot rot: its parts against independent facts, and a
+smoke run of every stage (corpus, torch and JAX training, every decoder, alignment, report).
+
+Independent references: the grammar's split rules (set arithmetic), eSpeak NG's word count
+(the text's words), the mel scale's analytic band centres (a pure tone), the ARPA model's
+normalisation (probabilities of every context sum to one) and a hand-computed back-off value,
+jiwer's WER on a hand-counted case, and forced alignment of posteriors built from known
+frames (the boundaries must come back exactly).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEECH = ROOT / "examples" / "speech"
+
+pytest.importorskip("espeakng_loader")
+pytest.importorskip("jiwer")
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    """The recipe's modules, imported from examples/speech (removed from sys.path after)."""
+    sys.path.insert(0, str(SPEECH))
+    try:
+        import common
+        import corpus
+        import decode
+        import features
+        import lm
+        yield {"common": common, "corpus": corpus, "decode": decode, "features": features,
+               "lm": lm}
+    finally:
+        sys.path.remove(str(SPEECH))
+        for name in ("common", "corpus", "decode", "features", "lm", "espeak"):
+            sys.modules.pop(name, None)
+
+
+def test_splits_differ_in_sentences_and_voices(recipe):
+    corpus = recipe["corpus"]
+    train, dev, test = corpus._texts(300, 20, 50, seed=3)
+    assert len(train) == 300 and len(dev) == 20 and len(test) == 50
+    assert not (set(test) | set(dev)) & set(train)
+    vocab = set(corpus.vocabulary())
+    assert 200 <= len(vocab) <= 400
+    assert {w for s in train + test for w in s.split()} <= vocab
+    assert not set(corpus.TRAIN_VOICES) & set(corpus.TEST_VOICES)
+    assert not set(corpus.TRAIN_RATES) & set(corpus.TEST_RATES)
+    assert not set(corpus.TRAIN_PITCH) & set(corpus.TEST_PITCH)
+
+
+def test_espeak_reports_word_times(recipe):
+    sys.path.insert(0, str(SPEECH))
+    from espeak import ESpeak
+    synth = ESpeak()
+    out = synth.speak("call anna at nine", voice="en-us+m3", rate=175)
+    duration = len(out.audio) / out.sample_rate
+    assert out.sample_rate == 22050 and 0.5 < duration < 3.0
+    assert float(np.abs(out.audio).max()) > 0.05
+    positions = [p for p, _ in out.words]
+    assert positions == [1, 6, 11, 14]  # 1-based character offsets of the four words
+    starts = [s for _, s in out.words]
+    assert starts == sorted(starts) and starts[-1] < duration
+    assert len(out.phonemes) >= 8
+
+
+def test_log_mel_peaks_at_a_pure_tone(recipe):
+    f = recipe["features"]
+    sr, tone = f.SAMPLE_RATE, 1000.0
+    audio = np.sin(2 * np.pi * tone * np.arange(sr) / sr).astype(np.float32)
+    feats = f.log_mel(audio, normalise=False)
+    assert feats.shape == (1 + sr // f.HOP, f.N_MELS)
+
+    def mel(x):
+        return 2595 * math.log10(1 + x / 700)
+
+    centres = [700 * (10 ** (m / 2595) - 1)
+               for m in np.linspace(mel(20), mel(8000), f.N_MELS + 2)[1:-1]]
+    best = int(np.argmax(feats[len(feats) // 2]))
+    nearest = int(np.argmin([abs(c - tone) for c in centres]))
+    assert abs(best - nearest) <= 1
+
+
+def test_arpa_is_normalised_and_backs_off_by_hand(recipe, tmp_path):
+    from duoloss.core.decoding.arpa import read_arpa
+    lm = recipe["lm"]
+    sentences = ["call anna", "call ben", "call anna now", "text ben now"]
+    vocab = ["anna", "ben", "call", "now", "text", "zoe"]
+    path = tmp_path / "lm.arpa"
+    lm.write_arpa(lm.estimate(sentences, vocab, order=3, discount=0.5), path)
+    model = read_arpa(path)
+    words = vocab + ["</s>", "<unk>"]
+    for context in [("<s>",), ("<s>", "call"), ("call", "anna"), ("anna",), ("zoe",), ()]:
+        ctx = tuple(model.word_id(w) for w in context)
+        total = sum(10 ** model.score(ctx, model.word_id(w))[0] for w in words)
+        assert abs(total - 1.0) < 1e-5, (context, total)
+    # p(call | <s>): "<s> call" seen 3 times out of 4 "<s> x" bigrams, discount 0.5
+    assert abs(model.score((model.word_id("<s>"),), model.word_id("call"))[0]
+               - math.log10((3 - 0.5) / 4)) < 1e-6
+
+
+def test_wer_matches_a_hand_count(recipe):
+    # one substitution and one deletion in six reference words
+    assert abs(recipe["decode"].wer(["turn on the kitchen lights please"],
+                                    ["turn off the kitchen lights"]) - 100 * 2 / 6) < 1e-9
+
+
+def test_alignment_recovers_known_word_frames(recipe):
+    pytest.importorskip("torch")
+    common, decode = recipe["common"], recipe["decode"]
+    text = "call ben now"
+    ids = common.encode(text)
+    # frame of each token (blank between), so the frames of every letter are known
+    frames, t = [], 2
+    for _ in ids:
+        frames.append(t)
+        t += 3
+    T = t + 2
+    lp = np.full((T, len(common.TOKENS)), math.log(1e-4), np.float32)
+    lp[:, common.BLANK] = 0.0
+    for k, fr in zip(ids, frames):
+        lp[fr] = math.log(1e-4)
+        lp[fr, k] = 0.0
+    side = decode.TorchSide(model=None)
+    frame_s = 0.01
+    (starts, ends), = decode.word_boundaries(side, [lp], [text], frame_s)
+    period = common.SUBSAMPLE * frame_s
+    word_first = [0, 5, 9]   # token positions of c, b, n
+    word_last = [3, 7, 11]   # token positions of l, n, w
+    assert np.allclose(starts, [frames[i] * period for i in word_first])
+    assert np.allclose(ends, [(frames[i] + 1) * period for i in word_last])
+
+
+def test_smoke_run_every_stage(tmp_path):
+    """The recipe's --smoke run: a few dozen utterances, a few steps, every stage."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, str(SPEECH / "run.py"), "--smoke", "--quiet",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    for fw in ("torch", "jax"):
+        r = res["frameworks"][fw]
+        assert set(r["wer"]) == {"ctc_greedy", "ctc_beam_lm", "rnnt_greedy", "rnnt_beam"}
+        assert all(0 <= w <= 1000 for w in r["wer"].values())
+        assert r["alignment"]["boundaries"] > 0
+        assert r["train_steps"] == 2
+        for stage in ("train", "tune_lm", "decode", "align"):
+            assert res["stages_s"][f"{fw}_{stage}"] >= 0
+    assert res["corpus"]["train"]["utterances"] == 32
+    assert (tmp_path / "recipe.png").stat().st_size > 10_000
+    assert (tmp_path / "lm.arpa").read_text().startswith("\n\\data\\")
+    assert "| torch | CTC head |" in (tmp_path / "results.md").read_text()
