@@ -322,6 +322,10 @@ def test_ctc_topo_lexicon_grammar_decoding_equals_full_composition(rng, arpa_pat
         align = h.alignment.tolist()
         merged = [c for i, c in enumerate(align) if c != 0 and (i == 0 or c != align[i - 1])]
         assert merged == spelled
+        # each word is emitted on its first token: its timestep is that token's first frame
+        starts = [i for i, c in enumerate(align) if c != 0 and (i == 0 or c != align[i - 1])]
+        first = np.cumsum([0] + [len(lexicon[words[w]][0]) for w in h.labels.tolist()])[:-1]
+        assert h.timesteps.tolist() == [starts[k] for k in first]
         acoustic = float(em[b, np.arange(9), align].sum())
         lm_score = lm.sentence_log10([words[w] for w in h.labels.tolist()]) * LN10
         assert h.score == pytest.approx(acoustic + lm_score, abs=1e-5)

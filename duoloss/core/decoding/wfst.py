@@ -676,7 +676,8 @@ def graph_decode(emissions: np.ndarray, graph: Graph, *, lengths: Optional[np.nd
         ol = dg.olabel_all[arcs]
         consumed = np.cumsum(il >= 0)
         emit = ol >= 0
-        frames = np.where(il >= 0, consumed - 1, np.maximum(consumed - 1, 0))
+        # an arc's frame: its own if it reads one, else the last one read before it (or 0)
+        frames = np.maximum(consumed - 1, 0)
         results.append([GraphHypothesis(ol[emit].astype(np.int64), float(out_score[b]),
                                         il[il >= 0].astype(np.int64),
                                         frames[emit].astype(np.int64), arcs.astype(np.int64))])
