@@ -523,3 +523,20 @@ def test_pruned_search_equals_a_plain_python_token_passing_reference(rng):
         [h] = hyps
         assert h.score == pytest.approx(ref[0], abs=1e-9)
         assert h.arcs.tolist() == ref[1]
+
+
+def test_batch_on_the_thread_pool_equals_one_utterance_at_a_time(rng, monkeypatch):
+    from duoloss.core import _pool
+    monkeypatch.setattr(_pool, "num_threads", lambda: 3)     # split the batch over threads
+    C = 6
+    g = random_graph(rng, n=150, arcs=900, C=C, K=8)
+    em = log_probs(rng, 16, 50, C)
+    ln = rng.integers(30, 51, 16)
+    calls = []
+    real = _pool._run_batch
+    monkeypatch.setattr(_pool, "_run_batch", lambda k, o, c, m, a: (calls.append(c >= m), real(k, o, c, m, a)))
+    batch = graph_decode(em, g, lengths=ln, beam=6.0, max_active=120)
+    assert calls == [True]
+    for b in range(16):
+        [one] = graph_decode(em[b:b + 1], g, lengths=ln[b:b + 1], beam=6.0, max_active=120)
+        assert [(h.score, h.arcs.tolist()) for h in one] == [(h.score, h.arcs.tolist()) for h in batch[b]]
