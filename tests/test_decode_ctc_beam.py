@@ -358,9 +358,22 @@ def test_hotword_bonus_completed_phrase():
     assert hot.score == pytest.approx(math.log(.4 * .4) + 3.0, abs=1e-12)
 
 
+def test_hotword_needs_word_boundaries():
+    """Lexicon-free, hotword "a" (weight 2): "a" alone (between silences) earns it, the "a"
+    in "ab" does not, so "a" beats the likelier "ab"."""
+    tokens = ["-", "|", "a", "b"]
+    em = np.log(np.array([[[.1 / 3, .1 / 3, .9, .1 / 3], [.45, .025, .025, .5]]]))
+    plain = build_decoder(tokens, **WIDE).decode(em)[0][0]
+    assert plain.tokens.tolist() == [1, 2, 3, 1]
+    hot = build_decoder(tokens, hotwords=[("a", 2.0)], **WIDE).decode(em)[0][0]
+    assert hot.tokens.tolist() == [1, 2, 1]
+    assert hot.score == pytest.approx(math.log(.9 * .45) + 2.0, abs=1e-12)
+
+
 def test_hotword_partial_match_is_taken_back():
-    """Hotword "aba": a hypothesis that stops after "ab" keeps no bonus at the end, but the
-    partial bonus kept it in a beam of 1 on the way."""
+    """Hotword "aba" (4 credited tokens a, b, a and the closing silence: 0.75 each): a
+    hypothesis that stops after "ab" keeps no bonus at the end, but the partial bonus kept it
+    in a beam of 1 on the way."""
     tokens = ["-", "|", "a", "b"]
     em = np.log(np.array([[[.05, .05, .45, .45], [.05, .05, .45, .45], [.9, .04, .03, .03]]]))
     h = build_decoder(tokens, hotwords=[("aba", 3.0)], **WIDE).decode(em)[0][0]

@@ -280,7 +280,7 @@ def decode_batch(order, em, lengths, pf, pi,
     beam, k_tok, blank, sil = pi[0], pi[1], pi[2], pi[3]
     unk_word, lexicon, log_add, has_lm = pi[4], pi[5] != 0, pi[6] != 0, pi[7] != 0
     nbest, max_lab, eos_lm, start_state = pi[8], pi[9], pi[10], pi[11]
-    has_hw, lm_nw = pi[12] != 0, pi[13]
+    has_hw, lm_nw, hw_init = pi[12] != 0, pi[13], pi[14]
     n_cls = em.shape[2]
     lm_mask = lm_keys.shape[0] - 1
     n_nodes = ch_start.shape[0] - 1
@@ -328,7 +328,7 @@ def decode_batch(order, em, lengths, pf, pi,
         y_lex = np.zeros(1, np.int64)
         y_tok = np.full(1, sil, np.int64)
         y_blank = np.zeros(1, np.int64)
-        y_hwn = np.zeros(1, np.int64)
+        y_hwn = np.full(1, hw_init, np.int64)     # lexicon-free: after the start silence
         y_hwp = np.zeros(1, np.float64)
         p_tok = np.empty((T + 2, beam), np.int32)     # token of each kept hypothesis
         p_par = np.empty((T + 2, beam), np.int32)     # its parent in the frame before
@@ -375,16 +375,11 @@ def decode_batch(order, em, lengths, pf, pi,
                         sc = S + row[n]
                         if n == sil:
                             sc += sil_score
-                        nhwn, nhwp, dhw = hwn, hwp, 0.0
-                        if has_hw:
-                            nhwn, nhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum,
-                                                       hw_term, hwn, hwp, n)
-                        sc += dhw
                         if ch_start[child + 1] > ch_start[child]:
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
                                             c_hwn, c_hwp, nc, best, thr,
                                             sc + lm_weight * (np.float64(smear[child]) - lex_max),
-                                            H, child, n, 0, h, nhwn, nhwp)
+                                            H, child, n, 0, h, hwn, hwp)
                         n_lab = lab_start[child + 1] - lab_start[child]
                         for q in range(lab_start[child], lab_start[child + 1]):
                             w = lab_word[q]
@@ -392,20 +387,29 @@ def decode_batch(order, em, lengths, pf, pi,
                                                      n_hist, H, w, unit_lm, has_lm, lm_keys,
                                                      lm_probs, lm_nexts, lm_mask, lm_nw, lm_bo,
                                                      lm_par)
+                            # hotwords with a lexicon: the automaton reads words
+                            nhwn, nhwp, dhw = hwn, hwp, 0.0
+                            if has_hw:
+                                nhwn, nhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum,
+                                                           hw_term, hwn, hwp, w)
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
                                             c_hwn, c_hwp, nc, best, thr,
                                             sc + lm_weight * (h_lmscore[nh] - lex_max)
-                                            + word_score,
+                                            + word_score + dhw,
                                             nh, 0, n, 0, h, nhwn, nhwp)
                         if n_lab == 0 and unk_score > -np.inf:
                             nh, n_hist = _hist_child(h_parent, h_unit, h_lm, h_lmscore, h_table,
                                                      n_hist, H, unk_word, unit_lm, has_lm,
                                                      lm_keys, lm_probs, lm_nexts, lm_mask, lm_nw,
                                                      lm_bo, lm_par)
+                            nhwn, nhwp, dhw = hwn, hwp, 0.0
+                            if has_hw:
+                                nhwn, nhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum,
+                                                           hw_term, hwn, hwp, unk_word)
                             nc, best = _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par,
                                             c_hwn, c_hwp, nc, best, thr,
                                             sc + lm_weight * (h_lmscore[nh] - lex_max)
-                                            + unk_score,
+                                            + unk_score + dhw,
                                             nh, 0, n, 0, h, nhwn, nhwp)
                     # (2) the same trie node: a repeated token, or silence at a word boundary
                     if (not pb) or L == 0:
@@ -508,7 +512,14 @@ def decode_batch(order, em, lengths, pf, pi,
         for h in range(n_hyp):
             if nice and y_lex[h] != 0:
                 continue
-            sc = y_score[h] - y_hwp[h]
+            sc = y_score[h]
+            if has_hw:
+                fhwp = y_hwp[h]
+                if not lexicon:     # the end silence ends a phrase spelled up to its last token
+                    _, fhwp, dhw = _hw_step(hw_col, hw_goto, hw_par, hw_cum, hw_term, y_hwn[h],
+                                            fhwp, sil)
+                    sc += dhw
+                sc -= fhwp          # an unfinished phrase earns nothing
             if has_lm:
                 fp, _ = lm_score(lm_keys, lm_probs, lm_nexts, lm_mask, lm_nw, lm_bo, lm_par,
                                  h_lm[y_hist[h]], eos_lm)

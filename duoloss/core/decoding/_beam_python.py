@@ -125,7 +125,7 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
             return n
 
         # hypothesis: (score, hist, lex, tok, blank, hwn, hwp)
-        hyps = [(0.0, 0, 0, sil, 0, 0, 0.0)]
+        hyps = [(0.0, 0, 0, sil, 0, dec._hw_init, 0.0)]
         p_tok = [[sil]]
         p_par = [[-1]]
         for t in range(T):
@@ -154,18 +154,19 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
                             continue
                         c = int(ch_node[j])
                         sc = S + row[n] + (dec.sil_score if n == sil else 0.0)
-                        nhwn, nhwp, dhw = (hw_step(hwn, hwp, n) if has_hw else (hwn, hwp, 0.0))
-                        sc += dhw
                         if ch_start[c + 1] > ch_start[c]:
-                            add(sc + lmw * (float(smear[c]) - lex_max), H, c, n, 0, h, nhwn, nhwp)
+                            add(sc + lmw * (float(smear[c]) - lex_max), H, c, n, 0, h, hwn, hwp)
                         n_lab = lab_start[c + 1] - lab_start[c]
                         for q in range(lab_start[c], lab_start[c + 1]):
-                            nh = child(H, int(lab_word[q]))
-                            add(sc + lmw * (h_score[nh] - lex_max) + dec.word_score,
+                            w = int(lab_word[q])
+                            nh = child(H, w)
+                            nhwn, nhwp, dhw = (hw_step(hwn, hwp, w) if has_hw else (hwn, hwp, 0.0))
+                            add(sc + lmw * (h_score[nh] - lex_max) + dec.word_score + dhw,
                                 nh, 0, n, 0, h, nhwn, nhwp)
                         if n_lab == 0 and dec.unk_score > -math.inf:
                             nh = child(H, unk)
-                            add(sc + lmw * (h_score[nh] - lex_max) + dec.unk_score,
+                            nhwn, nhwp, dhw = (hw_step(hwn, hwp, unk) if has_hw else (hwn, hwp, 0.0))
+                            add(sc + lmw * (h_score[nh] - lex_max) + dec.unk_score + dhw,
                                 nh, 0, n, 0, h, nhwn, nhwp)
                     if (not pb) or L == 0:
                         n = sil if L == 0 else p
@@ -194,7 +195,12 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
             if nice and L != 0:
                 continue
             _, fs = lm.finish(h_state[H])
-            sc = S - hwp + lmw * float(fs)
+            sc = S + lmw * float(fs)
+            if has_hw:
+                if not lexicon:    # the end silence ends a phrase spelled up to its last token
+                    _, hwp, dhw = hw_step(hwn, hwp, sil)
+                    sc += dhw
+                sc -= hwp
             if sc >= best:
                 best = sc
             if sc >= best - thr:

@@ -265,29 +265,31 @@ def _build_lexicon_trie(entries: List[Tuple[str, List[List[int]]]], word_scores:
     return ch_start, ch_token, ch_node, lab_start, lab_word, smear, max_lab
 
 
-def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float]], n_units: int):
+def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float, int]], n_units: int):
     """Aho-Corasick automaton over unit sequences; every spelling of a phrase of weight
-    ``w`` and ``n`` units earns ``w / n`` per matched unit (the largest such share where
-    phrases share a prefix), so a whole phrase earns ``w``."""
+    ``w`` and ``n`` units after its ``lead`` leading boundary units earns ``w / n`` per
+    matched unit (the largest such share where phrases share a prefix), so a whole phrase
+    earns ``w``."""
     children: List[Dict[int, int]] = [{}]
     inc = [0.0]
     term = [False]
-    for spellings, weight in phrases:
+    for spellings, weight, lead in phrases:
         for units in spellings:
-            if not units:
+            if len(units) <= lead:
                 continue
-            share = weight / len(units)
+            share = weight / (len(units) - lead)
             node = 0
-            for u in units:
+            for i, u in enumerate(units):
+                s = share if i >= lead else 0.0      # leading boundary units earn nothing
                 nxt = children[node].get(u)
                 if nxt is None:
                     nxt = len(children)
                     children[node][u] = nxt
                     children.append({})
-                    inc.append(share)
+                    inc.append(s)
                     term.append(False)
                 else:
-                    inc[nxt] = max(inc[nxt], share)
+                    inc[nxt] = max(inc[nxt], s)
                 node = nxt
             term[node] = True
     n = len(children)
@@ -348,7 +350,7 @@ class CTCDecoder:
                  word_score: float, unk_score: float, sil_score: float, log_add: bool,
                  lexicon: Optional[List[Tuple[str, List[List[int]]]]],
                  lm_tables: Optional[_LMTables], py_lm: Optional[CTCDecoderLM],
-                 hotwords: List[Tuple[List[List[int]], float]]):
+                 hotwords: List[Tuple[List[List[int]], float, int]]):
         self.tokens = tokens
         self.token_index = token_index
         self.blank = blank
@@ -399,8 +401,13 @@ class CTCDecoder:
             self._unk_unit = 0
         self._unit_lm = unit_lm
         self._has_lm = has_lm
+        self._hw_init = 0
         if hotwords:
-            self._hw = _build_hotword_automaton(hotwords, n_cls)
+            # units: words with a lexicon, tokens without (phrases framed by silences)
+            n_units = len(words) if lexicon is not None else n_cls
+            self._hw = _build_hotword_automaton(hotwords, n_units)
+            if lexicon is None:       # the search starts in silence
+                self._hw_init = int(self._hw[1][0, self._hw[0][sil]])
         else:
             self._hw = (np.zeros(n_cls, np.int64), np.zeros((1, 1), np.int32),
                         np.full(1, -1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
@@ -448,7 +455,7 @@ class CTCDecoder:
         pi = np.array([self.beam_size, self.beam_size_token, self.blank, self.sil,
                        self._unk_unit, self.lexicon is not None, self.log_add, self._has_lm,
                        self.nbest, self._trie[6], tables.eos, tables.start, self._has_hw,
-                       tables.n_words], np.int64)
+                       tables.n_words, self._hw_init], np.int64)
         return pf, pi
 
     def _decode_numba(self, em, lens, todo):
@@ -655,13 +662,13 @@ def _spell_greedy(word: str, token_index: Dict[str, int], phrase: str) -> List[i
 
 def _hotword_units(hotwords: Any, hotword_weight: float, token_index: Dict[str, int], sil: int,
                    blank: int, lexicon: Optional[List[Tuple[str, List[List[int]]]]]
-                   ) -> List[Tuple[List[List[int]], float]]:
+                   ) -> List[Tuple[List[List[int]], float, int]]:
     if hotwords is None:
         return []
     if isinstance(hotwords, (str, bytes)) or not isinstance(hotwords, Sequence):
         raise TypeError(f"{_FN}: argument 'hotwords' must be a list of phrases (str) or "
                         f"(phrase, weight) pairs, got {type(hotwords).__name__}")
-    spell = {w: sp for w, sp in lexicon} if lexicon is not None else None
+    spell = {w: i for i, (w, _) in enumerate(lexicon)} if lexicon is not None else None
     out = []
     for i, item in enumerate(hotwords):
         if isinstance(item, str):
@@ -676,23 +683,25 @@ def _hotword_units(hotwords: Any, hotword_weight: float, token_index: Dict[str, 
         if not words:
             raise ValueError(f"{_FN}: argument 'hotwords' has an empty phrase at index {i}")
         if spell is not None:
-            combos: List[List[int]] = [[]]
+            # with a lexicon the automaton reads words (their ids)
+            ids = []
             for w in words:
                 if w not in spell:
                     raise ValueError(f"{_FN}: argument 'hotwords': the word {w!r} of {phrase!r} "
                                      "is not in the lexicon (it could never be decoded)")
-                combos = [c + sp for c in combos for sp in spell[w]][:64]
-            out.append((combos, weight))
+                ids.append(spell[w])
+            out.append(([ids], weight, 0))
         else:
-            units: List[int] = []
-            for j, w in enumerate(words):
-                if j:
-                    units.append(sil)
+            # without, it reads tokens: the phrase between silences (word boundaries), the
+            # leading silence earning nothing
+            units: List[int] = [sil]
+            for w in words:
                 units += _spell_greedy(w, token_index, phrase)
+                units.append(sil)
             if blank in units:
                 raise ValueError(f"{_FN}: argument 'hotwords': {phrase!r} is spelled with the "
                                  "blank token")
-            out.append(([units], weight))
+            out.append(([units], weight, 1))
     return out
 
 
