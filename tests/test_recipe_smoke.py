@@ -159,3 +159,26 @@ def test_smoke_run_every_stage(tmp_path):
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
     assert (tmp_path / "lm.arpa").read_text().startswith("\n\\data\\")
     assert "| torch | CTC head |" in (tmp_path / "results.md").read_text()
+
+
+def test_real_corpus_reads_librispeech_layout(recipe, tmp_path):
+    import wave
+    sys.path.insert(0, str(SPEECH))
+    import real_corpus
+    f = recipe["features"]
+    chapter = tmp_path / "19" / "198"
+    chapter.mkdir(parents=True)
+    lengths = {"19-198-0000": 16000, "19-198-0001": 8000}  # samples at 16 kHz
+    for uid, n in lengths.items():
+        with wave.open(str(chapter / f"{uid}.wav"), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((np.sin(np.arange(n) * 0.3) * 8000).astype(np.int16).tobytes())
+    (chapter / "19-198.trans.txt").write_text("19-198-0000 NORTHANGER ABBEY\n"
+                                              "19-198-0001 IT'S CHAPTER ONE.\n")
+    split = real_corpus.load(tmp_path)
+    assert [u["text"] for u in split["utts"]] == ["northanger abbey", "it's chapter one"]
+    for feats, n in zip(split["feats"], lengths.values()):
+        resampled = n * f.SAMPLE_RATE // 16000  # 16 kHz -> 22.05 kHz
+        assert feats.shape == (1 + resampled // f.HOP, f.N_MELS)

@@ -237,6 +237,8 @@ def boundary_errors(aligned, utts):
     """Absolute errors (seconds) of the aligned word starts and ends vs the synthesiser's."""
     start_err, end_err = [], []
     for (starts, ends), u in zip(aligned, utts):
+        if u["word_starts"] is None:
+            continue  # a real corpus without word timings
         if len(starts) != len(u["word_starts"]):
             continue  # cannot happen for a feasible alignment; skipped rather than mis-paired
         for s, ts in zip(starts, u["word_starts"]):
@@ -246,6 +248,10 @@ def boundary_errors(aligned, utts):
             if te is not None:
                 end_err.append(abs(e - te))
     start_err, end_err = np.array(start_err), np.array(end_err)
+    if len(start_err) == 0:
+        return {"median_ms": None, "within_100ms": None, "start_median_ms": None,
+                "end_median_ms": None, "start_within_100ms": None, "end_within_100ms": None,
+                "boundaries": 0}
     both = np.concatenate([start_err, end_err])
     return {"median_ms": 1000 * float(np.median(both)),
             "within_100ms": float(np.mean(both <= 0.1)),

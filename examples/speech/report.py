@@ -101,6 +101,8 @@ def table(results):
              "starts: median (ms) | ends: median (ms) |", "| --- | --- | --- | --- | --- | --- |"]
     for fw, r in results["frameworks"].items():
         a = r["alignment"]
+        if not a["boundaries"]:
+            continue
         rows.append(f"| {fw} | {a['boundaries']} | {a['median_ms']:.1f} | "
                     f"{100 * a['within_100ms']:.1f}% | {a['start_median_ms']:.1f} | "
                     f"{a['end_median_ms']:.1f} |")

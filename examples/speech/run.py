@@ -84,6 +84,10 @@ def main(argv=None):
     p.add_argument("--no-figure", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-dir", help="a real corpus to train on instead of the synthetic one "
+                   "(LibriSpeech layout or name.wav + name.txt; see real_corpus.py)")
+    p.add_argument("--dev-dir", help="its dev set (default: 5%% of --train-dir held out)")
+    p.add_argument("--test-dir", help="its test set (required with --train-dir)")
     args = p.parse_args(argv)
     if args.smoke:
         args.n_train, args.n_dev, args.n_test = 32, 8, 16
@@ -110,19 +114,34 @@ def main(argv=None):
                "args": vars(args), "frameworks": {}, "stages_s": stages}
 
     t = time.perf_counter()
-    data = corpus.build(out, n_train=args.n_train, n_dev=args.n_dev, n_test=args.n_test,
-                        seed=args.seed, workers=args.workers, progress=progress)
+    if args.train_dir:
+        import real_corpus
+        from features import FRAME_S
+        if not args.test_dir:
+            raise SystemExit("run.py: --train-dir needs --test-dir")
+        data = {"train": real_corpus.load(args.train_dir), "test": real_corpus.load(args.test_dir),
+                "frame_s": FRAME_S}
+        if args.dev_dir:
+            data["dev"] = real_corpus.load(args.dev_dir)
+        else:
+            k = max(1, len(data["train"]["utts"]) // 20)
+            data["dev"] = {key: v[-k:] for key, v in data["train"].items()}
+            data["train"] = {key: v[:-k] for key, v in data["train"].items()}
+        words = sorted({w for u in data["train"]["utts"] for w in u["text"].split()})
+    else:
+        data = corpus.build(out, n_train=args.n_train, n_dev=args.n_dev, n_test=args.n_test,
+                            seed=args.seed, workers=args.workers, progress=progress)
+        words = corpus.vocabulary()
     stages["corpus"] = time.perf_counter() - t
     hours = {s: sum(u["duration_s"] for u in data[s]["utts"]) / 3600 for s in data
              if s in ("train", "dev", "test")}
     results["corpus"] = {s: {"utterances": len(data[s]["utts"]), "hours": round(h, 3)}
                          for s, h in hours.items()}
-    results["corpus"]["vocabulary"] = len(corpus.vocabulary())
+    results["corpus"]["vocabulary"] = len(words)
     print(f"corpus: {results['corpus']} ({stages['corpus']:.0f} s)", flush=True)
 
     t = time.perf_counter()
     train_texts = [u["text"] for u in data["train"]["utts"]]
-    words = corpus.vocabulary()
     arpa, lexicon = out / "lm.arpa", out / "lexicon.txt"
     lm.write_arpa(lm.estimate(train_texts, words, order=3), arpa)
     lm.write_lexicon(words, lexicon)
@@ -198,15 +217,16 @@ def main(argv=None):
             "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
                          for i, r in enumerate(test_refs[:5])]}
         print(f"{fw}: WER " + ", ".join(f"{k} {v[0]:.2f}%" for k, v in decoded.items())
-              + f"; word boundaries: median {align['median_ms']:.1f} ms, "
-              f"{100 * align['within_100ms']:.1f}% within 100 ms", flush=True)
+              + ("" if not align["boundaries"] else
+                 f"; word boundaries: median {align['median_ms']:.1f} ms, "
+                 f"{100 * align['within_100ms']:.1f}% within 100 ms"), flush=True)
         if example is None:
             i = next((i for i, a in enumerate(data["test"]["audio"]) if a is not None), 0)
             example = {"feats": data["test"]["feats"][i], "log_probs": lp[i],
                        "text": test_refs[i], "hyp": decoded["ctc_beam_lm"][1][i],
                        "aligned": aligned[i],
-                       "true": (data["test"]["utts"][i]["word_starts"],
-                                data["test"]["utts"][i]["word_ends"]),
+                       "true": (data["test"]["utts"][i]["word_starts"] or [],
+                                data["test"]["utts"][i]["word_ends"] or []),
                        "title": f"test utterance {i} ({data['test']['utts'][i]['voice']}, "
                                 f"rate {data['test']['utts'][i]['rate']}, "
                                 f"SNR {data['test']['utts'][i]['snr_db']:.0f} dB), {fw} model"}

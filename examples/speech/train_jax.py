@@ -32,7 +32,7 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x, out_lens):
         h = nn.relu(nn.Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
-        h = nn.relu(nn.Conv(self.conv, (3,), padding=[(1, 1)])(h))
+        h = nn.LayerNorm()(nn.relu(nn.Conv(self.conv, (3,), padding=[(1, 1)])(h)))
         for _ in range(self.layers):
             h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)),
                                  nn.RNN(nn.GRUCell(self.hidden), reverse=True, keep_order=True)
@@ -96,7 +96,7 @@ def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens):
 
 
 def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None, sizes=None):
+          max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train a :class:`SpeechModel` on ``data["train"]`` (same batches as the torch run).
 
     Returns:
@@ -131,9 +131,10 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
         for batch in batches(feats, texts, batch_size, rng):
             if step >= total:
                 break
-            batch = spec_augment(batch, rng)
+            if epoch >= augment_from:
+                batch = spec_augment(batch, rng)
             params, opt_state, ctc, rnnt = step_fn(
-                params, opt_state, jnp.float32(lr_at(step, total, lr)), batch.feats,
+                params, opt_state, jnp.float32(lr_at(step, total, lr, warmup)), batch.feats,
                 batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
             hist["ctc"].append(float(ctc))
             hist["rnnt"].append(float(rnnt))

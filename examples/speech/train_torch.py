@@ -35,11 +35,12 @@ class Encoder(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(n_feats, conv, 3, stride=2, padding=1)
         self.conv2 = nn.Conv1d(conv, conv, 3, padding=1)
+        self.norm = nn.LayerNorm(conv)
         self.rnn = nn.GRU(conv, hidden, num_layers=layers, bidirectional=True, batch_first=True)
 
     def forward(self, x, out_lens):
         h = torch.relu(self.conv1(x.transpose(1, 2)))
-        h = torch.relu(self.conv2(h)).transpose(1, 2)
+        h = self.norm(torch.relu(self.conv2(h)).transpose(1, 2))
         packed = nn.utils.rnn.pack_padded_sequence(h, torch.as_tensor(out_lens).cpu(),
                                                    batch_first=True, enforce_sorted=False)
         out, _ = self.rnn(packed)
@@ -102,7 +103,7 @@ class SpeechModel(nn.Module):
 
 
 def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None, sizes=None):
+          max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train a :class:`SpeechModel` on ``data["train"]``.
 
     Returns:
@@ -125,9 +126,10 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
         for batch in batches(feats, texts, batch_size, rng):
             if step >= total:
                 break
-            batch = spec_augment(batch, rng)
+            if epoch >= augment_from:
+                batch = spec_augment(batch, rng)
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, lr)
+                g["lr"] = lr_at(step, total, lr, warmup)
             ctc, rnnt = model.losses(batch)
             opt.zero_grad()
             (ctc + rnnt).backward()
