@@ -53,12 +53,17 @@ def _lse(a, b):
 
 # ----------------------------------------------------------------------------- lexicon-free
 
-def _brute_lexfree(em, blank, sil, sil_score, log_add):
+def _brute_lexfree(em, blank, sil, sil_score, log_add, k=None):
     """label sequence (after the start silence) -> best or summed alignment score, and the
-    best alignment of each labelling."""
+    best alignment of each labelling; with ``k``, only alignments through each frame's ``k``
+    best classes (flashlight's beam_size_token without a lexicon)."""
     T, C = em.shape
     agg, best_path = {}, {}
+    allowed = [set(np.argsort(-em[t], kind="stable")[:k].tolist()) if k else set(range(C))
+               for t in range(T)]
     for path in itertools.product(range(C), repeat=T):
+        if any(c not in allowed[t] for t, c in enumerate(path)):
+            continue
         s = sum(em[t, c] for t, c in enumerate(path)) + sil_score * sum(c == sil for c in path)
         # the search starts in silence: a first-frame silence continues it
         lab = tuple(_collapse((sil,) + path, blank)[1:])
@@ -71,16 +76,18 @@ def _brute_lexfree(em, blank, sil, sil_score, log_add):
 
 
 @pytest.mark.parametrize("log_add", [False, True])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(5))
 def test_lexicon_free_equals_exhaustive_search(seed, log_add):
     rng = np.random.default_rng(seed)
     T, C = 5, 4
     tokens = ["-", "|", "a", "b"]
     em = _emissions(rng, 1, T, C)
-    sil_score = [0.0, -0.7, 0.4, 0.0][seed]
-    dec = build_decoder(tokens, nbest=3, sil_score=sil_score, log_add=log_add, **WIDE)
+    sil_score = [0.0, -0.7, 0.4, 0.0, 0.2][seed]
+    k = 3 if seed == 4 else None          # beam_size_token: each frame's 3 best classes
+    dec = build_decoder(tokens, nbest=3, sil_score=sil_score, log_add=log_add,
+                        beam_size_token=k, **WIDE)
     hyps = dec.decode(em)[0]
-    agg, best_path = _brute_lexfree(em[0], 0, 1, sil_score, log_add)
+    agg, best_path = _brute_lexfree(em[0], 0, 1, sil_score, log_add, k)
     ranked = sorted(agg.items(), key=lambda kv: -kv[1])
     for h, (lab, score) in zip(hyps, ranked[:3]):
         assert h.score == pytest.approx(score, abs=1e-9)
