@@ -25,7 +25,7 @@ from duoloss.core._validate import IMPLS, check_impl
 
 __all__ = ["IMPLS", "check_impl", "ctc_losses", "resolve_impl", "transducer_losses",
            "transducer_losses_and_grads", "triton_available", "ctc_device",
-           "rnnt_device_tail"]
+           "rnnt_device_tail", "int_to"]
 
 _WARNED: List[str] = []
 
@@ -39,6 +39,22 @@ def triton_available() -> Tuple[bool, str]:
 
 # looked up once: resolve_impl runs inside torch.compile traces
 _AVAILABLE = triton_available()
+
+
+def int_to(x, device: torch.device) -> torch.Tensor:
+    """Integer arguments (numpy array, list or tensor) as an int64 tensor on ``device``.
+
+    From the host to a CUDA device the copy goes through pinned memory with
+    ``non_blocking=True``: a copy from pageable memory waits for the stream (a host
+    synchronisation) and is refused inside a CUDA graph capture; the pinned
+    staging copy is the call's own, so the caller may reuse its array at once.
+    """
+    t = torch.as_tensor(x)
+    if t.device.type == "cpu" and device.type == "cuda":
+        if t.dtype != torch.int64:
+            t = t.to(torch.int64)
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device=device, dtype=torch.int64)
 
 
 def _interpreting() -> bool:

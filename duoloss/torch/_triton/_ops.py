@@ -24,6 +24,7 @@ import torch
 
 from .._adapter import _requires_grad
 from .._ops import second_order_message, vmap_fold
+from . import int_to  # noqa: F401  (re-exported for the launchers)
 
 __all__ = ["ctc", "int_to", "kernels_interpreted", "transducer", "transducer_with_grads"]
 
@@ -73,22 +74,6 @@ def launch(kernel, grid, args, kwargs) -> None:
         RECORD.append((kernel, grid, args, kwargs))
         return
     kernel[grid](*args, **kwargs)
-
-
-def int_to(x, device: torch.device) -> torch.Tensor:
-    """Integer arguments (numpy array, list or tensor) as an int64 tensor on ``device``.
-
-    From the host to a CUDA device the copy goes through pinned memory with
-    ``non_blocking=True``: a copy from pageable memory would wait for the stream
-    (a host synchronisation); the pinned staging copy is the call's own, so the
-    caller may reuse its array at once.
-    """
-    t = torch.as_tensor(x)
-    if t.device.type == "cpu" and device.type == "cuda":
-        if t.dtype != torch.int64:
-            t = t.to(torch.int64)
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device=device, dtype=torch.int64)
 
 
 def _launch_device(t: torch.Tensor):

@@ -12,8 +12,11 @@ the duration's ``log_softmax``; ``-inf`` outside each sequence's box), the
 Triton kernel (`duoloss.torch._triton._tdt_kernels`) runs the alpha/beta
 recursion, and torch operations form every move's posterior
 ``exp(alpha + w + beta_dest - log Z)`` and each cell's gradient row exactly as the
-core.  The gradient is computed with the forward (an ``autograd.Function``; the
-backward scales it by the cotangent).  Memory ``O(N T (U + 1) (V + D))``.
+core.  The forward keeps only the gradient's ``(N, T, U + 1)``-sized factors; the
+backward writes the gradient into its own buffer in place (an
+``autograd.Function``): beyond the logits and their gradient, memory stays
+``O(N T (U + 1) (D + number of blank symbols))`` plus a quarter of the logits for
+the normaliser's temporary (measured: ``benchmarks/device_memory.py``).
 
 ``torch.compile`` does not trace this path: the frontends send traced calls to
 the host path.
@@ -79,6 +82,16 @@ def _lse_raw(x, dim):
     return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
 
 
+def _lse_chunked(x):
+    """`_lse_raw` over the last axis, a few sequences at a time: its ``exp``
+    temporary stays a fraction of ``x`` (each row's value as in one call)."""
+    n = x.shape[0]
+    step = max(1, -(-n // 4))
+    if n <= 1:
+        return _lse_raw(x, -1)
+    return torch.cat([_lse_raw(c, -1) for c in x.split(step, 0)], 0)
+
+
 def _lse_safe(x, dim):
     """``log sum exp`` over ``dim``: ``-inf`` for only ``-inf`` entries, NaN in, NaN out."""
     m = x.amax(dim=dim, keepdim=True)
@@ -142,7 +155,7 @@ def _prepare(x, tg, il, tl, spec):
     valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= u_cap)
              & (lab_ok | ~in_tg).all(dim=1))
     tok = x[..., :n_lab]
-    lse = _lse_raw(tok, -1)                                         # (N, T, U1, 1)
+    lse = _lse_chunked(tok)                                         # (N, T, U1, 1)
     y = torch.cat([tg.clamp(0, n_lab - 1), tg.new_zeros((n, 1))], dim=1).to(torch.int64)
     lab = torch.gather(tok, -1, y[:, None, :, None].expand(n, t_max, u1, 1))[..., 0]
     lab = lab - lse[..., 0] - sigma
@@ -197,7 +210,12 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
 
 
 def _run(x, tg, il, tl, spec, want):
-    """``(losses (N,), grad or None)`` in the work dtype (the core's numbers)."""
+    """``(losses (N,), recipe or None)`` in the work dtype (the core's numbers).
+
+    The recipe holds the gradient's ``(N, T, U + 1)``-sized factors (posteriors,
+    occupations, normalisers, masks); `_grad` turns it into the ``(N, T, U + 1, V +
+    D)`` gradient in the backward, written in place into the gradient's own buffer:
+    no logits-sized temporary is kept between forward and backward."""
     (lab_moves, blk_moves), _, dur_grad, n_lab, n_dur, lam, clamp = spec
     n, t_max, u1, _ = x.shape
     if n == 0 or t_max == 0:
@@ -208,7 +226,7 @@ def _run(x, tg, il, tl, spec, want):
         valid = (il == 0) & (tl >= 0) & (tl <= u1 - 1) & (labels_ok | ~in_tg).all(dim=1)
         zero = x.new_zeros((n,))
         loss = torch.where(valid, torch.where(tl == 0, zero, float("inf")), float("nan"))
-        return loss, (torch.zeros_like(x) if want else None)
+        return loss, ({} if want else None)
     valid, inbox, lse, y, lab_w, blk_w, term_w = _prepare(x, tg, il, tl, spec)
     term = torch.stack(term_w)
     term = _lse_safe(term, 0) if len(term_w) > 1 else term[0]         # (N, T, U1)
@@ -234,63 +252,115 @@ def _run(x, tg, il, tl, spec, want):
         if i >= 0:
             pdur[i] = pdur[i] + p
     occ = plab + sum(pblk.values())
-    tok = x[..., :n_lab]
-    gt = torch.exp(tok - lse) * (occ + lam * plab)[..., None]
-    cls = torch.arange(n_lab, device=x.device)
-    gt = gt - (cls == y[:, None, :, None]).to(gt.dtype) * ((1.0 + lam) * plab[..., None])
-    for k, p in pblk.items():
-        gt = gt - (cls == k).to(gt.dtype) * p[..., None]
+    rec = {"lse": lse, "y": y, "plab": plab, "occ": occ, "use": use, "valid": valid,
+           "inbox": inbox, "logz": logz}
+    rec.update({f"pblk{k}": p for k, p in pblk.items()})
+    if n_dur and dur_grad:
+        rec["dur"] = torch.exp(x[..., n_lab:] - _lse_raw(x[..., n_lab:], -1)) * occ[..., None] \
+            - torch.stack(pdur, dim=-1)                                 # (N, T, U1, D)
+    return loss, rec
+
+
+def _grad(x, rec, spec):
+    """The gradient ``(N, T, U + 1, V + D)`` of one spec from its recipe (`_run`),
+    built in place in one new buffer (the core's formula: ``softmax * (occ + lam
+    plab)`` minus the label and blank posteriors at their classes, clamped; the
+    duration columns; zero where a cell holds no mass; NaN for a NaN lattice or an
+    invalid sequence)."""
+    (_, blk_moves), _, _, n_lab, n_dur, lam, clamp = spec
+    g = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not rec:
+        return g.zero_()
+    n, t_max, u1, _ = x.shape
+    gt = g[..., :n_lab] if n_dur else g
+    gt.copy_(x[..., :n_lab]).sub_(rec["lse"]).exp_()
+    gt.mul_((rec["occ"] + lam * rec["plab"])[..., None])
+    gt.scatter_add_(-1, rec["y"][:, None, :, None].expand(n, t_max, u1, 1),
+                    ((-(1.0 + lam)) * rec["plab"])[..., None])
+    for k in sorted({k for k, _, _ in blk_moves}):
+        gt[..., k].sub_(rec[f"pblk{k}"])
     if clamp > 0:
-        gt = gt.clamp(-clamp, clamp)
-    parts = [gt]
+        gt.clamp_(-clamp, clamp)
     if n_dur:
-        dur = x[..., n_lab:]
-        if dur_grad:
-            sd = torch.exp(dur - _lse_raw(dur, -1)) * occ[..., None]
-            parts.append(sd - torch.stack(pdur, dim=-1))
+        if "dur" in rec:
+            g[..., n_lab:].copy_(rec["dur"])
         else:
-            parts.append(torch.zeros_like(dur))
-    g = torch.cat(parts, dim=-1) if len(parts) > 1 else gt
-    g = torch.where((occ != 0)[..., None] & use[:, None, None, None], g, 0.0)
+            g[..., n_lab:].zero_()
+    keep = (rec["occ"] != 0) & rec["use"][:, None, None]
+    g.masked_fill_(~keep[..., None], 0.0)
     # a NaN the lattice read: the whole box NaN; an invalid row: the whole sequence NaN
-    box = inbox[..., None]
-    g = torch.where(box & (valid & torch.isnan(logz))[:, None, None, None], float("nan"), g)
-    g = torch.where(~valid[:, None, None, None], float("nan"), g)
-    return loss, g
+    valid, logz = rec["valid"], rec["logz"]
+    g.masked_fill_((rec["inbox"] & (valid & torch.isnan(logz))[:, None, None])[..., None],
+                   float("nan"))
+    g.masked_fill_(~valid[:, None, None, None], float("nan"))
+    return g
 
 
 def _forward(x, tg, il, tl, specs, want):
-    """``(losses, grad)`` of the weighted specs (``(spec, weight)``), in ``x``'s dtype."""
+    """``(losses in x's dtype, recipes)`` of the weighted specs (``(spec, weight)``)."""
     xw = x.float() if x.dtype in _HALF else x
     with torch.no_grad():
-        if len(specs) == 1:
-            loss, g = _run(xw, tg, il, tl, specs[0][0], want)
-        else:
-            (sa, wa), (sb, wb) = specs
-            la, ga = _run(xw, tg, il, tl, sa, want)
-            lb, gb = _run(xw, tg, il, tl, sb, want)
-            loss = wa * la + wb * lb
-            g = None
-            if want:
-                g = torch.where(torch.isinf(loss)[:, None, None, None], 0.0, wa * ga + wb * gb)
-    return loss.to(x.dtype), (g.to(x.dtype) if want else x.new_empty((0,)))
+        out = [_run(xw, tg, il, tl, spec, want) for spec, _ in specs]
+        loss = out[0][0] if len(specs) == 1 else sum(w * o[0] for (_, w), o in zip(specs, out))
+    return loss.to(x.dtype), [o[1] for o in out]
+
+
+def _backward(x, specs, recipes, loss, ct):
+    """``ct``-scaled gradient w.r.t. ``x`` (one logits-sized buffer; a second one
+    only while combining TDT with its ``omega`` RNN-T)."""
+    xw = x.float() if x.dtype in _HALF else x
+    with torch.no_grad():
+        g = _grad(xw, recipes[0], specs[0][0])
+        if len(specs) > 1:
+            (_, wa), (sb, wb) = specs
+            g.mul_(wa).add_(_grad(xw, recipes[1], sb).mul_(wb))
+            g.masked_fill_(torch.isinf(loss)[:, None, None, None], 0.0)
+        g.mul_(ct.to(g.dtype)[:, None, None, None])
+    return g.to(x.dtype)
 
 
 class _TDT(torch.autograd.Function):
     @staticmethod
     def forward(x, tg, il, tl, specs, want):
-        return _forward(x, tg, il, tl, specs, want)
+        loss, recipes = _forward(x, tg, il, tl, specs, want)
+        flat = [t for rec in recipes if rec is not None for _, t in sorted(rec.items())]
+        return (loss, *flat)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1], inputs[0])
+        x, specs, want = inputs[0], inputs[4], inputs[5]
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.specs = specs
+        # the recipes' keys, in the order forward flattened them
+        ctx.keys = [_recipe_keys(x, spec) for spec, _ in specs] if want else None
+        ctx.save_for_backward(x, output[0], *output[1:])
 
     @staticmethod
-    def backward(ctx, ct, _unused):
-        g, x = ctx.saved_tensors
-        return (_GradScale.apply(g, ct.to(g.dtype)[:, None, None, None], x),
-                None, None, None, None, None)
+    def backward(ctx, ct, *_unused):
+        x, loss, *flat = ctx.saved_tensors
+        if ctx.keys is None:
+            raise RuntimeError("tdt_loss: the device path computed no gradient (its input "
+                               "did not require grad when called)")
+        recipes, i = [], 0
+        for keys in ctx.keys:
+            recipes.append(dict(zip(keys, flat[i:i + len(keys)])))
+            i += len(keys)
+        g = _backward(x, ctx.specs, recipes, loss, ct)
+        if torch.is_grad_enabled():  # create_graph: a node whose own backward raises
+            g = _GradScale.apply(g, torch.ones((), dtype=g.dtype, device=g.device), x)
+        return g, None, None, None, None, None
+
+
+def _recipe_keys(x, spec):
+    """The sorted keys of `_run`'s recipe for ``x`` and ``spec``."""
+    (_, blk_moves), _, dur_grad, _, n_dur, _, _ = spec
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        return []
+    keys = ["lse", "y", "plab", "occ", "use", "valid", "inbox", "logz"]
+    keys += [f"pblk{k}" for k in {k for k, _, _ in blk_moves}]
+    if n_dur and dur_grad:
+        keys.append("dur")
+    return sorted(keys)
 
 
 def _apply(x, tg, il, tl, specs):
