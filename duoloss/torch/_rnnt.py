@@ -30,7 +30,7 @@ from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, int_array, int_tensor
 from ._ops import second_order_message
 from ._device_align import rnnt_tokens, transducer_viterbi_regular
-from ._triton import check_impl, resolve_impl, rnnt_device_tail
+from ._triton import check_impl, int_to, resolve_impl, rnnt_device_tail
 from ._weights import flush_subnormals, unit_cotangent
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
@@ -268,8 +268,8 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
         il = int_array(fn, "logit_lengths", logit_lengths)
         tl = int_array(fn, "target_lengths", target_lengths)
         blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
-        il = torch.as_tensor(il.astype(np.int64, copy=False), device=dev).reshape(-1)
-        tl = torch.as_tensor(tl.astype(np.int64, copy=False), device=dev).reshape(-1)
+        il = int_to(il.astype(np.int64, copy=False), dev).reshape(-1)
+        tl = int_to(tl.astype(np.int64, copy=False), dev).reshape(-1)
         return blank, il, tl
     il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
@@ -282,7 +282,7 @@ def _boundary(logits, targets, il, tl, blank):
     sequence, ``-1`` entries for an invalid one (its loss is NaN)."""
     n, t_max, u1, n_cls = logits.shape
     u_max = u1 - 1
-    tg = targets.to(torch.int64)
+    tg = int_to(targets, logits.device)  # (host targets with CUDA logits: pinned, no sync)
     pos = torch.arange(u_max, device=logits.device)
     in_len = pos[None, :] < tl[:, None]
     bad_label = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))

@@ -22,7 +22,7 @@ from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_durati
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_tensor, int_array, int_tensor
-from ._triton import resolve_impl
+from ._triton import int_to, resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
 
@@ -37,8 +37,8 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
         il = int_array(fn, "logit_lengths", logit_lengths)
         tl = int_array(fn, "target_lengths", target_lengths)
         out = check(to_numpy(targets), il, tl, True)
-        il = torch.as_tensor(np.asarray(il).astype(np.int64), device=dev).reshape(-1)
-        tl = torch.as_tensor(np.asarray(tl).astype(np.int64), device=dev).reshape(-1)
+        il = int_to(np.asarray(il).astype(np.int64), dev).reshape(-1)
+        tl = int_to(np.asarray(tl).astype(np.int64), dev).reshape(-1)
         return out, il, tl
     il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
