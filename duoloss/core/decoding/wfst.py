@@ -361,6 +361,10 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
     r_arc = np.empty(rcap, np.int64)
     n_rec = 0
     peak = 0
+    gain_max = 0.0
+    for s in range(gain.shape[0]):
+        if gain[s] > gain_max:
+            gain_max = gain[s]
     for t in range(-1, T):
         n_next = 0
         best = -np.inf
@@ -400,9 +404,11 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
                 base = c_score[k]
                 for a in range(eps_end[s], ptr[s + 1]):
                     v = base + weight[a] + row[ilabel[a]]
-                    d = dst[a]
                     # skip a move whose state (and what its epsilon arcs can add) the cut drops
-                    if not (v + gain[d] >= best - beam) or v == -np.inf:
+                    if not (v + gain_max >= best - beam) or v == -np.inf:
+                        continue
+                    d = dst[a]
+                    if not (v + gain[d] >= best - beam):
                         continue
                     j = slot[d]
                     if j < 0:
