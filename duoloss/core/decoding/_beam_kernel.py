@@ -143,7 +143,7 @@ def _grow_hist(h_parent, h_unit, h_lm, h_lmscore, n_hist):
     return p2, u2, l2, s2, table
 
 
-@numba.njit(**HELPER)
+@numba.njit(inline="always")
 def _add(c_score, c_hist, c_lex, c_tok, c_blank, c_par, c_hwn, c_hwp, nc, best, thr,
          score, hist, lex, tok, blank, par, hwn, hwp):
     """flashlight's candidatesAdd: keep a candidate within ``thr`` of the best so far."""
