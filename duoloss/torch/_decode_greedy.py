@@ -69,7 +69,7 @@ def ctc_greedy_decode(log_probs: torch.Tensor, input_lengths: torch.Tensor | Seq
     check_not_torchscript(fn)
     check_tensor(fn, "log_probs", log_probs)
     batch_first = check_bool(fn, "batch_first", batch_first)
-    _v.check_dtype(fn, "log_probs", log_probs.dtype, _v.FLOAT_DTYPES, "a floating")
+    _check_float(fn, log_probs)
     ndim = _v.check_ndim(fn, "log_probs", tuple(log_probs.shape), (2, 3),
                          "(N, T, C) (batch_first) or unbatched (T, C)" if batch_first
                          else "(T, N, C) or unbatched (T, C)")
@@ -82,6 +82,15 @@ def ctc_greedy_decode(log_probs: torch.Tensor, input_lengths: torch.Tensor | Seq
         raise ValueError(f"{fn}: argument 'log_probs' must have at least one class, got C = 0")
     lengths = _lengths(fn, input_lengths, lp, ndim)
     return _decode(lp, lengths, blank, ndim == 2)
+
+
+def _check_float(fn: str, x: torch.Tensor) -> None:
+    """A floating dtype, checked with the dtype's own flag: no lookup keyed by the dtype,
+    which ``torch.compile`` cannot trace in every torch version."""
+    if not x.dtype.is_floating_point:
+        _v.check_dtype(fn, "log_probs", x.dtype, _v.FLOAT_DTYPES, "a floating")  # raises
+    elif x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        _v.check_dtype(fn, "log_probs", x.dtype, _v.FLOAT_DTYPES, "a floating")  # float8: raises
 
 
 def _lengths(fn: str, input_lengths, lp: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -103,7 +112,8 @@ def _lengths(fn: str, input_lengths, lp: torch.Tensor, ndim: int) -> torch.Tenso
             return input_lengths.reshape(n).to(device=lp.device, dtype=torch.int64)
         return torch.as_tensor(np.asarray(host, np.int64).reshape(n), device=lp.device)
     il = int_tensor(fn, "input_lengths", input_lengths, lp.device)
-    _v.check_dtype(fn, "input_lengths", il.dtype, _v.INT_DTYPES, "an integer")
+    if il.dtype.is_floating_point or il.dtype.is_complex or il.dtype == torch.bool:
+        _v.check_dtype(fn, "input_lengths", il.dtype, _v.INT_DTYPES, "an integer")  # raises
     if il.numel() != n or il.dim() > 1:
         raise ValueError(f"{fn}: argument 'input_lengths' must be {want}, "
                          f"got shape {_v.shape_str(tuple(il.shape))}")
@@ -117,13 +127,13 @@ def _decode(lp: torch.Tensor, lengths: torch.Tensor, blank: int, unbatched: bool
     prev = torch.cat([torch.full_like(best[:, :1], -1), best[:, :-1]], 1)
     keep = (t[None, :] < lengths[:, None]) & (best != blank) & (best != prev)
     count = keep.sum(1)
-    # each kept frame to its slot in the hypothesis, each dropped frame t to a discarded
-    # column t_max + t: every index distinct, so the scatter is deterministic everywhere
-    slot = torch.where(keep, keep.cumsum(1) - 1, t_max + t[None, :])
-    tokens = torch.full((n, 2 * t_max), PAD, dtype=torch.int64, device=lp.device)
-    frames = torch.full((n, 2 * t_max), PAD, dtype=torch.int64, device=lp.device)
-    tokens = tokens.scatter(1, slot, best)[:, :t_max]
-    frames = frames.scatter(1, slot, t[None, :].expand(n, t_max))[:, :t_max]
+    # the kept frames first, in frame order (a stable sort of the 0/1 "dropped" flags): no
+    # scatter and no cumulative sum (torch 2.11's inductor failed to generate a CUDA kernel
+    # for the cumsum form), deterministic on every device
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+    within = t[None, :] < count[:, None]
+    tokens = torch.where(within, best.gather(1, order), PAD)
+    frames = torch.where(within, order, PAD)
     if unbatched:
         return tokens[0], count[0], frames[0]
     return tokens, count, frames
