@@ -462,7 +462,8 @@ def test_builders_bad_input(tmp_path, arpa_path):
 
 def reference_beam_search(em, graph, beam, max_active):
     """Token passing in plain Python: every move of every kept state, the epsilon closure
-    by relaxation until nothing changes, then the beam and the max_active best.  States
+    by relaxation until nothing changes, then (but after the last frame) the beam and the
+    max_active best.  States
     from which no accept state can be reached are never entered (the search trims them)."""
     n, src, dst, il, ol, w, start, accept = gtn.graph_arrays(graph)
     live = set(np.flatnonzero(accept).tolist())
@@ -476,7 +477,7 @@ def reference_beam_search(em, graph, beam, max_active):
     arc_id = np.flatnonzero(useful)
     tokens = {int(s): (0.0, []) for s in np.flatnonzero(start) if int(s) in live}
 
-    def closure_and_prune(tok):
+    def closure_and_prune(tok, last):
         changed = True
         while changed:
             changed = False
@@ -487,15 +488,16 @@ def reference_beam_search(em, graph, beam, max_active):
                     if v > tok.get(d, (-np.inf, None))[0]:
                         tok[d] = (v, path + [int(arc_id[a])])
                         changed = True
-        if not tok:
+        if not tok or last:     # the last frame is not pruned
             return tok
         best = max(v for v, _ in tok.values())
         kept = sorted(((v, s) for s, (v, _) in tok.items() if v >= best - beam and v > -np.inf),
                       reverse=True)[:max_active]
         return {s: tok[s] for _, s in kept}
 
-    tokens = closure_and_prune(tokens)
-    for t in range(em.shape[0]):
+    T = em.shape[0]
+    tokens = closure_and_prune(tokens, T == 0)
+    for t in range(T):
         nxt = {}
         for s, (sc, path) in tokens.items():
             for a in np.flatnonzero((src == s) & (il >= 0)):
@@ -503,7 +505,7 @@ def reference_beam_search(em, graph, beam, max_active):
                 d = int(dst[a])
                 if v > nxt.get(d, (-np.inf, None))[0]:
                     nxt[d] = (v, path + [int(arc_id[a])])
-        tokens = closure_and_prune(nxt)
+        tokens = closure_and_prune(nxt, t == T - 1)
     final = [(v, p) for s, (v, p) in tokens.items() if accept[s]]
     return max(final) if final else None
 

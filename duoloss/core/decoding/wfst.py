@@ -337,9 +337,10 @@ def _heap_pop(heap, size, key, rank):
 
 @numba.njit(**HELPER)
 def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, accept, has_eps,
-                beam, max_active, slot, out_arcs, b, stats):
+                beam_all, max_active_all, slot, out_arcs, b, stats):
     """Search one utterance; write its arcs to ``out_arcs[b]``.  Returns
-    ``(score, path length)``; length ``-1`` when no path survives."""
+    ``(score, path length)``; length ``-1`` when no path survives.  Every frame but the
+    last is pruned (beam, then max_active)."""
     # tokens of the frame being built ("next"): state, score, local eps predecessor,
     # record of the previous frame, arc
     cap = 256
@@ -368,6 +369,9 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
     for t in range(-1, T):
         n_next = 0
         best = -np.inf
+        # the last frame is not pruned: every accept state reached then stays a candidate
+        beam = beam_all if t < T - 1 else np.inf
+        max_active = max_active_all if t < T - 1 else 0
         if t < 0:
             for i in range(starts.shape[0]):
                 s = starts[i]
@@ -502,7 +506,7 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
         if n_keep == 0:
             stats[b, 0] = max(stats[b, 0], peak)
             return -np.inf, -1
-        if n_keep > peak:
+        if n_keep > peak and t < T - 1:
             peak = n_keep
         # survivors and their epsilon ancestors get records
         for i in range(n_keep):
