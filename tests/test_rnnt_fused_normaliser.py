@@ -142,16 +142,20 @@ def test_core_kernel_nan_and_inf_rows_follow_torch():
     x[0, 3] = np.nan         # NaN inside: row NaN
     x[1, 0] = np.nan         # NaN first
     x[2, 7] = np.inf         # +inf: NaN, as torch.log_softmax
-    x[3, :] = -np.inf        # all -inf: NaN
+    x[3, :] = -np.inf        # all -inf: no probability to share, -inf (torch: NaN)
     x[4, 5] = -np.inf        # one -inf: finite, its gradient exactly 0
     labels = np.full(6, 5)
     for dtype in (np.float32, np.float64):
         xd = x.astype(dtype)
         lab, blk, lse = log_softmax_gather(xd, labels, 0)
         ref = torch.log_softmax(torch.tensor(xd), -1)[:, 0].numpy()
-        assert np.array_equal(np.isnan(blk), np.isnan(ref)) and np.isnan(blk[:4]).all()
+        assert np.array_equal(np.isnan(blk[:3]), np.isnan(ref[:3])) and np.isnan(blk[:3]).all()
+        assert blk[3] == lab[3] == lse[3] == -np.inf and np.isfinite(blk[4:]).all()
         g = log_softmax_gather_grad(xd, lse, labels, 0, np.ones(6), np.ones(6))
-        assert np.isnan(g[:4]).all(axis=1).all() and np.isfinite(g[4:]).all()
+        assert np.isnan(g[:3]).all(axis=1).all() and np.isfinite(g[3:]).all()
+        onehots = np.zeros(40)
+        onehots[[0, 5]] = 1.0    # the all -inf row: a zero softmax term, the cotangents
+        assert np.array_equal(g[3], onehots.astype(dtype))
         assert g[4, 5] == 1.0    # softmax 0 (exactly), plus the label's own cotangent
         # no cotangent: a zero row, even where the row is NaN
         g0 = log_softmax_gather_grad(xd, lse, labels, 0, np.zeros(6), np.zeros(6))

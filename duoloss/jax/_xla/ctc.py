@@ -15,7 +15,10 @@ S')``; its transpose scatters the posteriors back to ``(T, N, C)``), then
 ``Z = \log(e^{\alpha_{L-1}(S'_n - 1)} + e^{\alpha_{L-1}(S'_n - 2)})`` with ``L`` the
 input length and ``S'_n = 2 U_n + 1``; the loss is ``-Z`` and
 ``d loss / d lp_t(s) = -\exp(\alpha_t(s) + \hat\beta_t(s) - Z)`` (minus the
-posterior of the state, as the core).  Both recursions are vectorised over
+posterior of the state, as the core), formed as the core does: normalised by the
+frame's own total ``\sum_s \exp(\alpha_t(s) + \hat\beta_t(s))`` (``= Z`` in exact
+arithmetic) relative to the frame's best state, so that each frame's posteriors
+sum to 1 even for raw scores of 1e100.  Both recursions are vectorised over
 ``(N, S')``; memory is the stored ``alpha`` ``(T, N, S')``.
 
 NaN/inf policy as `duoloss.core.losses.ctc`: infeasible sequences get
@@ -208,6 +211,7 @@ def _ctc_bwd(zero_infinity, res, g):
     e = jnp.exp(ab - jnp.where(jnp.isfinite(m), m, 0.0))
     total = jnp.sum(e, axis=2, keepdims=True)
     post = e / jnp.where(total > 0, total, 1.0)
+    post = jnp.where(jnp.isnan(z)[None, :, None], jnp.nan, post)   # a NaN read: all of it
     grad = jnp.where(read & use[None, :, None], -post, 0.0)
     grad = jnp.where(valid[None, :, None], grad, jnp.nan).astype(lp.dtype)
     # scaled by the cotangent; differentiating it again raises (as on the host path)
