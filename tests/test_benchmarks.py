@@ -29,6 +29,7 @@ sys.path.remove(str(ROOT))
 SCRIPTS = {
     "ctc": (("torch", "jax", "optax"), [], False),
     "decode": (("torch",), [], True),
+    "decode_wfst": ((), [], True),
     "asg": (("torch",), [], True),
     "graphs": (("torch",), [], False),
     "mmi": (("torch",), [], True),

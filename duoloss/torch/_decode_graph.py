@@ -60,7 +60,7 @@ def graph_decode(emissions: torch.Tensor, graph: Graph, *,
         within ``beam`` of the frame's best (natural log); ``math.inf``: no score pruning.
       max_active: then keep at most this many of them, the best (ties: the first
         reached); ``None``: no limit.  States from which no accept state can be reached
-        are never entered.
+        are never entered; the last frame is not pruned.
 
     Returns:
       One list per utterance holding its best hypothesis (a ``GraphHypothesis``:
