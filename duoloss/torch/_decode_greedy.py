@@ -29,8 +29,8 @@ def ctc_greedy_decode(log_probs: torch.Tensor, input_lengths: torch.Tensor | Seq
     reported at ``t``).  Ties go to the lowest class index (``argmax``'s rule); a NaN in a
     frame makes the NaN's class that frame's best (``torch.argmax``'s rule).
 
-    Tensor ops only, on the input's device: no host synchronisation, usable under
-    ``torch.compile(fullgraph=True)`` and inside CUDA graphs.  Scores need not be
+    Tensor ops only, on the input's device: no host synchronisation (with the lengths on
+    the device too), usable under ``torch.compile(fullgraph=True)``.  Scores need not be
     normalised (logits give the same result as their ``log_softmax``).
 
     Args:
