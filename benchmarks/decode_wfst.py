@@ -23,7 +23,6 @@ the decoded words against the spelled ones.
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import tempfile

@@ -6,10 +6,8 @@ Thin: the emissions go to the host as numpy (float64), the numba search of
 """
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from duoloss.core.decoding.wfst import GraphHypothesis

@@ -39,7 +39,6 @@ References:
 """
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any, List, NamedTuple, Optional
 
