@@ -542,3 +542,19 @@ def test_bad_call_arguments():
         jd(jax.numpy.zeros((2, 5, 3)))
     with pytest.raises(ValueError, match=r"ctc_decoder: argument 'lengths' must be <= T"):
         jd(jax.numpy.zeros((2, 5, 4)), jax.numpy.array([6, 1]))
+
+
+def test_kenlm_models_through_the_optional_kenlm_package(files):
+    """A KenLM model (here KenLM reading the same ARPA file; binaries take the same path)
+    decodes as the ARPA path does (KenLM stores float32 scores: 1e-5)."""
+    pytest.importorskip("kenlm")
+    from duoloss.core.decoding._beam_python import kenlm_model
+    arpa, lexicon = files
+    rng = np.random.default_rng(21)
+    em = _emissions(rng, 3, 25, 4, sharp=2.0)
+    ref = build_decoder(["-", "|", "a", "b"], lexicon, arpa, nbest=2, beam_size=10).decode(em)
+    ken = kenlm_model(arpa, ["ab", "ba", "a", "<unk>"])
+    got = build_decoder(["-", "|", "a", "b"], lexicon, ken, nbest=2, beam_size=10).decode(em)
+    for a, b in zip(ref, got):
+        assert [h.words for h in a] == [h.words for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
