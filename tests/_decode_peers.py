@@ -316,9 +316,11 @@ class FlashlightCTCDecoder:
             self.trie = trie  # keep alive
             self.decoder = LexiconDecoder(opts, trie, self.lm, sil, self.blank, unk, [], False)
         else:
-            d = {t: [[t]] for t in tokens}
-            d.setdefault(unk_word, [[unk_word]])  # create_word_dict looks <unk> up
-            self.word_dict = create_word_dict(d)
+            # The LM's unit i must be token i.  torchaudio builds this dictionary with
+            # create_word_dict({token: [[token]]}), whose order is a hash map's, not the tokens'
+            # (fairseq#5109 fixed the same mismatch in fairseq): its LM then scores other tokens.
+            # Here the dictionary follows the tokens, the semantics duoloss implements.
+            self.word_dict = Dictionary(list(tokens) + [unk_word])
             self.lm = KenLM(lm, self.word_dict) if lm is not None else ZeroLM()
             opts = LexiconFreeDecoderOptions(beam_size, bst, beam_threshold, lm_weight, sil_score,
                                              log_add, CriterionType.CTC)
