@@ -25,7 +25,7 @@ def lm_word_scores(lm: Any, n_words: int) -> List[float]:
 
 
 class _KenLMState(CTCDecoderLMState):
-    __slots__ = ("ken",)
+    """A state of ``_KenLM``: its KenLM state in ``ken``, its score in ``score_``."""
 
 
 class _KenLM(CTCDecoderLM):

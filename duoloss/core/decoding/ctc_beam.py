@@ -71,8 +71,6 @@ class CTCDecoderLMState:
     ``i``, so that two hypotheses with the same history hold the same state object.
     """
 
-    __slots__ = ("children", "__weakref__", "__dict__")
-
     def __init__(self) -> None:
         self.children: Dict[int, CTCDecoderLMState] = {}
 
@@ -197,16 +195,12 @@ def compile_lm(lm: ArpaLM) -> _LMTables:
     nexts = np.zeros(size, np.int32)
     ent_s = np.array([e[0] for e in entries], np.int64)
     ent_w = np.array([e[1] for e in entries], np.int64)
-    _fill_lm(keys, probs, nexts, ent_s * n_words + ent_w,
-             np.array([e[2] for e in entries], np.float64),
-             np.array([e[3] for e in entries], np.int32))
+    _k.lm_fill(keys, probs, nexts, ent_s * n_words + ent_w,
+               np.array([e[2] for e in entries], np.float64),
+               np.array([e[3] for e in entries], np.int32))
     start = states.get((lm.bos,), 0) if order > 1 else 0
     return _LMTables(keys, probs, nexts, bo, parent, n_words, start, lm.eos, lm.unk,
                      dict(lm.word_index))
-
-
-def _fill_lm(keys, probs, nexts, k, p, n):
-    _k.lm_fill(keys, probs, nexts, k, p, n)
 
 
 def _no_lm_tables() -> _LMTables:
