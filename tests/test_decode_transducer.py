@@ -114,13 +114,11 @@ def ref_greedy(kind, w, enc, t_b, blank, max_sym, durations=(), big=(), n_tok=No
     t, sym, toks, frames = 0, 0, [], []
     while t < t_b:
         logits = np_join(w, enc[t], pred)
-        if kind == "tdt":
+        if kind == "tdt":  # NeMo's rule: a 0 duration becomes 1 for a blank or the last token
             k = int(np.argmax(logits[:n_tok]))
-            dl = logits[n_tok:]
-            must_leave = k == blank or sym + 1 >= max_sym
-            best_d = max((i for i, d in enumerate(durations) if d > 0 or not must_leave),
-                         key=lambda i: (dl[i], -i))
-            adv = durations[best_d]
+            adv = durations[int(np.argmax(logits[n_tok:]))]
+            if adv == 0 and (k == blank or sym + 1 >= max_sym):
+                adv = 1
         else:
             k = int(np.argmax(logits))
             if k == blank:

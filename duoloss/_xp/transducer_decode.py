@@ -15,9 +15,10 @@ The moves of a hypothesis at frame ``t`` (one ``join`` call gives them all):
 * multi-blank: labels stay, the blank moves 1 frame, big blank ``i`` (class
   ``blank - 1 - i``) ``big_blank_durations[i]`` frames.
 * TDT: the first ``V`` logits score the token (blank included), the last ``D`` the
-  duration; a token moves by its duration (0 allowed), the blank by a positive one; a
-  hypothesis that has emitted ``max_symbols_per_frame - 1`` tokens on ``t`` must leave it
-  (only positive durations).
+  duration; a token moves by its duration (0 allowed), the blank by a positive one
+  (greedy, as NeMo: a blank of best duration 0 moves 1 frame); a hypothesis that has
+  emitted ``max_symbols_per_frame - 1`` tokens on ``t`` must leave it (beam: only positive
+  durations; greedy: duration 0 becomes 1).
 
 A move landing past a sequence's last frame ends it (its frame becomes ``T_b``).
 """
@@ -76,14 +77,14 @@ def multiblank_moves(fn, big_blank_durations, blank, n_cls):
 def _decide(o, kind, logits, sym, blank, n_tok, max_sym, durations):
     """``(token, emit, advance)`` of one greedy step from ``(N, V[+D])`` logits."""
     if kind == "tdt":
+        # NeMo's GreedyTDTInfer: the best token and the best duration; a duration of 0
+        # becomes 1 for a blank, and for the max_sym-th token on a frame
         tok = o.argmax(logits[:, :n_tok])
         emit = tok != blank
-        dl = logits[:, n_tok:]
         durs = o.const_int(durations)                                   # (D,)
+        adv = durs[o.argmax(logits[:, n_tok:])]
         must_leave = (~emit) | (sym + 1 >= max_sym)                       # (N,)
-        allowed = (durs[None, :] > 0) | (~must_leave[:, None])
-        d_idx = o.argmax(o.where(allowed, dl, NEG_INF))
-        return tok, emit, durs[d_idx]
+        return tok, emit, o.where(must_leave & (adv == 0), 1, adv)
     tok = o.argmax(logits)
     if kind == "rnnt":
         emit = tok != blank

@@ -295,11 +295,10 @@ def tdt_greedy_decode(encoder_out: torch.Tensor,
 
     ``join`` returns ``V + D`` logits per row, the ``V`` token logits (the blank among them)
     then the ``D = len(durations)`` duration logits, as `tdt_loss` takes them.  Each step
-    takes the best token and the best duration: a token is emitted and the search moves
-    ``durations[d]`` frames (0: it stays); the blank moves by the best *positive* duration
-    (the loss's lattice has no blank of duration 0); the ``max_symbols_per_frame``-th
-    token on one frame also takes the best positive duration.  A move past the last frame
-    ends the sequence.  Batched as `rnnt_greedy_decode` (rows move independently).
+    takes the best token and the best duration (NeMo's ``GreedyTDTInfer``): a token is
+    emitted and the search moves ``durations[d]`` frames (0: it stays); the blank moves
+    ``durations[d]`` frames, 1 when that is 0; the ``max_symbols_per_frame``-th token on
+    one frame moves at least 1 frame too.  A move past the last frame ends the sequence.  Batched as `rnnt_greedy_decode` (rows move independently).
     {protocol}
     Args:
       encoder_out: ``(N, T, ...)`` encoder output, batch first.
