@@ -460,4 +460,5 @@ def tdt_beam_search(encoder_out: ArrayLike, encoder_lengths: ArrayLike | Sequenc
 
 for _f in (rnnt_greedy_decode, tdt_greedy_decode, multiblank_greedy_decode, rnnt_beam_search,
            tdt_beam_search):
-    _f.__doc__ = _f.__doc__.replace("{protocol}", _PROTOCOL)
+    if _f.__doc__:  # (None under python -OO)
+        _f.__doc__ = _f.__doc__.replace("{protocol}", _PROTOCOL)

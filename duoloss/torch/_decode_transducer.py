@@ -505,4 +505,5 @@ def tdt_beam_search(encoder_out: torch.Tensor,
 
 for _f in (rnnt_greedy_decode, tdt_greedy_decode, multiblank_greedy_decode, rnnt_beam_search,
            tdt_beam_search):
-    _f.__doc__ = _f.__doc__.replace("{protocol}", _PROTOCOL).replace("{beam_doc}", _BEAM_DOC)
+    if _f.__doc__:  # (None under python -OO)
+        _f.__doc__ = _f.__doc__.replace("{protocol}", _PROTOCOL).replace("{beam_doc}", _BEAM_DOC)
