@@ -21,6 +21,9 @@ such sentences, log-softmaxed.  In paired rounds (rotating order) it times, on t
   (single lexicon words and two-word phrases);
 * ``duoloss greedy``: ``duoloss.torch.ctc_greedy_decode`` on the same emissions.
 
+Besides wall time, the table gives each decoder's CPU time (all of its threads: duoloss uses
+several, flashlight and pyctcdecode one).
+
 Targets (issue 25): lexicon+LM <= 1x flashlight and <= 0.1x pyctcdecode; lexicon-free
 <= 0.5x flashlight; 200 hotwords <= 1.2x none; greedy <= 0.05x the beam search.  The table
 also gives each decoder's WER against the reference sentences and how often duoloss's best
@@ -38,6 +41,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -188,11 +192,13 @@ def main(argv=None):
             task = build_task(B, T, C, V, N, workdir)
             build_s = time.perf_counter() - t0
             impls = make_impls(task, args)
-            outputs = {}
+            outputs, cpu_ms = {}, {k: [] for k in impls}
 
             def timed(name, fn):
                 def run():
+                    c0 = time.process_time()  # all threads of this process
                     outputs[name] = fn()
+                    cpu_ms[name].append(1e3 * (time.process_time() - c0))
                 return run
 
             tm = H.paired({k: timed(k, f) for k, (f, _) in impls.items()}, args.rounds,
@@ -211,17 +217,22 @@ def main(argv=None):
             agree = sum(x == y for x, y in zip(a, b)) / len(a)
         ratios = [tm.ratio(n, d) for n, d, _ in TARGETS if n in impls and d in impls]
         med = tm.medians()
-        rows = [[k, H.fmt_ms(med[k]), H.fmt_ms(med[k] / B),
+        scale = {k: (B / n_py if k == PY_LM and n_py < B else 1.0) for k in impls}
+        cpu = {k: statistics.median(v[1:] or v) * scale[k] for k, v in cpu_ms.items()}
+        rows = [[k, H.fmt_ms(med[k]), H.fmt_ms(med[k] / B), H.fmt_ms(cpu[k] / B),
                  f"{wers[k]:.3f}" if k in wers else ""] for k in impls]
-        text = H.table(["decoder", "ms (batch)", "ms / utterance", "WER"], rows)
+        text = H.table(["decoder", "ms (batch)", "ms / utterance", "CPU ms / utterance", "WER"],
+                       rows)
         trows = []
         for n, d, target in TARGETS:
             r = next((r for r in ratios if r["num"] == n and r["den"] == d), None)
             if r is not None:
-                trows.append([f"{n} / {d}", H.fmt_ratio(r), f"<= {target}x",
-                              "yes" if r["median"] <= target else "**no**"])
-        text += "\n\n" + H.table(["ratio", "median (IQR)", "target", "met"], trows, "lrrl")
-        extra = {"pyctcdecode_utterances": n_py if PY_LM in impls else None,
+                trows.append([f"{n} / {d}", H.fmt_ratio(r), f"{cpu[n] / cpu[d]:.2f}x",
+                              f"<= {target}x", "yes" if r["median"] <= target else "**no**"])
+        text += "\n\n" + H.table(["ratio", "wall: median (IQR)", "CPU", "target", "met"],
+                                   trows, "lrrrl")
+        extra = {"cpu_ms": cpu,
+                 "pyctcdecode_utterances": n_py if PY_LM in impls else None,
                  "n_ngrams": task["n_ngrams"], "lexicon_words": V, "beam": args.beam,
                  "hotwords": min(args.hotwords, len(task["hotwords"])), "wer": wers,
                  "same_best_words_as_flashlight": agree, "build_s": build_s,
