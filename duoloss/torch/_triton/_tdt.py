@@ -76,10 +76,18 @@ def multiblank_losses(logits, targets, il, tl, *, blank, big_blank_durations, si
 
 # ----------------------------------------------------------------- helpers
 def _lse_raw(x, dim):
-    """``log sum exp`` as the core's normaliser: NaN for a row holding NaN, ``+inf``
-    or only ``-inf`` (keepdim)."""
+    """``log sum exp`` as the core's normaliser (keepdim): NaN for a row holding NaN
+    or ``+inf``, ``-inf`` for a row of ``-inf`` only (its moves then weigh ``-inf``:
+    probability 0, see `_logp`)."""
     m = x.amax(dim=dim, keepdim=True)
-    return m + torch.log(torch.exp(x - m).sum(dim=dim, keepdim=True))
+    ms = torch.where(m == _NEG, 0.0, m)
+    return ms + torch.log(torch.exp(x - ms).sum(dim=dim, keepdim=True))
+
+
+def _logp(x, lse):
+    """``x - lse``, a log-probability: ``-inf`` for every entry of a row of ``-inf``
+    only (``lse = -inf``; a move out of such a cell has probability 0, never NaN)."""
+    return torch.where(lse == _NEG, _NEG, x - lse)
 
 
 def _lse_chunked(x):
@@ -158,8 +166,8 @@ def _prepare(x, tg, il, tl, spec):
     lse = _lse_chunked(tok)                                         # (N, T, U1, 1)
     y = torch.cat([tg.clamp(0, n_lab - 1), tg.new_zeros((n, 1))], dim=1).to(torch.int64)
     lab = torch.gather(tok, -1, y[:, None, :, None].expand(n, t_max, u1, 1))[..., 0]
-    lab = lab - lse[..., 0] - sigma
-    dlp = x[..., n_lab:] - _lse_raw(x[..., n_lab:], -1) if n_dur else None
+    lab = _logp(lab, lse[..., 0]) - sigma
+    dlp = _logp(x[..., n_lab:], _lse_raw(x[..., n_lab:], -1)) if n_dur else None
     t = torch.arange(t_max, device=dev)[None, :, None]
     u = torch.arange(u1, device=dev)[None, None, :]
     tb, ub = il[:, None, None], tl[:, None, None]
@@ -170,7 +178,7 @@ def _prepare(x, tg, il, tl, spec):
         lab_w.append(torch.where(inbox & (u < ub) & (t + d < tb), w, _NEG))
     blk_w, term_w = [], []
     for k, d, i in blk_moves:
-        w = tok[..., k] - lse[..., 0] - sigma
+        w = _logp(tok[..., k], lse[..., 0]) - sigma
         if i >= 0:
             w = w + dlp[..., i]
         blk_w.append(torch.where(inbox & (t + d < tb), w, _NEG))
