@@ -18,6 +18,7 @@ from duoloss.core.decoding import ctc_beam as _cb
 from duoloss.core.decoding.arpa import ArpaLM
 from duoloss.core.decoding.ctc_beam import CTCDecoderLM, CTCHypothesis
 
+from ._callback import _writeable
 from ._callback import pure_callback
 
 __all__ = ["CTCDecoder", "CTCDecoderLM", "ctc_decoder"]
@@ -84,8 +85,9 @@ class CTCDecoder:
             raise TypeError("ctc_decoder: the decoder returns Python lists and cannot run on "
                             "traced arrays (inside jax.jit/vmap); use decoder.padded(emissions, "
                             "lengths) there")
-        em = np.asarray(jnp.asarray(emissions, jnp.float32)
-                        if dtype_name(emissions.dtype) in ("float16", "bfloat16") else emissions)
+        em = _writeable(np.asarray(jnp.asarray(emissions, jnp.float32)
+                                   if dtype_name(emissions.dtype) in ("float16", "bfloat16")
+                                   else emissions))
         lens = None if lengths is None else np.asarray(lengths).astype(np.int64)
         out = []
         for hyps in self.core.decode(em, lens):

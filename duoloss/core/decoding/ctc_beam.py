@@ -413,15 +413,18 @@ class CTCDecoder:
         """Decode a batch (arguments already validated by the frontend).
 
         Args:
-            emissions: ``(B, T, C)`` float array (any float dtype; the search runs in
-                float64).
+            emissions: ``(B, T, C)`` float array (float32 and float64 are read as they are,
+                other floats as float32; the scores add up in float64).
             lengths: ``(B,)`` integer lengths in ``[0, T]``, or None for ``T``.
 
         Returns:
             Per utterance, up to ``nbest`` hypotheses, best first (``[]`` for an utterance
             with NaN emissions).
         """
-        em = np.ascontiguousarray(emissions, dtype=np.float64)
+        em = np.asarray(emissions)
+        if em.dtype != np.float32 and em.dtype != np.float64:
+            em = em.astype(np.float32)
+        em = np.ascontiguousarray(em)      # float32 stays float32: no float64 copy of a batch
         B, T, C = em.shape
         if lengths is None:
             lens = np.full(B, T, np.int64)
