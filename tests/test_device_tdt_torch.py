@@ -201,3 +201,34 @@ def test_torch_compile_takes_the_host_path():
     le.backward()
     _close(lc, le, torch.float64, "compiled loss")
     _close(xc.grad, xe.grad, torch.float64, "compiled grad")
+
+
+@pytest.mark.parametrize("kind", ["tdt", "tdt omega", "multiblank"])
+def test_forward_keeps_no_logits_sized_tensor(kind):
+    """Memory (issue 27): between forward and backward the device path keeps only the
+    gradient's ``(N, T, U + 1)``-sized factors, never a tensor as large as the logits
+    (the saved-tensor hooks see every tensor autograd keeps); the gradient it then
+    builds in place equals the host path's."""
+    x = _logits(21, (2, 5, 3, 40), torch.float64)
+    targets, il, tl = torch.tensor([[1, 2], [3, 1]]), torch.tensor([5, 4]), torch.tensor([2, 1])
+    if kind == "multiblank":
+        f = dt.multiblank_rnnt_loss
+        kw = dict(blank=35, big_blank_durations=[2, 3])
+    else:
+        f = dt.tdt_loss
+        x = x[..., :38].contiguous()
+        kw = dict(blank=0, durations=[0, 1, 2], omega=0.3 if "omega" in kind else 0.0)
+    xi = x.clone().requires_grad_()
+    saved = []
+
+    def pack(t):
+        saved.append((t.numel(), t.data_ptr()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = f(xi, targets, il, tl, impl="device", reduction="sum", **kw)
+    big = [n for n, ptr in saved if n >= xi.numel() // 4 and ptr != xi.data_ptr()]
+    assert big == [], saved
+    loss.backward()
+    (_, gh), = _both(f, x, targets, il, tl, reduction="sum", **kw)[1:]
+    _close(xi.grad, gh, torch.float64, f"{kind} grad")
