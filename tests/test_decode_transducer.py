@@ -270,6 +270,30 @@ def test_greedy_emits_several_symbols_per_frame_and_caps_them(x64):
     assert _unpad(*got_t) == [([1] * 12, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])]
 
 
+def test_tdt_greedy_zero_durations_as_nemo():
+    """NeMo's GreedyTDTInfer: a blank whose best duration is 0 moves one frame, and so does
+    the max_symbols_per_frame-th token; a 0-duration token otherwise stays on its frame.
+    Frames ask for token 0 (value 1) or the blank (value 0); duration 0 always wins."""
+    def predict(tokens, state):
+        return tokens[:, None].double(), None
+
+    def join(frames, pred):
+        n = frames.shape[0]
+        tok = torch.nn.functional.one_hot(torch.where(frames[:, 0] > 0, 0, 1), 2).double()
+        return torch.cat([tok, torch.tensor([[5.0, 0.0]]).expand(n, 2)], 1)  # durations [0, 2]
+
+    enc = torch.tensor([[[0.0], [1.0], [0.0], [1.0]]])
+    got = dt.tdt_greedy_decode(enc, [4], predict, join, 1, [0, 2], max_symbols_per_frame=2)
+    assert _unpad(*[x.numpy() for x in got]) == [([0, 0, 0, 0], [1, 1, 3, 3])]
+    jgot = dj.tdt_greedy_decode(jnp.asarray(enc.numpy()), [4],
+                                lambda t, s: (t[:, None] * 1.0, None),
+                                lambda f, p: jnp.concatenate(
+                                    [jax.nn.one_hot(jnp.where(f[:, 0] > 0, 0, 1), 2),
+                                     jnp.tile(jnp.array([[5.0, 0.0]]), (f.shape[0], 1))], 1),
+                                1, [0, 2], max_symbols_per_frame=2)
+    assert _unpad(*jgot) == [([0, 0, 0, 0], [1, 1, 3, 3])]
+
+
 # ------------------------------------------------------------------------------ beam search
 def _hyps(tokens, lengths, scores, b):
     out = {}
