@@ -53,15 +53,100 @@ class _Bar:
         print(file=sys.stderr)
 
 
-def _progress(quiet):
+def _progress(quiet, position=None):
     if quiet:
         return None
     try:
         from tqdm import tqdm
         return lambda it=None, total=None, desc="": tqdm(it, total=total, desc=desc,
-                                                          mininterval=2.0)
+                                                          mininterval=2.0, position=position)
     except ImportError:
         return _Bar
+
+
+def _run_framework(job):
+    """Train one framework's model, tune the LM weight on dev, decode and align the test set."""
+    fw, data, args, sizes, lexicon, arpa, position = job
+    import decode
+    progress = _progress(args.quiet, position)
+    stages = {}
+    test_refs = [u["text"] for u in data["test"]["utts"]]
+    dev_refs = [u["text"] for u in data["dev"]["utts"]]
+    t = time.perf_counter()
+    if fw == "torch":
+        import torch
+        torch.set_num_threads(args.threads)
+        import train_torch
+        model, hist = train_torch.train(data, epochs=args.epochs, batch_size=args.batch_size,
+                                        lr=args.lr, seed=args.seed, progress=progress,
+                                        max_steps=args.max_steps, sizes=sizes)
+        side = decode.TorchSide(model)
+
+        def encode_split(split):
+            enc, lp = train_torch.encode_split(model, split)
+            return [e.numpy() for e in enc], [x.numpy() for x in lp]
+    else:
+        import train_jax
+        model, params, hist = train_jax.train(data, epochs=args.epochs,
+                                              batch_size=args.batch_size, lr=args.lr,
+                                              seed=args.seed, progress=progress,
+                                              max_steps=args.max_steps, sizes=sizes)
+        side = decode.JaxSide(model, params)
+
+        def encode_split(split):
+            return train_jax.encode_split(model, params, split)
+    stages[f"{fw}_train"] = time.perf_counter() - t
+
+    # the LM weight and word score: a small grid on the dev split (never the test set)
+    t = time.perf_counter()
+    _, lp_d = encode_split(data["dev"])
+    lps, lens = decode._pad(lp_d)
+    best = None
+    for lm_weight in (0.5, 1.0, 2.0):
+        for word_score in (-1.0, 0.0, 1.0):
+            dec = side.ctc_decoder(tokens=decode.TOKENS, lexicon=str(lexicon), lm=str(arpa),
+                                   beam_size=args.beam_size, lm_weight=lm_weight,
+                                   word_score=word_score,
+                                   blank_token=decode.TOKENS[decode.BLANK],
+                                   sil_token=decode.TOKENS[decode.SPACE])
+            hyps = [" ".join(h[0].words) if h else "" for h in side.beam_ctc(dec, lps, lens)]
+            w = decode.wer(dev_refs, hyps)
+            if best is None or w < best[0]:
+                best = (w, lm_weight, word_score)
+    stages[f"{fw}_tune_lm"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    enc, lp = encode_split(data["test"])
+    decoded = decode.run_decoders(side, enc, lp, test_refs, lexicon=lexicon, arpa=arpa,
+                                  beam_size=args.beam_size, lm_weight=best[1],
+                                  word_score=best[2], rnnt_beam=args.rnnt_beam,
+                                  progress=progress)
+    stages[f"{fw}_decode"] = time.perf_counter() - t
+    t = time.perf_counter()
+    aligned = decode.word_boundaries(side, lp, test_refs, data["frame_s"])
+    align = decode.boundary_errors(aligned, data["test"]["utts"])
+    stages[f"{fw}_align"] = time.perf_counter() - t
+    res = {
+        "wer": {k: v[0] for k, v in decoded.items()},
+        "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
+        "alignment": align,
+        "train_steps": len(hist["ctc"]), "train_s": stages[f"{fw}_train"],
+        "final_loss": {"ctc": float(np.mean(hist["ctc"][-10:])),
+                       "rnnt": float(np.mean(hist["rnnt"][-10:]))},
+        "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
+                     for i, r in enumerate(test_refs[:8])]}
+    print(f"{fw}: WER " + ", ".join(f"{k} {v[0]:.2f}%" for k, v in decoded.items())
+          + ("" if not align["boundaries"] else
+             f"; word boundaries: median {align['median_ms']:.1f} ms, "
+             f"{100 * align['within_100ms']:.1f}% within 100 ms"), flush=True)
+    i = next((i for i, a in enumerate(data["test"]["audio"]) if a is not None), 0)
+    u = data["test"]["utts"][i]
+    example = {"feats": data["test"]["feats"][i], "log_probs": lp[i], "text": test_refs[i],
+               "hyp": decoded["ctc_beam_lm"][1][i], "aligned": aligned[i],
+               "true": (u["word_starts"] or [], u["word_ends"] or []),
+               "title": f"test utterance {i} ({u['voice']}, rate {u['rate']}, "
+                        f"SNR {u['snr_db'] or 0:.0f} dB), {fw} model"}
+    return res, hist, example, stages
 
 
 def main(argv=None):
@@ -70,12 +155,19 @@ def main(argv=None):
     p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-dev", type=int, default=150)
     p.add_argument("--n-test", type=int, default=300)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--frameworks", default="torch,jax")
-    p.add_argument("--threads", type=int, default=2, help="torch/numba/XLA threads")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per framework (1: the two frameworks train side by side)")
+    p.add_argument("--arch", choices=("gru", "conv"), default="conv",
+                   help="encoder: convolutions + bidirectional GRUs, or convolutions only")
+    p.add_argument("--conv", type=int, default=256, help="convolution channels")
+    p.add_argument("--hidden", type=int, default=128, help="GRU units per direction")
+    p.add_argument("--layers", type=int, default=2, help="GRU layers")
+    p.add_argument("--jobs", type=int, default=2, help="frameworks trained at once")
     p.add_argument("--workers", type=int, default=None, help="corpus processes")
     p.add_argument("--beam-size", type=int, default=50)
     p.add_argument("--rnnt-beam", type=int, default=4)
@@ -92,13 +184,14 @@ def main(argv=None):
     if args.smoke:
         args.n_train, args.n_dev, args.n_test = 32, 8, 16
         args.epochs, args.max_steps, args.batch_size = 1, 2, 16
-    sizes = dict(conv=32, hidden=32, pred=32, joint=32) if args.smoke else None
+    sizes = dict(conv=args.conv, hidden=args.hidden, layers=args.layers, arch=args.arch)
+    if args.smoke:
+        sizes.update(conv=32, hidden=32, pred=32, joint=32)
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
     os.environ.setdefault("DUOLOSS_QUIET_COMPILE", "1")
 
     import common
     import corpus
-    import decode
     import lm
     import report
 
@@ -147,89 +240,27 @@ def main(argv=None):
     lm.write_lexicon(words, lexicon)
     stages["lm"] = time.perf_counter() - t
 
-    test_refs = [u["text"] for u in data["test"]["utts"]]
-    dev_refs = [u["text"] for u in data["dev"]["utts"]]
-    histories, example = {}, None
-    for fw in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
-        t = time.perf_counter()
-        if fw == "torch":
-            import torch
-            torch.set_num_threads(args.threads)
-            import train_torch
-            model, hist = train_torch.train(data, epochs=args.epochs, batch_size=args.batch_size,
-                                            lr=args.lr, seed=args.seed, progress=progress,
-                                            max_steps=args.max_steps, sizes=sizes)
-            side = decode.TorchSide(model)
-
-            def encode_split(split, model=model):
-                enc, lp = train_torch.encode_split(model, split)
-                return [e.numpy() for e in enc], [x.numpy() for x in lp]
-        elif fw == "jax":
-            import train_jax
-            model, params, hist = train_jax.train(data, epochs=args.epochs,
-                                                  batch_size=args.batch_size, lr=args.lr,
-                                                  seed=args.seed, progress=progress,
-                                                  max_steps=args.max_steps, sizes=sizes)
-            side = decode.JaxSide(model, params)
-
-            def encode_split(split, model=model, params=params):
-                return train_jax.encode_split(model, params, split)
-        else:
+    fws = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    for fw in fws:
+        if fw not in ("torch", "jax"):
             raise SystemExit(f"run.py: unknown framework {fw!r} (torch, jax)")
-        stages[f"{fw}_train"] = time.perf_counter() - t
+    jobs = [(fw, data, args, sizes, lexicon, arpa, i if len(fws) > 1 else None)
+            for i, fw in enumerate(fws)]
+    if args.jobs > 1 and len(fws) > 1:
+        # one process per framework (torch and JAX never share a process): on 2 cores the
+        # two trainings run side by side, one thread each
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(args.jobs, len(fws)), mp_context=mp.get_context("fork")) as ex:
+            parts = list(ex.map(_run_framework, jobs))
+    else:
+        parts = [_run_framework(job) for job in jobs]
+    histories, example = {}, None
+    for fw, (res, hist, ex_, st) in zip(fws, parts):
+        results["frameworks"][fw] = res
         histories[fw] = hist
-
-        # the LM weight and word score: a small grid on the dev split (never the test set)
-        t = time.perf_counter()
-        enc_d, lp_d = encode_split(data["dev"])
-        best = None
-        for lm_weight in (0.5, 1.0, 2.0):
-            for word_score in (-1.0, 0.0, 1.0):
-                dec = side.ctc_decoder(tokens=decode.TOKENS, lexicon=str(lexicon), lm=str(arpa),
-                                       beam_size=args.beam_size, lm_weight=lm_weight,
-                                       word_score=word_score,
-                                       blank_token=decode.TOKENS[decode.BLANK],
-                                       sil_token=decode.TOKENS[decode.SPACE])
-                lps, lens = decode._pad(lp_d)
-                hyps = [" ".join(h[0].words) if h else "" for h in side.beam_ctc(dec, lps, lens)]
-                w = decode.wer(dev_refs, hyps)
-                if best is None or w < best[0]:
-                    best = (w, lm_weight, word_score)
-        stages[f"{fw}_tune_lm"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        enc, lp = encode_split(data["test"])
-        decoded = decode.run_decoders(side, enc, lp, test_refs, lexicon=lexicon, arpa=arpa,
-                                      beam_size=args.beam_size, lm_weight=best[1],
-                                      word_score=best[2], rnnt_beam=args.rnnt_beam,
-                                      progress=progress)
-        stages[f"{fw}_decode"] = time.perf_counter() - t
-        t = time.perf_counter()
-        aligned = decode.word_boundaries(side, lp, test_refs, data["frame_s"])
-        align = decode.boundary_errors(aligned, data["test"]["utts"])
-        stages[f"{fw}_align"] = time.perf_counter() - t
-        results["frameworks"][fw] = {
-            "wer": {k: v[0] for k, v in decoded.items()},
-            "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
-            "alignment": align,
-            "train_steps": len(hist["ctc"]), "final_loss": {
-                "ctc": float(np.mean(hist["ctc"][-10:])), "rnnt": float(np.mean(hist["rnnt"][-10:]))},
-            "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
-                         for i, r in enumerate(test_refs[:5])]}
-        print(f"{fw}: WER " + ", ".join(f"{k} {v[0]:.2f}%" for k, v in decoded.items())
-              + ("" if not align["boundaries"] else
-                 f"; word boundaries: median {align['median_ms']:.1f} ms, "
-                 f"{100 * align['within_100ms']:.1f}% within 100 ms"), flush=True)
-        if example is None:
-            i = next((i for i, a in enumerate(data["test"]["audio"]) if a is not None), 0)
-            example = {"feats": data["test"]["feats"][i], "log_probs": lp[i],
-                       "text": test_refs[i], "hyp": decoded["ctc_beam_lm"][1][i],
-                       "aligned": aligned[i],
-                       "true": (data["test"]["utts"][i]["word_starts"] or [],
-                                data["test"]["utts"][i]["word_ends"] or []),
-                       "title": f"test utterance {i} ({data['test']['utts'][i]['voice']}, "
-                                f"rate {data['test']['utts'][i]['rate']}, "
-                                f"SNR {data['test']['utts'][i]['snr_db']:.0f} dB), {fw} model"}
+        stages.update(st)
+        example = example or ex_
 
     if not args.no_figure and histories:
         t = time.perf_counter()

@@ -1,7 +1,7 @@
 """The recipe's JAX model (flax linen) and training loop: the twin of ``train_torch.py``.
 
-Same layers and sizes as the torch model: a stride-2 and a stride-1 convolution, two
-bidirectional GRU layers, a CTC head trained with :func:`duoloss.jax.ctc_loss`, and a
+Same layers and sizes as the torch model: a convolutional encoder (or convolutions and two
+bidirectional GRU layers with ``arch="gru"``), a CTC head trained with :func:`duoloss.jax.ctc_loss`, and a
 transducer predictor (embedding + GRU) and joiner trained with :func:`duoloss.jax.rnnt_loss`.
 The training step is one ``jax.jit`` (optax AdamW); batches are padded to a few shapes
 (``common.PAD_FRAMES``/``PAD_TOKENS``) so that it compiles a handful of times.
@@ -47,6 +47,26 @@ def stack(enc):
     return enc.reshape(n, -1, JOINT_STACK * d)
 
 
+class ConvEncoder(nn.Module):
+    """Convolutions only (the twin of ``train_torch.ConvEncoder``)."""
+
+    conv: int = 256
+    hidden: int = 128
+    blocks: int = 6
+    kernel: int = 11
+
+    @nn.compact
+    def __call__(self, x, out_lens):
+        h = nn.LayerNorm()(nn.relu(nn.Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
+        k = self.kernel // 2
+        for _ in range(self.blocks):
+            y = nn.Conv(self.conv, (self.kernel,), padding=[(k, k)],
+                        feature_group_count=self.conv)(h)
+            y = nn.Conv(self.conv, (1,))(y)
+            h = h + nn.relu(nn.LayerNorm()(y))
+        return nn.Dense(2 * self.hidden)(h)
+
+
 class SpeechModel(nn.Module):
     """Encoder + CTC head + transducer predictor and joiner."""
 
@@ -54,9 +74,12 @@ class SpeechModel(nn.Module):
     hidden: int = 128
     pred: int = 128
     joint: int = 96
+    layers: int = 2
+    arch: str = "gru"
 
     def setup(self):
-        self.encoder = Encoder(self.conv, self.hidden)
+        self.encoder = (Encoder(self.conv, self.hidden, self.layers) if self.arch == "gru" else
+                        ConvEncoder(self.conv, self.hidden))
         self.ctc_head = nn.Dense(V)
         self.embed = nn.Embed(V, self.pred)
         self.pred_cell = nn.GRUCell(self.pred)
@@ -128,7 +151,8 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
     start, step = time.perf_counter(), 0
     bar = progress(total=total, desc="jax train") if progress else None
     for epoch in range(epochs):
-        for batch in batches(feats, texts, batch_size, rng):
+        # SortaGrad (DeepSpeech 2): the first epoch in order of length, short first
+        for batch in batches(feats, texts, batch_size, rng if epoch > 0 else None):
             if step >= total:
                 break
             if epoch >= augment_from:
