@@ -112,15 +112,15 @@ class CTCDecoderLM:
     def __init__(self) -> None:
         pass
 
-    def start(self, start_with_nothing: bool) -> CTCDecoderLMState:
-        """The state at the start of an utterance."""
+    def start(self, start_with_nothing: bool) -> Any:
+        """The state at the start of an utterance (any object)."""
         raise NotImplementedError
 
-    def score(self, state: CTCDecoderLMState, usr_token_idx: int) -> Tuple[CTCDecoderLMState, float]:
+    def score(self, state: Any, usr_token_idx: int) -> Tuple[Any, float]:
         """(the state after unit ``usr_token_idx``, its score)."""
         raise NotImplementedError
 
-    def finish(self, state: CTCDecoderLMState) -> Tuple[CTCDecoderLMState, float]:
+    def finish(self, state: Any) -> Tuple[Any, float]:
         """(the final state, the end-of-sentence score)."""
         raise NotImplementedError
 
