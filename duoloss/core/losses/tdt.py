@@ -54,7 +54,9 @@ reported is ``(1 + lambda) * NLL``, as NeMo's kernels) and the token part
 in the same store.
 
 NB (NaN/inf policy, as `duoloss.core.losses.transducer`): ``-inf``
-logits are valid; a sequence without a path (e.g. ``durations = [2]`` with an
+logits are valid, and a cell whose token (or duration) logits are all ``-inf``
+gives probability 0 to every move from it (``+inf`` only when every path
+crosses it; its gradient row 0); a sequence without a path (e.g. ``durations = [2]`` with an
 odd ``T_b``) gets loss ``+inf`` and zero gradient; a NaN in a row the lattice
 reads makes that sequence's loss and its rows' gradient NaN, never the other
 sequences'; an invalid length or label (possible only for traced values) gives
