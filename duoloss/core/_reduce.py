@@ -19,7 +19,9 @@ losses.  Here:
   sequentially, ``b = 0, 1, ..., N - 1`` ([`run_reduced`][duoloss.core.run_reduced]);
 * subnormal gradient entries are flushed to zero, keeping their sign
   (`flush_subnormals`): XLA on CPU flushes subnormals, so a buffer must
-  hold none for both frameworks to receive the same bits.
+  hold none for both frameworks to receive the same bits.  A kernel whose
+  stores already flush (registered with `subnormal_free`, e.g. CTC's) skips
+  that extra pass over its gradients.
 
 A frontend's backward then only multiplies by the scalar cotangent ``g``: for
 ``g = 1`` (``loss.backward()``, ``jax.grad``) the bits are the core's.
@@ -32,8 +34,9 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["REDUCTIONS", "flush_subnormals", "reduce_losses", "reduction_weights",
-           "run_reduced", "run_weighted", "sum_weighted", "weighted_sum"]
+__all__ = ["REDUCTIONS", "flush_subnormals", "is_subnormal_free", "reduce_losses",
+           "reduction_weights", "run_reduced", "run_weighted", "subnormal_free", "sum_weighted",
+           "weighted_sum"]
 
 #: The batch reductions the losses accept.
 REDUCTIONS = ("none", "sum", "mean")
@@ -92,14 +95,18 @@ def weighted_sum(losses: np.ndarray, weights: np.ndarray, *, k2_mean: bool = Fal
     dtype = np.dtype(losses.dtype if dtype is None else dtype)
     if k2_mean and losses.shape[0] == 0:
         return np.array(np.nan, dtype)
-    terms = losses.astype(np.float64).reshape(-1) * np.asarray(weights, np.float64).reshape(-1)
-    if np.isfinite(terms).all():
-        try:
-            return np.array(math.fsum(terms.tolist()), dtype)
-        except OverflowError:  # the exact sum exceeds float64: +-inf
-            pass
+    # (Python floats: the same IEEE float64 products as numpy's, without its
+    # per-call overhead on the small batches of a training step)
+    terms = [x * w for x, w in zip(losses.reshape(-1).tolist(),
+                                   np.asarray(weights, np.float64).reshape(-1).tolist())]
+    try:
+        # finite terms: correctly rounded; inf and NaN terms give the IEEE result
+        # of their sum, which is order-independent
+        return np.array(math.fsum(terms), dtype)
+    except (OverflowError, ValueError):  # an exact sum beyond float64, or inf - inf
+        pass
     total = 0.0
-    for v in terms.tolist():  # sequential: inf/NaN results are order-independent
+    for v in terms:  # sequential: inf/NaN results are order-independent
         total += v
     return np.array(total, dtype)
 
@@ -139,6 +146,25 @@ def flush_subnormals(a: Optional[np.ndarray]) -> Optional[np.ndarray]:
     return a
 
 
+# ``run`` functions of kernels whose gradient stores flush subnormals themselves.
+_SUBNORMAL_FREE: set = set()
+
+
+def subnormal_free(run: Callable) -> Callable:
+    """Register a kernel's ``run`` as returning gradients without subnormals (its
+    stores flush them, keeping the sign, as `flush_subnormals` would): the
+    reductions then skip their pass over those gradients.  Returns ``run``."""
+    _SUBNORMAL_FREE.add(run)
+    return run
+
+
+def is_subnormal_free(run: Callable, weighted: bool, weights) -> bool:
+    """Whether the batched inputs' gradients of one `run_reduced` call of ``run``
+    hold no subnormals without a flush: ``run`` is registered and no product is
+    formed after its stores (no weights, or weights it folds in itself)."""
+    return (weighted or weights is None) and run in _SUBNORMAL_FREE
+
+
 def run_weighted(run: Callable, weighted: bool, batch_axes: Sequence[Optional[int]], arrays,
                  want, weights: np.ndarray, static: dict):
     """One core call whose gradients are weighted per sequence: ``(losses, grads)``.
@@ -167,12 +193,14 @@ def run_weighted(run: Callable, weighted: bool, batch_axes: Sequence[Optional[in
 
 
 def sum_weighted(losses: np.ndarray, grads, weights: np.ndarray,
-                 batch_axes: Sequence[Optional[int]], *, k2_mean: bool = False):
+                 batch_axes: Sequence[Optional[int]], *, k2_mean: bool = False,
+                 flushed: bool = False):
     """``(sum_b w_b loss_b, gradients)`` from `run_weighted`'s outputs.
 
     The loss is `weighted_sum`; a shared input's rows are added in order
     ``b = 0, 1, ...`` (an empty batch: zeros); every gradient is
-    `flush_subnormals`-ed.
+    `flush_subnormals`-ed (a batched input's one only when not ``flushed``
+    already: `is_subnormal_free`).
     """
     out = []
     for g, axis in zip(grads, batch_axes):
@@ -181,6 +209,9 @@ def sum_weighted(losses: np.ndarray, grads, weights: np.ndarray,
             for b in range(g.shape[0]):
                 acc += g[b]
             g = acc
+        elif flushed:
+            out.append(g)
+            continue
         out.append(flush_subnormals(g))
     return weighted_sum(losses, weights, k2_mean=k2_mean), tuple(out)
 
@@ -196,8 +227,12 @@ def run_reduced(run: Callable, weighted: bool, batch_axes: Sequence[Optional[int
     ``(sum_b w_b loss_b as a 0-d array in the losses' dtype, the gradients of
     that sum)``: `run_weighted` then `sum_weighted`.
     """
+    flushed = is_subnormal_free(run, weighted, weights)
     if weights is None:
         losses, grads = run(arrays, want, **static)
+        if flushed:
+            return losses, tuple(g if axis is not None else flush_subnormals(g)
+                                 for g, axis in zip(grads, batch_axes))
         return losses, tuple(flush_subnormals(g) for g in grads)
     losses, grads = run_weighted(run, weighted, batch_axes, arrays, want, weights, static)
-    return sum_weighted(losses, grads, weights, batch_axes, k2_mean=k2_mean)
+    return sum_weighted(losses, grads, weights, batch_axes, k2_mean=k2_mean, flushed=flushed)

@@ -30,8 +30,8 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from duoloss.core import LossKernel
-from duoloss.core._reduce import (flush_subnormals, reduction_weights, run_reduced, run_weighted,
-                                  sum_weighted, weighted_sum)
+from duoloss.core._reduce import (flush_subnormals, is_subnormal_free, reduction_weights,
+                                  run_reduced, run_weighted, sum_weighted, weighted_sum)
 
 from jax.sharding import PartitionSpec
 
@@ -109,9 +109,12 @@ def _host_run(kernel, static, want, base_shapes, out_dtypes, *arrays):
     """Run ``kernel`` on host arrays that may carry leading vmapped axes."""
     arrays = [np.asarray(a) for a in arrays]
     k = arrays[0].ndim - len(base_shapes[0])
+    # per-sequence gradients straight from the kernel: no subnormals if its
+    # stores flush them (a shared input's rows too: no sum is formed here)
+    flushed = is_subnormal_free(kernel.run, kernel.weighted, None)
     if k == 0:
         losses, grads = kernel.run(tuple(arrays), want, **static)
-        return _pack(losses, grads, want, out_dtypes)
+        return _pack(losses, grads, want, out_dtypes, flushed)
     leads = [a.shape[:k] for a in arrays]
     lead = np.broadcast_shapes(*leads)
     shared_vmapped = any(
@@ -139,15 +142,18 @@ def _host_run(kernel, static, want, base_shapes, out_dtypes, *arrays):
         shape = list(base[:axis]) + list(lead) + list(base[axis:])
         g = g.reshape(shape)
         out.append(np.moveaxis(g, tuple(range(axis, axis + k)), tuple(range(k))))
-    return _pack(out[0], out[1:], (True,) * (len(out) - 1), out_dtypes)
+    return _pack(out[0], out[1:], (True,) * (len(out) - 1), out_dtypes, flushed)
 
 
-def _pack(losses, grads, want, out_dtypes):
+def _pack(losses, grads, want, out_dtypes, flushed=False):
+    """The callback's results in the declared dtypes, gradients without subnormals
+    (``flushed``: ``grads`` hold none already, so only a cast can make some)."""
     res = [np.asarray(losses, dtype=out_dtypes[0])]
     j = 1
     for i, g in enumerate(grads):
         if want[i]:
-            res.append(flush_subnormals(np.ascontiguousarray(g, dtype=out_dtypes[j])))
+            out = np.ascontiguousarray(g, dtype=out_dtypes[j])
+            res.append(out if flushed and out.dtype == g.dtype else flush_subnormals(out))
             j += 1
     return tuple(res)
 
@@ -289,7 +295,7 @@ def _host_reduced(kernel, static, want, rspec, base_shapes, out_dtypes, arrays, 
         w = reduction_weights(reduction, n, lengths)
         total, grads = run_reduced(kernel.run, kernel.weighted, kernel.batch_axes,
                                    tuple(arrays), want, w, static, k2_mean=k2)
-        return _pack(total, grads, want, out_dtypes)
+        return _pack(total, grads, want, out_dtypes, True)  # (run_reduced flushed them)
     leads = [a.shape[:k] for a in arrays]
     if lengths is not None:
         lengths = np.asarray(lengths)

@@ -83,10 +83,11 @@ def unit_cotangent(g: torch.Tensor) -> bool:
     Callers use it only to skip work whose result is then known: False always
     gives the same bits, through tensor ops.
     """
-    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or g.requires_grad
-            or g.device.type != "cpu" or transforms_active() or maybe_legacy_batched(g)):
+    if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or not g.is_cpu
+            or g.requires_grad or transforms_active() or maybe_legacy_batched(g)):
         return False
-    return bool((g.numpy() == 1).all())
+    v = g.numpy() == 1
+    return bool(v if v.ndim == 0 else v.all())
 
 
 def _flushed(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

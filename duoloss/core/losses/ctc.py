@@ -77,6 +77,7 @@ from .._numerics import FLUSH as _FLUSH
 from .._numerics import HELPER, fast_exp, sequence_ok
 from .._pool import run_batch
 from .._numerics import logaddexp as _logaddexp
+from .._reduce import subnormal_free
 from .._spec import LossKernel
 
 __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
@@ -100,12 +101,19 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
     """grad[t, b, k] = -scale * row[k] for the classes of states lo..hi; reset row.
 
     Posteriors are summed and scaled in float64 before the single store, so
-    float32 gradients carry one rounding only.
+    float32 gradients carry one rounding only.  A stored value that is
+    subnormal in the gradient's dtype becomes a zero of its sign (what
+    `duoloss.core._reduce.flush_subnormals` would do afterwards, in the same
+    pass): the kernel's gradients hold no subnormals (`subnormal_free`).
     """
+    tiny = 1.1754943508222875e-38 if grad.itemsize == 4 else 2.2250738585072014e-308
     for s in range(lo, hi + 1):
         k = lab[s]
         if row[k] != 0.0:
             grad[t, b, k] = -row[k] * scale
+            v = grad[t, b, k]
+            if abs(v) < tiny:
+                grad[t, b, k] = v * 0
             row[k] = 0.0
 
 
@@ -666,6 +674,9 @@ def _ctc_run(arrays, want_grad, *, blank=0, zero_infinity=False, grad_weights=No
     return losses, (grad, None, None, None)
 
 
+# (its gradient stores flush subnormals: `_flush_row`)
+subnormal_free(_ctc_run)
+
 #: The CTC loss for the frontends' adapters: arrays are
 #: ``(log_probs (T,N,C), targets (N,S), input_lengths (N,), target_lengths (N,))``.
 CTC_KERNEL = LossKernel(
@@ -749,6 +760,14 @@ def _check_ctc_static(fn, lp_shape, lp_dtype, tg_shape, tg_dtype, il_shape, il_d
 _check_ctc_static_cached = functools.lru_cache(maxsize=256, typed=True)(_check_ctc_static)
 
 
+@functools.lru_cache(maxsize=64)
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n)`` (shared, read-only)."""
+    a = np.arange(n)
+    a.flags.writeable = False
+    return a
+
+
 def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
     """(code, b, i, value) of the first invalid entry; code 0 when all is valid.
 
@@ -760,18 +779,21 @@ def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
     in_len = np.asarray(in_len, np.int64)
     tg_len = np.asarray(tg_len, np.int64)
     targets = np.asarray(targets, np.int64)
-    s_cap = targets.shape[1]
-    bad = in_len.view(np.uint64) > t_max
-    if bad.any():
-        b = int(bad.argmax())
+    n, s_cap = targets.shape
+    if n == 0:
+        return 0, 0, 0, 0
+    # (one reduction per check on the valid path: a per-call cost of every step)
+    if in_len.view(np.uint64).max() > t_max:
+        b = int((in_len.view(np.uint64) > t_max).argmax())
         return 1, b, 0, int(in_len[b])
-    bad = tg_len.view(np.uint64) > s_cap
-    if bad.any():
-        b = int(bad.argmax())
+    if tg_len.view(np.uint64).max() > s_cap:
+        b = int((tg_len.view(np.uint64) > s_cap).argmax())
         return 2, b, 0, int(tg_len[b])
     bad = targets.view(np.uint64) >= n_cls
-    bad |= targets == blank
-    bad &= np.arange(s_cap) < tg_len[:, None]
+    np.logical_or(bad, targets == blank, out=bad)
+    if not bad.any():  # (padding included: nothing to mask)
+        return 0, 0, 0, 0
+    bad &= _arange(s_cap) < tg_len[:, None]
     if not bad.any():
         return 0, 0, 0, 0
     b, i = divmod(int(bad.argmax()), s_cap)  # row-major: b first, then i, as the loops ran
