@@ -522,3 +522,33 @@ def test_transducer_skew_round_trip():
                 for c in range(4):
                     assert s[b, c if modified else r + c, r] == a[b, r, c]
         assert torch.equal(_ops.unskew(s, a.shape, modified), a)
+
+
+def test_k2_pruned_device_keeps_no_logits_sized_tensor():
+    """Memory (issue 27): the device path's pruned lattice saves the logits (alive
+    anyway) and ``(B, T, s_range)`` normalisers, no logits-sized temporary (the
+    saved-tensor hooks see every tensor autograd keeps); loss and gradient equal the
+    host path's (whose lattice autograd composes from logsumexp and gathers)."""
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(2, 6, 3, 40, generator=g, dtype=torch.float64)
+    y = torch.tensor([[1, 2, 5, 7], [3, 3, 9, 1]])
+    ranges = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 1, 1, 2, 2, 2]])[..., None] + torch.arange(3)
+    boundary = torch.tensor([[0, 0, 4, 6], [0, 0, 4, 5]])
+    out = []
+    for impl in ("device", "host"):
+        x = logits.clone().requires_grad_()
+        saved = []
+
+        def pack(t):
+            saved.append((t.numel(), t.data_ptr()))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = dt.rnnt_loss_pruned(x, y, ranges, 0, boundary, reduction="sum", impl=impl)
+        if impl == "device":
+            big = [n for n, p in saved if n >= x.numel() // 4 and p != x.data_ptr()]
+            assert big == [], saved
+        loss.backward()
+        out.append((loss, x.grad))
+    _close(out[0][0], out[1][0], torch.float64, "loss")
+    _close(out[0][1], out[1][1], torch.float64, "grad")

@@ -344,7 +344,7 @@ def get_rnnt_logprobs_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
-                     delay_penalty=0.0, reduction="mean"):
+                     delay_penalty=0.0, reduction="mean", device=False):
     for arg, x in (("logits", logits), ("symbols", symbols), ("ranges", ranges)):
         check_tensor(fn, arg, x)
     b, s, t, r, c = _k.check_pruned_static(fn, logits.shape, logits.dtype, symbols.shape,
@@ -354,7 +354,12 @@ def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, 
         _k.check_symbols_values(fn, to_numpy(symbols), c)
         _k.check_ranges_values(fn, to_numpy(ranges), s)
     boundary = _boundary(fn, boundary, b, s, t, logits.device, rnnt_type, True)
-    px, py = _maths.pruned_logprobs(_xp, logits, symbols, ranges, termination_symbol, rnnt_type)
+    if device:  # the same values in bounded memory (duoloss.torch._triton._pruned)
+        from ._triton._pruned import pruned_logprobs
+        px, py = pruned_logprobs(logits, symbols, ranges, termination_symbol, rnnt_type)
+    else:
+        px, py = _maths.pruned_logprobs(_xp, logits, symbols, ranges, termination_symbol,
+                                        rnnt_type)
     return px, py, boundary
 
 
@@ -406,7 +411,8 @@ def rnnt_loss_pruned(logits: torch.Tensor, symbols: torch.Tensor, ranges: torch.
     fn = "rnnt_loss_pruned"
     device = resolve_impl(fn, impl, logits)
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
-                                        boundary, rnnt_type, delay_penalty, reduction)
+                                        boundary, rnnt_type, delay_penalty, reduction,
+                                        device=device)
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty), logits.shape[1])
     losses, _ = _recursion(px, py, boundary, rnnt_type, False, device)
     return _reduce(losses, reduction)
