@@ -494,6 +494,15 @@ def check_memory(dev, dry):
     cases.append(("multiblank_rnnt_loss (16,200,60,512)", x,
                   lambda z: dt.multiblank_rnnt_loss(z, a[0].clamp(max=v - 4), a[1], a[2],
                                                     v - 1, (2, 4), impl="device")))
+    g = _gen(9)
+    r = 5
+    xp = torch.randn(n, t, r, v, generator=g).to(dev)
+    symp = torch.randint(1, v, (n, u), generator=g).to(dev)
+    start = torch.clamp(torch.arange(t) * u // t, max=u - r + 1)
+    rng = (start[:, None] + torch.arange(r)[None, :]).expand(n, t, r).contiguous().to(dev)
+    bdp = torch.tensor([[0, 0, u, t]] * n).to(dev)
+    cases.append(("rnnt_loss_pruned (16,200,60,512) s_range=5", xp,
+                  lambda z: dt.rnnt_loss_pruned(z, symp, rng, 0, bdp, impl="device")))
     lp, tg, il, tl = _ctc_inputs((32, 500, 1000, 100), torch.float32, dev)
     ac = tuple(z.to(dev) for z in (tg, il, tl))
     cases.append(("ctc_loss (32,500,1000,100)", lp,
