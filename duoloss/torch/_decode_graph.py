@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
+from duoloss.core._validate import dtype_name
 from duoloss.core.decoding.wfst import GraphHypothesis
 from duoloss.core.decoding.wfst import graph_decode as _graph_decode
 from duoloss.core.graph.graph import Graph
@@ -91,8 +92,8 @@ def graph_decode(emissions: torch.Tensor, graph: Graph, *,
     fn = "graph_decode"
     check_tensor(fn, "emissions", emissions)
     if emissions.is_complex() or not emissions.is_floating_point():
-        raise TypeError(f"{fn}: argument 'emissions' must be a floating-point tensor, got "
-                        f"dtype {emissions.dtype}")
+        raise TypeError(f"{fn}: argument 'emissions' must hold floating-point scores, got "
+                        f"dtype {dtype_name(emissions.dtype)}")
     em = to_numpy(emissions.detach().to("cpu", torch.float64))
     ln = None if lengths is None else int_array(fn, "lengths", lengths)
     res = _graph_decode(em, graph, lengths=ln, beam=beam, max_active=max_active, fn=fn)
