@@ -62,8 +62,6 @@ class ArpaLM:
         -0.9
     """
 
-    __slots__ = ("order", "words", "word_index", "bos", "eos", "unk", "ngrams", "path")
-
     def __init__(self, order: int, words: List[str],
                  ngrams: List[Dict[Tuple[int, ...], Tuple[float, float]]],
                  path: Optional[str] = None):
