@@ -50,6 +50,7 @@ class ArpaLM:
         ngrams: ``ngrams[k]`` maps each ``(k+1)``-gram (a tuple of ``k+1`` word ids) to
             ``(log10 probability, log10 backoff)``; the backoff is ``0.0`` where the file gives
             none (always for the highest order).
+        path: the file the model was read from (None when built otherwise).
 
     Examples:
         >>> import tempfile, os
@@ -64,7 +65,7 @@ class ArpaLM:
 
     def __init__(self, order: int, words: List[str],
                  ngrams: List[Dict[Tuple[int, ...], Tuple[float, float]]],
-                 path: Optional[str] = None):
+                 path: Optional[str] = None) -> None:
         self.order = int(order)
         self.words = list(words)
         self.word_index = {w: i for i, w in enumerate(self.words)}
