@@ -5,7 +5,10 @@ numpy core when neither is installed), in float32 and float64, forward and backw
 and the kernels a call compiles only when it needs them (the exact log-space fallbacks,
 the bounded-memory aligners) are called with an empty batch: the same kernels and
 signatures as real calls, so that numba compiles them now and a later process loads
-them from its cache.
+them from its cache.  The ``decode`` family decodes through ``ctc_decoder`` (lexicon-free,
+and with a lexicon, an ARPA LM and hotwords) and ``graph_decode`` (on an ARPA grammar
+acceptor); the searches compile one signature per emissions dtype (float32 and
+float64 for the CTC beam search, float64 for ``graph_decode``), whatever the options.
 """
 from __future__ import annotations
 
@@ -21,13 +24,47 @@ import numpy as np
 __all__ = ["FAMILIES", "warmup"]
 
 #: The kernel families, in the order ``warmup()`` compiles them.
-FAMILIES = ("ctc", "asg", "graph", "rnnt", "k2", "tdt", "align")
+FAMILIES = ("ctc", "asg", "graph", "rnnt", "k2", "tdt", "align", "decode")
 
 _DTYPES = ("float32", "float64")
 
 
 def _rng():
     return np.random.default_rng(0)
+
+
+# The decoders' inputs: tokens (0 = blank, 1 = silence), a lexicon and a 2-gram ARPA LM.
+_DECODE_TOKENS = ["-", "|", "a", "b", "c"]
+_DECODE_LEXICON = "ab a b |\nba b a |\ncab c a b |\n"
+_DECODE_ARPA = ("\\data\\\nngram 1=6\nngram 2=2\n\n\\1-grams:\n-99\t<s>\t-0.3\n"
+                "-0.8\tab\t-0.2\n-0.9\tba\t-0.2\n-1.1\tcab\t-0.2\n-0.7\t</s>\n"
+                "-2.0\t<unk>\n\n\\2-grams:\n-0.2\t<s> cab\n-0.1\tcab ab\n\n\\end\\\n")
+
+
+def _decode_inputs(folder):
+    """``(emissions (2, 8, 5) float64, lengths, decoder keyword sets, decoding graph)``.
+
+    The lexicon and LM files are written to ``folder``.  The keyword sets of
+    ``ctc_decoder`` are lexicon-free, and lexicon + LM + hotwords: the two compile the
+    same search signature, the second also the LM table kernels.  The decoding graph is
+    the LM's grammar acceptor over labels ``[0, 5)`` (epsilon arcs: backoff and ``</s>``):
+    the search's kernels and signatures do not depend on the graph, and a real
+    ``H o L o G`` is composed with the ``graph`` family's kernels, which this family
+    leaves to that one (no family compiles another's kernels in a parallel warm-up).
+    """
+    from duoloss.core.decoding import read_arpa
+    from duoloss.graphs import arpa_graph
+
+    lexicon, arpa = os.path.join(folder, "lexicon.txt"), os.path.join(folder, "lm.arpa")
+    with open(lexicon, "w", encoding="utf-8") as f:
+        f.write(_DECODE_LEXICON)
+    with open(arpa, "w", encoding="utf-8") as f:
+        f.write(_DECODE_ARPA)
+    x = _rng().standard_normal((2, 8, len(_DECODE_TOKENS)))
+    em = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    options = [{}, dict(lexicon=lexicon, lm=arpa, hotwords=["ab"], nbest=2)]
+    graph = arpa_graph(read_arpa(arpa), words=["-", "|", "ab", "ba", "cab"])
+    return em, np.array([8, 5]), options, graph
 
 
 # ----------------------------------------------------------------------------- torch
@@ -114,6 +151,16 @@ def _torch_calls(family: str) -> List[Callable[[str], None]]:
         dt.rnnt_align(x, tg.to(torch.int32), torch.tensor([6, 5], dtype=torch.int32),
                       tl.to(torch.int32), blank=0)
 
+    def decode(dtype):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            em, lengths, options, graph = _decode_inputs(folder)
+            x = torch.tensor(em, dtype=getattr(torch, dtype))
+            for kw in options:
+                dt.ctc_decoder(_DECODE_TOKENS, **kw)(x, torch.tensor(lengths))
+            dt.graph_decode(x, graph, lengths=torch.tensor(lengths))
+
     return [locals()[family]]
 
 
@@ -175,6 +222,18 @@ def _jax_calls(family: str) -> List[Callable[[str], None]]:
         lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
         jax.block_until_ready(dj.ctc_align(lp, tg, il, tl))
 
+    def decode(dtype):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            em, lengths, options, graph = _decode_inputs(folder)
+            x, ln = jnp.asarray(em, dtype), jnp.asarray(lengths)
+            for kw in options:
+                decoder = dj.ctc_decoder(_DECODE_TOKENS, **kw)
+                decoder(x, ln)
+                jax.block_until_ready(jax.jit(decoder.padded)(x, ln))  # the host callback
+            dj.graph_decode(x, graph, lengths=ln)
+
     return [locals()[family]]
 
 
@@ -202,7 +261,19 @@ def _core_calls(family: str) -> List[Callable[[str], None]]:
     def align(dtype):
         core.ctc_align(lp(dtype), tg, il, tl)
 
-    calls = {"ctc": ctc, "asg": asg, "graph": graph, "align": align}
+    def decode(dtype):
+        import tempfile
+
+        from duoloss.core.decoding import build_decoder
+        from duoloss.core.decoding.wfst import graph_decode
+
+        with tempfile.TemporaryDirectory() as folder:
+            em, lengths, options, graph = _decode_inputs(folder)
+            for kw in options:
+                build_decoder(_DECODE_TOKENS, **kw).decode(em.astype(dtype), lengths)
+            graph_decode(em.astype(dtype), graph, lengths=lengths)
+
+    calls = {"ctc": ctc, "asg": asg, "graph": graph, "align": align, "decode": decode}
     return [calls[family]] if family in calls else []
 
 
@@ -304,7 +375,7 @@ def _in_workers(chosen, jobs, report):
 
 #: Seconds each family's warm-up took in its own process on a quiet 2-core machine
 #: (imports included), to share the families out evenly between workers.
-_COST = {"rnnt": 33, "graph": 18, "asg": 16, "align": 14, "ctc": 9, "tdt": 8, "k2": 5}
+_COST = {"rnnt": 33, "decode": 20, "graph": 18, "asg": 16, "align": 14, "ctc": 9, "tdt": 8, "k2": 5}
 
 
 def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
@@ -328,7 +399,9 @@ def warmup(families: Optional[Iterable[str]] = None, *, verbose: bool = True,
     Args:
       families: which to compile, from ``"ctc"``, ``"asg"``, ``"graph"`` (WFST losses,
         scores, compose), ``"rnnt"`` (transducer and joiner), ``"k2"`` (simple and pruned
-        RNN-T), ``"tdt"`` (TDT and multi-blank RNN-T), ``"align"`` (aligners); ``None`` (default) for all of them.
+        RNN-T), ``"tdt"`` (TDT and multi-blank RNN-T), ``"align"`` (aligners), ``"decode"``
+        (the CTC beam search of ``ctc_decoder`` and ``graph_decode``'s WFST search);
+        ``None`` (default) for all of them.
       verbose: print one line per family (its name and seconds) to stderr.
       jobs: how many families compile at once, each in its own worker process (numba
         compiles on one thread); default: the number of CPUs this process may use, at

@@ -562,7 +562,8 @@ def markdown_table(results) -> str:
     for i, (case, err) in enumerate(results, 1):
         fw = "torch = jax" if len(case.frameworks) == 2 else case.frameworks[0]
         if case.gap:
-            exc, msg = "**gap**", f"(today: {type(err).__name__ if err else 'accepted'}: {err}) -- wanted {case.exc.__name__} ``{case.prefix} ...``"
+            want = case.prefix or f"{case.fn}: argument '{case.arg}'"
+            exc, msg = "**gap**", f"(today: {type(err).__name__ if err else 'accepted'}: {err}) -- wanted {case.exc.__name__} ``{want} ...``"
         else:
             exc, msg = f"`{type(err).__name__}`", str(err)
         msg = msg.replace("|", "\\|").replace("\n", " ")

@@ -243,3 +243,81 @@ def test_worker_shares_cover_every_family_once_and_balance():
     # longest-first greedy: no worker carries more than the ideal half plus one family
     assert loads[1] - loads[0] <= max(_warmup._COST.values())
     assert _warmup._shares(["ctc"], 2) == [["ctc"]]
+
+
+# The decode family's calls, then the calls users make: the second set may add no numba
+# signature to a decoding kernel (same signatures = what the warm-up cached is what later
+# processes load).  Runs on the suite's numba cache (seconds when warm).
+_DECODE_SIGNATURES = """
+import json, os, sys, tempfile
+import numpy as np
+from numba.core.registry import CPUDispatcher
+from duoloss import _warmup
+
+def signatures():
+    out = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("duoloss.core.decoding") and module is not None:
+            for obj in list(vars(module).values()):
+                if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == name:
+                    out[name + "." + obj.py_func.__name__] = sorted(map(str, obj.signatures))
+    return out
+
+_warmup._run_family("decode", ["torch", "jax"])
+warm = signatures()
+
+import jax, jax.numpy as jnp, torch
+import duoloss.torch as dt, duoloss.jax as dj
+from duoloss import gtn
+from duoloss.core.decoding import build_decoder, read_arpa
+from duoloss.graphs import arpa_graph, ctc_topo, lexicon_graph
+d = tempfile.mkdtemp()
+em, lengths, options, _ = _warmup._decode_inputs(d)
+lexicon, arpa = os.path.join(d, "lexicon.txt"), os.path.join(d, "lm.arpa")
+rng = np.random.default_rng(1)
+big = rng.standard_normal((40, 30, 5))
+big -= np.log(np.exp(big).sum(-1, keepdims=True))
+kinds = [dict(lexicon=lexicon), dict(lm=arpa, beam_size=3, log_add=True),
+         dict(lexicon=lexicon, lm=read_arpa(arpa), nbest=3, unk_score=-5.0, beam_size_token=2),
+         dict(hotwords=[("a b", 2.0)], sil_score=-0.5)]
+for kw in kinds:
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        dt.ctc_decoder(_warmup._DECODE_TOKENS, **kw)(torch.tensor(big).to(dtype))
+    dj.ctc_decoder(_warmup._DECODE_TOKENS, **kw)(jnp.asarray(big, jnp.float32), np.full(40, 30))
+    jax.jit(dj.ctc_decoder(_warmup._DECODE_TOKENS, **kw).padded)(jnp.asarray(em, jnp.float32))
+    build_decoder(_warmup._DECODE_TOKENS, **kw).decode(big[:, ::2])  # not contiguous
+lm = read_arpa(arpa)
+hlg = gtn.compose(ctc_topo(5), gtn.compose(lexicon_graph(lexicon, _warmup._DECODE_TOKENS,
+                                                         words=lm.words), arpa_graph(lm)))
+dt.graph_decode(torch.tensor(big, dtype=torch.float32), hlg, beam=5.0, max_active=None)
+dj.graph_decode(jnp.asarray(big, jnp.float32), hlg, lengths=np.arange(40) % 31)
+later = signatures()
+new = {k: sorted(set(v) - set(warm.get(k, []))) for k, v in later.items()}
+print(json.dumps({"warm": warm, "new": {k: v for k, v in new.items() if v}}))
+"""
+
+
+def test_decode_family_covers_the_signatures_of_real_decoding_calls():
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    out = _python(_DECODE_SIGNATURES, _env())
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["new"] == {}, r["new"]
+    compiled = {k for k, v in r["warm"].items() if v}
+    # the CTC beam search in float32 and float64, its LM kernels, the WFST search
+    ctc = "duoloss.core.decoding._beam_kernel."
+    assert len(r["warm"][ctc + "decode_batch"]) == 2
+    assert {ctc + "lm_fill", ctc + "lm_score_many",
+            "duoloss.core.decoding.wfst._decode_batch"} <= compiled, sorted(compiled)
+
+
+def test_decode_kernels_are_announced_as_the_decode_family(notice, caplog):
+    caplog.set_level(logging.INFO, logger="duoloss")
+    _fire(notice, "duoloss.core.decoding._beam_kernel", "duoloss.core.decoding.wfst",
+          "duoloss.core.decoding.some_future_module")
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1, lines
+    what, seconds = _numba_setup.FAMILIES["decode"]
+    assert lines[0].startswith(f"duoloss: compiling the {what} kernels (first use with an "
+                               f"empty numba cache: about {seconds} s")
+    assert "shared" not in lines[0] and "decode" in duoloss.warmup.__globals__["FAMILIES"]

@@ -155,12 +155,17 @@ _FAMILY_OF_MODULE = {
     "losses.rnnt_k2": "k2", "losses.align": "align",
 }
 
+#: Kernel packages (below ``duoloss.core.``) whose every module is one family.
+_FAMILY_OF_PACKAGE = {"decoding": "decode"}
+
 #: family -> (what it is, rough seconds of its first call with an empty cache on a
 #: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
+#: "decode": the first ``ctc_decoder`` call, 15 CPU s (2026-11-27, docs/warmup.md); the
+#: first ``graph_decode`` call compiles less (5.5 CPU s).
 FAMILIES = {
     "ctc": ("CTC", 3), "asg": ("ASG", 7), "graph": ("WFST graph", 11),
     "rnnt": ("RNN-T", 6), "k2": ("k2 RNN-T", 3), "tdt": ("TDT/multi-blank RNN-T", 8),
-    "align": ("alignment", 3),
+    "align": ("alignment", 3), "decode": ("CTC beam search and WFST decoding", 15),
     "core": ("shared", 2),
 }
 
@@ -184,7 +189,10 @@ def _family(dispatcher):
     module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
     if not module.startswith("duoloss."):
         return None
-    return _FAMILY_OF_MODULE.get(module[len("duoloss.core."):], "core")
+    name = module[len("duoloss.core."):]
+    if name in _FAMILY_OF_MODULE:
+        return _FAMILY_OF_MODULE[name]
+    return _FAMILY_OF_PACKAGE.get(name.split(".", 1)[0], "core")
 
 
 def _quiet():
