@@ -16,7 +16,9 @@ process first.  Then fresh processes alternate, ``old, new, new, old, old, new, 
 (``PYTHONPATH``), warming every step up and timing many calls of each size and
 framework.  Reported per size and framework: the median over processes of each
 process's median ms per call, the smallest per-call time seen, and ``new/old``, the
-median over pairs of the pair's ratio of medians (with its smallest and largest).
+median over pairs of the pair's ratio of medians (with its smallest and largest); the
+same for the process's CPU time per call (``time.process_time``, all its threads),
+which other jobs' load on a shared machine does not inflate.
 
 It measures *relative* cost: on a shared machine absolute times drift with the load,
 which the alternation, the pairing and the medians cancel; compare ratios, and
@@ -47,8 +49,10 @@ DEFAULT_SIZES = [(1, 50, 20, 10), (8, 200, 30, 40), (32, 500, 50, 100)]
 QUICK_SIZES = [(2, 30, 10, 5)]
 FRAMEWORKS = ("torch", "jax")
 
-# One timing process: argv = JSON {"sizes", "frameworks", "threads", "budget_s", "min_calls"};
-# prints one JSON line {"torch": {"B,T,C,L": [ms, ...]}, "jax": {...}, "duoloss": path}.
+# One timing process: argv = JSON {"sizes", "frameworks", "threads", "budget_s", "min_calls",
+# "warmup_s"};
+# prints one JSON line {"torch": {"B,T,C,L": {"wall": [ms, ...], "cpu": [ms, ...]}}, "jax": ...,
+# "duoloss": path}: per call, wall-clock ms and the process's CPU ms (all its threads).
 CHILD = r'''
 import json, sys, time
 import numpy as np
@@ -56,15 +60,20 @@ cfg = json.loads(sys.argv[1])
 out = {"duoloss": None}
 
 def per_call(step, budget_s, min_calls, max_calls=2000):
-    for _ in range(3):
+    t_end = time.perf_counter() + cfg["warmup_s"]  # (a new process runs slow at first)
+    for i in range(100000):
         step()
-    times = []
+        if i >= 2 and time.perf_counter() > t_end:
+            break
+    times, cpu = [], []
     t_end = time.perf_counter() + budget_s
     while len(times) < min_calls or (time.perf_counter() < t_end and len(times) < max_calls):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return times
+        cpu.append((time.process_time() - c0) * 1e3)
+    return {"wall": times, "cpu": cpu}
 
 def data(b, t, c, l):
     rng = np.random.default_rng(0)
@@ -154,23 +163,31 @@ def run_child(tree: str, cache: str, cfg: dict, threads: int) -> dict:
 def summarise(runs, frameworks, sizes):
     """Rows of the table and JSON results from ``runs`` = [(old, new), ...] per pair."""
     rows, results = [], []
+    med = statistics.median
     for fw in frameworks:
         for size in sizes:
             key = H.format_size(size)
-            med = {k: [statistics.median(r[i][fw][key]) for r in runs]
-                   for i, k in enumerate(("old", "new"))}
-            low = {k: min(min(r[i][fw][key]) for r in runs)
-                   for i, k in enumerate(("old", "new"))}
-            ratios = [n / o for o, n in zip(med["old"], med["new"])]
-            ratio = statistics.median(ratios)
-            rows.append([fw, key, f"{statistics.median(med['old']):.3f}", f"{low['old']:.3f}",
-                         f"{statistics.median(med['new']):.3f}", f"{low['new']:.3f}",
-                         f"{ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})"])
+            stats = {}
+            for kind in ("wall", "cpu"):
+                per = {k: [med(r[i][fw][key][kind]) for r in runs]
+                       for i, k in enumerate(("old", "new"))}
+                low = {k: min(min(r[i][fw][key][kind]) for r in runs)
+                       for i, k in enumerate(("old", "new"))}
+                ratios = [n / o if o > 0 else float("nan") for o, n in zip(per["old"], per["new"])]
+                stats[kind] = (per, low, ratios)
+            (w, wl, wr), (c, _, cr) = stats["wall"], stats["cpu"]
+            rows.append([fw, key, f"{med(w['old']):.3f}", f"{wl['old']:.3f}",
+                         f"{med(w['new']):.3f}", f"{wl['new']:.3f}",
+                         f"{med(wr):.2f} ({min(wr):.2f}-{max(wr):.2f})",
+                         f"{med(c['old']):.3f}", f"{med(c['new']):.3f}",
+                         f"{med(cr):.2f} ({min(cr):.2f}-{max(cr):.2f})"])
             results.append(H.result(size, case=fw, extra={
-                "old_median_ms": statistics.median(med["old"]), "old_min_ms": low["old"],
-                "new_median_ms": statistics.median(med["new"]), "new_min_ms": low["new"],
-                "ratio_new_old": ratio, "pair_ratios": ratios,
-                "old_process_medians_ms": med["old"], "new_process_medians_ms": med["new"]}))
+                "old_median_ms": med(w["old"]), "old_min_ms": wl["old"],
+                "new_median_ms": med(w["new"]), "new_min_ms": wl["new"],
+                "ratio_new_old": med(wr), "pair_ratios": wr,
+                "old_process_medians_ms": w["old"], "new_process_medians_ms": w["new"],
+                "old_cpu_median_ms": med(c["old"]), "new_cpu_median_ms": med(c["new"]),
+                "cpu_ratio_new_old": med(cr), "cpu_pair_ratios": cr}))
     return rows, results
 
 
@@ -185,6 +202,9 @@ def main(argv=None):
                    help="seconds of timed calls per size and framework in each process "
                         "(default 0.6; at least --min-calls calls)")
     p.add_argument("--min-calls", type=int, default=10)
+    p.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds of untimed calls per size and framework in each process "
+                        "before timing (default 1.0; at least 3 calls)")
     p.add_argument("--repeat", type=int, default=1,
                    help="measure the whole comparison this many times, each in the "
                         "reverse order of the last (default 1)")
@@ -195,9 +215,10 @@ def main(argv=None):
         raise SystemExit(f"compare_commits: argument '--frameworks' must name torch and/or "
                          f"jax, got {args.frameworks!r}")
     if args.quick:
-        args.budget, args.min_calls = 0.05, 3
+        args.budget, args.min_calls, args.warmup = 0.05, 3, 0.0
     cfg = {"sizes": [list(s) for s in args.sizes], "frameworks": frameworks,
-           "threads": args.threads, "budget_s": args.budget, "min_calls": args.min_calls}
+           "threads": args.threads, "budget_s": args.budget, "min_calls": args.min_calls,
+           "warmup_s": args.warmup}
     tmp = tempfile.mkdtemp(prefix="duoloss-compare-")
     try:
         base = export_tree(args.base, os.path.join(tmp, "old"))
@@ -205,7 +226,8 @@ def main(argv=None):
         caches = {k: os.path.join(tmp, "numba-cache-" + k) for k in trees}
         for k in ("old", "new"):  # compile and cache every kernel once, untimed
             H.progress(f"warming {k} ({trees[k]})")
-            run_child(trees[k], caches[k], dict(cfg, budget_s=0.0, min_calls=1), args.threads)
+            run_child(trees[k], caches[k], dict(cfg, budget_s=0.0, min_calls=1, warmup_s=0.0),
+                      args.threads)
         texts, results = [], []
         first = "old"
         for rep in range(args.repeat):
@@ -226,14 +248,17 @@ def main(argv=None):
             results += res
             texts.append(
                 f"measurement {rep + 1} (pairs alternate, starting with {first}):\n\n"
-                + H.table(["framework", "B,T,C,L", f"old median ms", "old min",
-                           "new median ms", "new min", "new/old (range)"], rows))
+                + H.table(["framework", "B,T,C,L", "old median ms", "old min",
+                           "new median ms", "new min", "new/old (range)", "old CPU ms",
+                           "new CPU ms", "CPU new/old (range)"], rows))
             first = "new" if first == "old" else "old"
         text = (f"CTC step (logits -> log_softmax -> ctc_loss -> backward; JAX: "
                 f"jit(value_and_grad)), float32, {args.threads} threads; old = {args.base} "
                 f"({base[:10]}), new = {H.ROOT} (working tree); {args.rounds} alternating "
                 f"pairs of fresh processes; median = median over processes of each process's "
-                f"median per call; new/old = median over pairs of the pair's ratio\n\n"
+                f"median per call; new/old = median over pairs of the pair's ratio; CPU ms = the "
+                f"process's CPU time per call (all threads: robust to other jobs' load, "
+                f"counts spinning threads)\n\n"
                 + "\n\n".join(texts))
         H.emit(args, results, text)
     finally:
