@@ -65,4 +65,11 @@ def test_jax_calls_compile_no_readonly_signatures():
     jax.block_until_ready(jax.grad(lambda x: dj.rnnt_loss(
         x, tg.astype(np.int32), np.array([4, 3], np.int32), tl.astype(np.int32), blank=0))(x))
     jax.block_until_ready(dj.ctc_align(lp, tg, il, tl))
+    # the decoders' searches (issue 25): eager calls and the decoder's host callback
+    em = jnp.swapaxes(lp, 0, 1)  # (B, T, C)
+    decoder = dj.ctc_decoder(["-", "|", "a", "b", "c"])
+    decoder(em, np.array([9, 7]))
+    jax.block_until_ready(jax.jit(decoder.padded)(em, np.array([9, 7])))
+    from duoloss.graphs import ctc_topo
+    dj.graph_decode(em, ctc_topo(5), lengths=np.array([9, 7]))
     assert _readonly_signatures() - before == set()
