@@ -320,4 +320,6 @@ def test_decode_kernels_are_announced_as_the_decode_family(notice, caplog):
     what, seconds = _numba_setup.FAMILIES["decode"]
     assert lines[0].startswith(f"duoloss: compiling the {what} kernels (first use with an "
                                f"empty numba cache: about {seconds} s")
-    assert "shared" not in lines[0] and "decode" in duoloss.warmup.__globals__["FAMILIES"]
+    from duoloss import _warmup
+
+    assert "shared" not in lines[0] and "decode" in _warmup.FAMILIES
