@@ -31,6 +31,8 @@ RNNT_U = (1, 3, 7, 15, 28, 63, 127, 255, 511, 1000, 2000)
 TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
                  (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
 TDT_U = (7, 127, 1023)
+#: TDT beyond U = 1023 (BLOCK 2048): one duration set, to show it
+TDT_WIDE = ((2047, (0, 1, 2, 3, 4)),)
 CAPABILITIES = (80, 90)
 
 # the test's subset: (family, shape parameter, dtype name, grad, extra)
@@ -49,6 +51,7 @@ def cases(subset: bool = False) -> List[tuple]:
             out += [("ctc", s, dt, grad, None) for s in CTC_S]
             out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
             out += [("tdt", u, dt, grad, d) for u in TDT_U for d in TDT_DURATIONS]
+            out += [("tdt", u, dt, grad, d) for u, d in TDT_WIDE]
     return out
 
 
@@ -76,14 +79,16 @@ def describe(case) -> str:
     return f"{what} {dt} {'grad' if grad else 'no grad'}"
 
 
-def run(subset: bool = False, capabilities=CAPABILITIES, progress=True) -> List[dict]:
-    """One row per (case, kernel variant, capability); variants compiled once each."""
+def run(subset: bool = False, capabilities=CAPABILITIES, progress=True,
+        shard=(0, 1)) -> List[dict]:
+    """One row per (case, kernel variant, capability); variants compiled once each
+    (``shard = (k, n)``: only every n-th case from the k-th, for parallel runs)."""
     from triton.backends.compiler import GPUTarget
 
     from duoloss.torch._triton import _aot
     rows: List[dict] = []
     done: Dict[Tuple[str, int], dict] = {}
-    todo = cases(subset)
+    todo = cases(subset)[shard[0]::shard[1]]
     for i, case in enumerate(todo):
         recorded = launches(case)
         for cap in capabilities:
@@ -180,16 +185,37 @@ def main(argv=None) -> int:
     p.add_argument("--subset", action="store_true", help="only the test's subset")
     p.add_argument("--json", default="", help="write the rows to this JSON file")
     p.add_argument("--markdown", default="", help="write the markdown table to this file")
+    p.add_argument("--shard", default="0/1", metavar="K/N",
+                   help="only every N-th case from the K-th (run N processes, then --merge)")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="concatenate the rows of --json files (shards) into --json, with "
+                        "--markdown, and exit")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE.json", "AFTER.json"),
                    help="print the before/after summary of two --json files and exit")
     args = p.parse_args(argv)
+    if args.merge:
+        rows = []
+        for path in args.merge:
+            with open(path) as f:
+                rows += json.load(f)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(rows) + "\n")
+        bad = problems(rows)
+        print(f"{len({(r['variant'], r['sm']) for r in rows})} variants; {len(bad)} problems"
+              + "".join(f"\n  {b}" for b in bad))
+        return 0
     if args.compare:
         with open(args.compare[0]) as f, open(args.compare[1]) as g:
             print(compare(json.load(f), json.load(g)))
         return 0
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         p.error("run with TRITON_INTERPRET unset (the kernels must be defined for a GPU)")
-    rows = run(args.subset)
+    k, n = (int(v) for v in args.shard.split("/"))
+    rows = run(args.subset, shard=(k, n))
     text = markdown(rows)
     print(text)
     bad = problems(rows)

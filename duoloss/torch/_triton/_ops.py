@@ -48,12 +48,16 @@ def _block(n: int) -> int:
     return max(b, 2)
 
 
-def warps(block: int) -> int:
+def warps(block: int, per_thread: int = 2) -> int:
     """``num_warps`` of a one-program-per-sequence kernel whose levels are vectors of
-    ``block`` lanes: two values per thread up to 32 warps (``num_warps * 32 <=
-    max(block, 32)``: no warp computes values another warp also computes; 16 warps
-    from ``block = 1024``, 32 from 2048)."""
-    return max(1, min(32, block // 64))
+    ``block`` lanes: ``per_thread`` values per thread, 1 to 32 warps (so ``num_warps *
+    32 <= max(block, 32)``: no warp computes values another warp also computes).
+
+    Per kernel, the value with no register spill at any ``BLOCK <= 2048`` in float32
+    and float64 on sm_80/sm_90 (``benchmarks/aot_table.py``): CTC 2 (16 warps from
+    ``block = 1024``), the transducer 1 (32 warps from 1024), TDT 4 (8 warps at 1024;
+    its unrolled move loops keep more values live per lane)."""
+    return max(1, min(32, block // (32 * per_thread)))
 
 
 def _ptr(t: torch.Tensor) -> torch.Tensor:
@@ -277,7 +281,7 @@ def _transducer_impl(px, py, boundary, modified, want_grad):
                 _ptr(xs), xs.stride(0), xs.shape[2], _ptr(ys), ys.stride(0), ys.shape[2],
                 bd_k, alpha, q, losses, _ptr(gxs), _ptr(gys), t_x, n_lev),
                 dict(MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block,
-                     num_warps=warps(block)))
+                     num_warps=warps(block, 1)))
         if want_grad:
             gx, gy = unskew(gxs, px.shape, modified), unskew(gys, py.shape, modified)
     elif want_grad:

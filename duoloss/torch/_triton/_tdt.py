@@ -213,7 +213,7 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
                 dict(LAB_D=_pack([d for d, _ in pos]), L=len(pos),
                      BLK_D=_pack([d for _, d, _ in blk_moves]), J=len(blk_moves),
                      HAS_ZERO=bool(zero), WANT_BETA=bool(want_beta), BLOCK=block,
-                     num_warps=warps(block)))
+                     num_warps=warps(block, 4)))
     return alpha, (beta if want_beta else None)
 
 
