@@ -5,7 +5,9 @@ Issue 27 point 5: beyond the logits and their gradient, a device loss may use at
 same torch operations as on a GPU, the Triton kernels in the interpreter): the logits
 are made, one warm-up call (imports, first-call work) runs and is released, the
 kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), then one forward +
-backward runs; ``extra = peak RSS - RSS before the call - size of the gradient``.
+backward runs; ``extra = peak RSS - RSS before the call - size of the gradient``
+(glibc's mmap threshold fixed at 64 KiB in the child, so that freed tensors leave the
+RSS).
 On a GPU the same number comes from ``torch.cuda.max_memory_allocated``
 (``python -m benchmarks.device --check``, section ``memory``).
 
@@ -90,7 +92,10 @@ print(json.dumps({"case": case, "shape": shape, "logits_bytes": size,
 
 
 def measure(case: str, shape) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", DUOLOSS_QUIET_COMPILE="1")
+    # glibc: every large block mmapped and returned on free (no dynamic threshold), so
+    # that RSS follows the live tensors
+    env = dict(os.environ, TRITON_INTERPRET="1", DUOLOSS_QUIET_COMPILE="1",
+               MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
     done = subprocess.run([sys.executable, "-c", _CHILD, ROOT, case,
                            ",".join(map(str, shape))], env=env, capture_output=True, text=True,
                           timeout=1800)
