@@ -566,7 +566,8 @@ def markdown_table(results) -> str:
             exc, msg = "**gap**", f"(today: {type(err).__name__ if err else 'accepted'}: {err}) -- wanted {case.exc.__name__} ``{want} ...``"
         else:
             exc, msg = f"`{type(err).__name__}`", str(err)
-        msg = msg.replace("|", "\\|").replace("\n", " ")
+        # (a '[' escaped: 'hotwords[0][1]' would read as a Markdown reference link)
+        msg = msg.replace("|", "\\|").replace("\n", " ").replace("[", "\\[")
         lines.append(f"| {i} | {fw} | `{case.fn}` | {case.what} | {exc} | {msg} |")
     return "\n".join(lines)
 
