@@ -106,14 +106,15 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
     `duoloss.core._reduce.flush_subnormals` would do afterwards, in the same
     pass): the kernel's gradients hold no subnormals (`subnormal_free`).
     """
-    tiny = 1.1754943508222875e-38 if grad.itemsize == 4 else 2.2250738585072014e-308
+    # float64 values below this round to a subnormal (or zero) of the gradient's
+    # dtype: float32's smallest normal less half its ulp there (the midpoint rounds
+    # to the even neighbour, the normal one), or float64's smallest normal
+    flush = 1.1754942807573643e-38 if grad.itemsize == 4 else 2.2250738585072014e-308
     for s in range(lo, hi + 1):
         k = lab[s]
         if row[k] != 0.0:
-            grad[t, b, k] = -row[k] * scale
-            v = grad[t, b, k]
-            if abs(v) < tiny:
-                grad[t, b, k] = v * 0
+            v = -row[k] * scale
+            grad[t, b, k] = v * 0.0 if abs(v) < flush else v
             row[k] = 0.0
 
 
