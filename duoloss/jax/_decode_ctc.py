@@ -54,7 +54,14 @@ class CTCDecoder:
 
     def _check(self, emissions: Any, lengths: Any) -> Tuple[Any, Optional[Any]]:
         if not hasattr(emissions, "shape") or not hasattr(emissions, "dtype"):
-            emissions = jnp.asarray(emissions)
+            if isinstance(emissions, (str, bytes)):
+                raise TypeError(f"ctc_decoder: argument 'emissions' must be an array, got "
+                                f"{type(emissions).__name__}")
+            try:
+                emissions = jnp.asarray(emissions)
+            except TypeError as err:
+                raise TypeError(f"ctc_decoder: argument 'emissions' must be an array, got "
+                                f"{type(emissions).__name__}") from err
         _cb.check_emissions(tuple(emissions.shape), dtype_name(emissions.dtype),
                             len(self.core.tokens))
         if lengths is not None:

@@ -769,6 +769,8 @@ def build_decoder(tokens: Any, lexicon: Any = None, lm: Any = None, *, nbest: in
                 if blank in sp:
                     raise ValueError(f"{_FN}: argument 'lexicon': the word {w!r} is spelled with "
                                      f"the blank token {blank_token!r}")
+    # the hotwords first: compiling an LM's tables below takes seconds for a large LM
+    hw = _hotword_units(hotwords, hotword_weight, token_index, sil, blank, lex_entries)
     tables = None
     py_lm = None
     if lm is None:
@@ -793,7 +795,6 @@ def build_decoder(tokens: Any, lexicon: Any = None, lm: Any = None, *, nbest: in
     words: List[str] = []
     if lex_entries is not None:
         words = [w for w, _ in lex_entries] + [unk_word]
-    hw = _hotword_units(hotwords, hotword_weight, token_index, sil, blank, lex_entries)
     return CTCDecoder(tokens=tok_list, token_index=token_index, blank=blank, sil=sil, words=words,
                       unk_word=unk_word, nbest=nbest, beam_size=beam_size, beam_size_token=k_tok,
                       beam_threshold=beam_threshold, lm_weight=lm_weight, word_score=word_score,
