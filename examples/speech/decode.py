@@ -243,15 +243,16 @@ def boundary_errors(aligned, utts):
             continue  # cannot happen for a feasible alignment; skipped rather than mis-paired
         for s, ts in zip(starts, u["word_starts"]):
             if ts is not None:
-                start_err.append(abs(s - ts))
+                start_err.append(s - ts)
         for e, te in zip(ends, u["word_ends"]):
             if te is not None:
-                end_err.append(abs(e - te))
-    start_err, end_err = np.array(start_err), np.array(end_err)
+                end_err.append(e - te)
+    start_signed, end_signed = np.array(start_err), np.array(end_err)
+    start_err, end_err = np.abs(start_signed), np.abs(end_signed)
     if len(start_err) == 0:
         return {"median_ms": None, "within_100ms": None, "start_median_ms": None,
                 "end_median_ms": None, "start_within_100ms": None, "end_within_100ms": None,
-                "boundaries": 0}
+                "start_signed_median_ms": None, "end_signed_median_ms": None, "boundaries": 0}
     both = np.concatenate([start_err, end_err])
     return {"median_ms": 1000 * float(np.median(both)),
             "within_100ms": float(np.mean(both <= 0.1)),
@@ -259,4 +260,7 @@ def boundary_errors(aligned, utts):
             "end_median_ms": 1000 * float(np.median(end_err)),
             "start_within_100ms": float(np.mean(start_err <= 0.1)),
             "end_within_100ms": float(np.mean(end_err <= 0.1)),
+            # signed: aligned minus true (positive: the aligner is late)
+            "start_signed_median_ms": 1000 * float(np.median(start_signed)),
+            "end_signed_median_ms": 1000 * float(np.median(end_signed)),
             "boundaries": int(len(both))}

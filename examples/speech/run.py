@@ -126,6 +126,9 @@ def _run_framework(job):
     aligned = decode.word_boundaries(side, lp, test_refs, data["frame_s"])
     align = decode.boundary_errors(aligned, data["test"]["utts"])
     stages[f"{fw}_align"] = time.perf_counter() - t
+    # the test set's CTC log-probabilities and aligned word times, for later analysis
+    np.savez(Path(args.out) / f"test-{fw}.npz", *lp)
+    (Path(args.out) / f"aligned-{fw}.json").write_text(json.dumps(aligned, default=float))
     res = {
         "wer": {k: v[0] for k, v in decoded.items()},
         "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
