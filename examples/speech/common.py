@@ -35,8 +35,8 @@ def out_lengths(n_frames):
 
 
 def joint_lengths(out_lens):
-    """Transducer frames: the joiner sees pairs of encoder frames (40 ms, half the CTC rate)."""
-    return (np.asarray(out_lens) + 1) // 2
+    """Transducer frames: the joiner sees ``JOINT_STACK`` encoder frames stacked (40 ms)."""
+    return (np.asarray(out_lens) + JOINT_STACK - 1) // JOINT_STACK
 
 
 @dataclass
