@@ -54,9 +54,10 @@ def warps(block: int, per_thread: int = 2) -> int:
     32 <= max(block, 32)``: no warp computes values another warp also computes).
 
     Per kernel, the value with no register spill at any ``BLOCK <= 2048`` in float32
-    and float64 on sm_80/sm_90 (``benchmarks/aot_table.py``): CTC 2 (16 warps from
-    ``block = 1024``), the transducer 1 (32 warps from 1024), TDT 4 (8 warps at 1024;
-    its unrolled move loops keep more values live per lane)."""
+    and float64 on sm_80/sm_90 (``benchmarks/aot_table.py``): CTC 4 up to ``block =
+    512`` and 2 above (16 warps at 1024, 32 from 2048), the transducer 1 (32 warps from
+    1024), TDT 4 (8 warps at 1024; its unrolled move loops keep more values live per
+    lane, and some of its variants still spill)."""
     return max(1, min(32, block // (32 * per_thread)))
 
 
@@ -123,7 +124,8 @@ def _ctc_impl(lp, targets, il, tl, zero_infinity, want_grad):
                 _ptr(tg), tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
                 alpha, beta, losses,
                 _ptr(g), g.stride(0), g.stride(1), rows, int(bool(zero_infinity))),
-                dict(WANT_GRAD=bool(want_grad), BLOCK=block, num_warps=warps(block)))
+                dict(WANT_GRAD=bool(want_grad), BLOCK=block,
+                     num_warps=warps(block, 4 if block <= 512 else 2)))
     losses = torch.where(ok, losses, float("nan"))
     if want_grad:
         grad = torch.where(ok[None, :, None], grad, float("nan"))
