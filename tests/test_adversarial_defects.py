@@ -59,7 +59,7 @@ def triton_interpreted():
     for g in gens:
         next(g)
     yield
-    for g in gens:
+    for g in reversed(gens):  # last set, first restored: the variable ends as it was
         next(g, None)
 
 
