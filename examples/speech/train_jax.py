@@ -8,6 +8,7 @@ The training step is one ``jax.jit`` (optax AdamW); batches are padded to a few 
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import flax.linen as nn
@@ -21,6 +22,12 @@ from common import BLANK, JOINT_STACK, TOKENS, batches, lr_at, spec_augment
 
 V = len(TOKENS)
 
+#: torch's default weight initialisation (``kaiming_uniform_(a=sqrt(5))``: U(+-1/sqrt(fan_in)),
+#: variance 1 / (3 fan_in)) so that the two frameworks start from the same distribution
+TORCH_INIT = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+Dense = functools.partial(nn.Dense, kernel_init=TORCH_INIT)
+Conv = functools.partial(nn.Conv, kernel_init=TORCH_INIT)
+
 
 class Encoder(nn.Module):
     """``(N, T, F)`` features -> ``(N, T', 2 * hidden)`` encodings."""
@@ -31,8 +38,8 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, x, out_lens):
-        h = nn.relu(nn.Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
-        h = nn.LayerNorm()(nn.relu(nn.Conv(self.conv, (3,), padding=[(1, 1)])(h)))
+        h = nn.relu(Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
+        h = nn.LayerNorm()(nn.relu(Conv(self.conv, (3,), padding=[(1, 1)])(h)))
         for _ in range(self.layers):
             h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)),
                                  nn.RNN(nn.GRUCell(self.hidden), reverse=True, keep_order=True)
@@ -57,14 +64,14 @@ class ConvEncoder(nn.Module):
 
     @nn.compact
     def __call__(self, x, out_lens):
-        h = nn.LayerNorm()(nn.relu(nn.Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
+        h = nn.LayerNorm()(nn.relu(Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
         k = self.kernel // 2
         for _ in range(self.blocks):
-            y = nn.Conv(self.conv, (self.kernel,), padding=[(k, k)],
+            y = Conv(self.conv, (self.kernel,), padding=[(k, k)],
                         feature_group_count=self.conv)(h)
-            y = nn.Conv(self.conv, (1,))(y)
+            y = Conv(self.conv, (1,))(y)
             h = h + nn.relu(nn.LayerNorm()(y))
-        return nn.Dense(2 * self.hidden)(h)
+        return Dense(2 * self.hidden)(h)
 
 
 class SpeechModel(nn.Module):
@@ -80,13 +87,13 @@ class SpeechModel(nn.Module):
     def setup(self):
         self.encoder = (Encoder(self.conv, self.hidden, self.layers) if self.arch == "gru" else
                         ConvEncoder(self.conv, self.hidden))
-        self.ctc_head = nn.Dense(V)
-        self.embed = nn.Embed(V, self.pred)
+        self.ctc_head = Dense(V)
+        self.embed = nn.Embed(V, self.pred, embedding_init=nn.initializers.normal(1.0))
         self.pred_cell = nn.GRUCell(self.pred)
         self.pred_rnn = nn.RNN(self.pred_cell, return_carry=True)
-        self.join_enc = nn.Dense(self.joint)
-        self.join_pred = nn.Dense(self.joint)
-        self.join_out = nn.Dense(V)
+        self.join_enc = Dense(self.joint)
+        self.join_pred = Dense(self.joint)
+        self.join_out = Dense(V)
 
     def __call__(self, x, out_lens, prev):
         """Encodings, CTC log-probabilities and the ``(N, T', U + 1, V)`` joiner logits."""
