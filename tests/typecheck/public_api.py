@@ -166,14 +166,3 @@ assert_type(dt.graph_decode(torch.zeros((1, 4, 3)), w_graph, lengths=[4], beam=1
             list[list[GraphHypothesis]])
 assert_type(dj.graph_decode(np.zeros((1, 4, 3)), w_graph, lengths=np.array([4]), max_active=50),
             list[list[GraphHypothesis]])
-
-# --- decoding: WFST (graph_decode, lexicon_graph, arpa_graph) ---------------------------------
-from duoloss.core.decoding.wfst import GraphHypothesis  # noqa: E402
-
-w_lex = dg.lexicon_graph({"ab": [[1, 2]]}, ["-", "a", "b"], words=["ab"], sil=0)
-assert_type(w_lex, Graph)
-w_graph = gtn.compose(dg.ctc_topo(3), w_lex)
-assert_type(dt.graph_decode(torch.zeros((1, 4, 3)), w_graph, lengths=[4], beam=10.0, max_active=None),
-            list[list[GraphHypothesis]])
-assert_type(dj.graph_decode(np.zeros((1, 4, 3)), w_graph, lengths=np.array([4]), max_active=50),
-            list[list[GraphHypothesis]])
