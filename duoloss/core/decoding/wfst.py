@@ -246,16 +246,9 @@ def _reverse_reach(n, ptr, src, accept):
 
 # ----------------------------------------------------------------------------- search
 @numba.njit(**HELPER)
-def _grow_i(a, cap):
-    out = np.empty(cap, np.int64)
-    for i in range(a.shape[0]):
-        out[i] = a[i]
-    return out
-
-
-@numba.njit(**HELPER)
-def _grow_f(a, cap):
-    out = np.empty(cap, np.float64)
+def _grow(a, cap):
+    """``a`` copied into a new array of ``cap`` entries of its dtype (the rest unset)."""
+    out = np.empty(cap, a.dtype)
     for i in range(a.shape[0]):
         out[i] = a[i]
     return out
@@ -292,8 +285,8 @@ def _kth_smallest(v, k):
 
 @numba.njit(**HELPER)
 def _grow_tokens(cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark):
-    return (_grow_i(n_state, cap), _grow_f(n_score, cap), _grow_i(n_pred, cap),
-            _grow_i(n_prev, cap), _grow_i(n_arc, cap), _grow_i(heap, cap), _grow_i(mark, cap))
+    return (_grow(n_state, cap), _grow(n_score, cap), _grow(n_pred, cap),
+            _grow(n_prev, cap), _grow(n_arc, cap), _grow(heap, cap), _grow(mark, cap))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -520,8 +513,8 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
         if n_rec + n_new > rcap:
             while n_rec + n_new > rcap:
                 rcap *= 2
-            r_prev = _grow_i(r_prev, rcap)
-            r_arc = _grow_i(r_arc, rcap)
+            r_prev = _grow(r_prev, rcap)
+            r_arc = _grow(r_arc, rcap)
         # record ids first (an ancestor may have been created after its child)
         for j in range(n_next):
             if mark[j] == 1:
