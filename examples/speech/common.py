@@ -5,6 +5,7 @@ comparison of their results measures the frameworks' training, not different dat
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,3 +125,42 @@ def lr_at(step, total, peak, warmup=100):
         return peak * (step + 1) / warmup
     frac = (step - warmup) / max(1, total - warmup)
     return peak * (0.05 + 0.95 * 0.5 * (1 + np.cos(np.pi * min(1.0, frac))))
+
+
+def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, progress, log,
+               max_steps, augment_from, warmup):
+    """The schedule both frameworks train on: ``epochs`` passes over the same batches
+    (SortaGrad: the first epoch in order of length, short first; SpecAugment from epoch
+    ``augment_from``), at most ``max_steps`` steps, the learning rate of `lr_at`.
+
+    ``step_fn(batch, lr_now) -> (ctc, rnnt)`` takes one optimiser step and returns the two
+    losses as Python floats. Returns the history: per-step ``ctc``, ``rnnt`` and ``time``
+    (seconds since the start).
+    """
+    steps_per_epoch = -(-len(feats) // batch_size)
+    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
+    rng = np.random.default_rng(seed)
+    hist = {"ctc": [], "rnnt": [], "time": []}
+    start, step = time.perf_counter(), 0
+    bar = progress(total=total, desc=f"{name} train") if progress else None
+    for epoch in range(epochs):
+        for batch in batches(feats, texts, batch_size, rng if epoch > 0 else None):
+            if step >= total:
+                break
+            if epoch >= augment_from:
+                batch = spec_augment(batch, rng)
+            ctc, rnnt = step_fn(batch, lr_at(step, total, lr, warmup))
+            hist["ctc"].append(ctc)
+            hist["rnnt"].append(rnnt)
+            hist["time"].append(time.perf_counter() - start)
+            step += 1
+            if bar:
+                bar.update(1)
+                bar.set_postfix(ctc=f"{ctc:.3f}", rnnt=f"{rnnt:.3f}")
+        if log and step <= total:
+            n = steps_per_epoch
+            log(f"{name} epoch {epoch + 1}: ctc {np.mean(hist['ctc'][-n:]):.3f} "
+                f"rnnt {np.mean(hist['rnnt'][-n:]):.3f} ({hist['time'][-1]:.0f} s)")
+    if bar:
+        bar.close()
+    return hist

@@ -9,7 +9,6 @@ The training step is one ``jax.jit`` (optax AdamW); batches are padded to a few 
 from __future__ import annotations
 
 import functools
-import time
 
 import flax.linen as nn
 import jax
@@ -18,7 +17,7 @@ import numpy as np
 import optax
 
 import duoloss.jax as dj
-from common import BLANK, JOINT_STACK, TOKENS, batches, lr_at, spec_augment
+from common import BLANK, JOINT_STACK, TOKENS, batches, train_loop
 
 V = len(TOKENS)
 
@@ -139,8 +138,6 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
     params = model.init(jax.random.key(seed), jnp.asarray(first.feats[:2]),
                         jnp.asarray(first.out_lens[:2]),
                         jnp.zeros((2, first.targets.shape[1] + 1), jnp.int32))["params"]
-    steps_per_epoch = -(-len(feats) // batch_size)
-    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
     opt = optax.chain(optax.clip_by_global_norm(5.0),
                       optax.inject_hyperparams(optax.adamw)(learning_rate=lr, weight_decay=1e-2))
     opt_state = opt.init(params)
@@ -153,33 +150,18 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, ctc, rnnt
 
-    rng = np.random.default_rng(seed)
-    hist = {"ctc": [], "rnnt": [], "time": []}
-    start, step = time.perf_counter(), 0
-    bar = progress(total=total, desc="jax train") if progress else None
-    for epoch in range(epochs):
-        # SortaGrad (DeepSpeech 2): the first epoch in order of length, short first
-        for batch in batches(feats, texts, batch_size, rng if epoch > 0 else None):
-            if step >= total:
-                break
-            if epoch >= augment_from:
-                batch = spec_augment(batch, rng)
-            params, opt_state, ctc, rnnt = step_fn(
-                params, opt_state, jnp.float32(lr_at(step, total, lr, warmup)), batch.feats,
-                batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
-            hist["ctc"].append(float(ctc))
-            hist["rnnt"].append(float(rnnt))
-            hist["time"].append(time.perf_counter() - start)
-            step += 1
-            if bar:
-                bar.update(1)
-                bar.set_postfix(ctc=f"{float(ctc):.3f}", rnnt=f"{float(rnnt):.3f}")
-        if log and step <= total:
-            n = steps_per_epoch
-            log(f"jax epoch {epoch + 1}: ctc {np.mean(hist['ctc'][-n:]):.3f} "
-                f"rnnt {np.mean(hist['rnnt'][-n:]):.3f} ({hist['time'][-1]:.0f} s)")
-    if bar:
-        bar.close()
+    state = {"params": params, "opt_state": opt_state}
+
+    def one_step(batch, lr_now):
+        state["params"], state["opt_state"], ctc, rnnt = step_fn(
+            state["params"], state["opt_state"], jnp.float32(lr_now), batch.feats,
+            batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
+        return float(ctc), float(rnnt)
+
+    hist = train_loop("jax", feats, texts, one_step, epochs=epochs, batch_size=batch_size,
+                      lr=lr, seed=seed, progress=progress, log=log, max_steps=max_steps,
+                      augment_from=augment_from, warmup=warmup)
+    params = state["params"]
     return model, params, hist
 
 

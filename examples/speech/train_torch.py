@@ -20,14 +20,12 @@ The flax twin in ``train_jax.py`` has the same layers and sizes.
 """
 from __future__ import annotations
 
-import time
 
-import numpy as np
 import torch
 from torch import nn
 
 import duoloss.torch as dt
-from common import BLANK, JOINT_STACK, TOKENS, batches, lr_at, spec_augment
+from common import BLANK, JOINT_STACK, TOKENS, batches, train_loop
 
 V = len(TOKENS)
 
@@ -147,40 +145,21 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
     feats = data["train"]["feats"]
     texts = [u["text"] for u in data["train"]["utts"]]
-    steps_per_epoch = -(-len(feats) // batch_size)
-    total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
-    rng = np.random.default_rng(seed)
-    hist = {"ctc": [], "rnnt": [], "time": []}
-    start, step = time.perf_counter(), 0
-    bar = progress(total=total, desc="torch train") if progress else None
     model.train()
-    for epoch in range(epochs):
-        # SortaGrad (DeepSpeech 2): the first epoch in order of length, short first
-        for batch in batches(feats, texts, batch_size, rng if epoch > 0 else None):
-            if step >= total:
-                break
-            if epoch >= augment_from:
-                batch = spec_augment(batch, rng)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, lr, warmup)
-            ctc, rnnt = model.losses(batch)
-            opt.zero_grad()
-            (ctc + rnnt).backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            opt.step()
-            hist["ctc"].append(ctc.item())
-            hist["rnnt"].append(rnnt.item())
-            hist["time"].append(time.perf_counter() - start)
-            step += 1
-            if bar:
-                bar.update(1)
-                bar.set_postfix(ctc=f"{float(ctc):.3f}", rnnt=f"{float(rnnt):.3f}")
-        if log and step <= total:
-            n = steps_per_epoch
-            log(f"torch epoch {epoch + 1}: ctc {np.mean(hist['ctc'][-n:]):.3f} "
-                f"rnnt {np.mean(hist['rnnt'][-n:]):.3f} ({hist['time'][-1]:.0f} s)")
-    if bar:
-        bar.close()
+
+    def step_fn(batch, lr_now):
+        for g in opt.param_groups:
+            g["lr"] = lr_now
+        ctc, rnnt = model.losses(batch)
+        opt.zero_grad()
+        (ctc + rnnt).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        return ctc.item(), rnnt.item()
+
+    hist = train_loop("torch", feats, texts, step_fn, epochs=epochs, batch_size=batch_size,
+                      lr=lr, seed=seed, progress=progress, log=log, max_steps=max_steps,
+                      augment_from=augment_from, warmup=warmup)
     model.eval()
     return model, hist
 
