@@ -101,23 +101,23 @@ def check_ndim(fn: str, arg: str, shape, allowed: Iterable[int], layout: str) ->
     return len(shape)
 
 
-def check_reduction(fn: str, reduction) -> str:
-    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+def _check_choice(fn: str, arg: str, value, choices) -> str:
+    """``value`` itself if it is one of the strings ``choices``, else a ``ValueError``."""
+    if not isinstance(value, str) or value not in choices:
         raise ValueError(
-            f"{fn}: argument 'reduction' must be one of {', '.join(repr(r) for r in REDUCTIONS)}, "
-            f"got {reduction!r}"
+            f"{fn}: argument '{arg}' must be one of {', '.join(repr(c) for c in choices)}, "
+            f"got {value!r}"
         )
-    return reduction
+    return value
+
+
+def check_reduction(fn: str, reduction) -> str:
+    return _check_choice(fn, "reduction", reduction, REDUCTIONS)
 
 
 def check_impl(fn: str, impl) -> str:
     """``impl`` itself, or the one ``ValueError`` both frontends raise (naming ``fn``)."""
-    if not isinstance(impl, str) or impl not in IMPLS:
-        raise ValueError(
-            f"{fn}: argument 'impl' must be one of {', '.join(repr(i) for i in IMPLS)}, "
-            f"got {impl!r}"
-        )
-    return impl
+    return _check_choice(fn, "impl", impl, IMPLS)
 
 
 def check_int_scalar(fn: str, arg: str, value, lo: int, hi: Optional[int] = None) -> int:
