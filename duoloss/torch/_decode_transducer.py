@@ -52,7 +52,6 @@ class _TorchSearchOps:
         return torch.arange(n, device=self.device)
 
     where = staticmethod(torch.where)
-    minimum = staticmethod(torch.minimum)
     isnan = staticmethod(torch.isnan)
     logaddexp = staticmethod(torch.logaddexp)
 
