@@ -274,6 +274,10 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
     il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
+    if not torch.compiler.is_compiling():
+        # a CUDA graph capture with host lengths: their copy to the GPU goes through
+        # pinned memory (a pageable copy is refused while capturing)
+        il, tl = int_to(il, dev), int_to(tl, dev)
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
