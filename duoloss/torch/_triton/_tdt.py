@@ -47,6 +47,7 @@ def tdt_losses(logits, targets, il, tl, *, blank, durations, sigma, fastemit_lam
     """Per-sequence TDT losses ``(N,)`` (``(1 - omega) * tdt + omega * rnnt``, times
     ``1 + fastemit_lambda``), differentiable w.r.t. ``logits`` ``(N, T, U + 1, V + D)``;
     arguments already validated, ``blank`` in ``[0, V)``."""
+    _check_lattice("tdt_loss", logits)
     durations = tuple(int(d) for d in durations)
     n_dur = len(durations)
     n_lab = logits.shape[-1] - n_dur
@@ -67,6 +68,7 @@ def multiblank_losses(logits, targets, il, tl, *, blank, big_blank_durations, si
                       fastemit_lambda, clamp):
     """Per-sequence multi-blank RNN-T losses ``(N,)``, differentiable w.r.t. ``logits``
     ``(N, T, U + 1, V)``; big blank ``i`` at ``blank - 1 - i``."""
+    _check_lattice("multiblank_rnnt_loss", logits)
     big = tuple(int(d) for d in big_blank_durations)
     tab = (((0, -1),), ((blank, 1, -1),) + tuple((blank - 1 - i, d, -1)
                                                    for i, d in enumerate(big)))
@@ -130,6 +132,23 @@ def _shift(x, k, dim, fill=_NEG):
     else:
         out.narrow(dim, 0, n + k).copy_(x.narrow(dim, -k, n + k))
     return out
+
+
+#: The kernel addresses one sequence's ``(T, U + 1)`` lattice with 32-bit offsets
+#: (from 64-bit per-sequence bases): every offset it forms is below ``(T + 1) (U + 1)``.
+_MAX_CELLS = 2 ** 31 - 1
+
+
+def _check_lattice(fn: str, logits) -> None:
+    """``ValueError`` when one sequence's lattice is too large for the kernel's 32-bit
+    in-sequence offsets (``(T + 1) (U + 1) > 2**31 - 1``; the batch and the logits'
+    total size are not limited).  Shapes only: no host synchronisation."""
+    t_max, u1 = int(logits.shape[1]), int(logits.shape[2])
+    if (t_max + 1) * u1 > _MAX_CELLS:
+        raise ValueError(f"{fn}: argument 'logits' of shape {tuple(logits.shape)} has a "
+                         f"lattice of T * (U + 1) = {t_max * u1} cells per sequence; the "
+                         f"device path supports (T + 1) * (U + 1) <= {_MAX_CELLS} (use "
+                         f"impl='host' or shorter sequences)")
 
 
 def _pack(durations) -> int:

@@ -67,18 +67,26 @@ def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
                HAS_ZERO: tl.constexpr, WANT_BETA: tl.constexpr, BLOCK: tl.constexpr):
     """Alpha (and with ``WANT_BETA`` beta) of sequence ``b = program_id(0)``; all
     tables contiguous, ``lab`` ``(L, N, T, U1)``, ``blk`` ``(J, N, T, U1)``,
-    ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` in ``[0, T]``.
+    ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` int32 in ``[0, T]``.
 
     The durations are compile-time constants (one variant per duration set, the
     move loops unrolled): label move ``m`` has duration ``(LAB_D >> 12 m) & 4095``,
-    blank move ``j`` ``(BLK_D >> 12 j) & 4095``.  Bases are 64-bit; ``N``, ``T``
-    and ``U + 1`` are not specialised."""
+    blank move ``j`` ``(BLK_D >> 12 j) & 4095``.  ``N``, ``T`` and ``U + 1`` are not
+    specialised.
+
+    Addressing: every table's per-sequence (and per-move) base is a 64-bit scalar
+    (``b * T * U1``, ``m * N * T * U1``), so no tensor is limited to ``2**31``
+    elements; within a sequence the cell offsets are 32-bit vectors (``t * U1 + u``,
+    at most ``(T + 1) * U1``, which the launcher keeps below ``2**31``).  A 64-bit
+    address affine in the frame would let the compiler keep one 64-bit induction
+    pointer per lane, move and table live across the frame loop (the unrolled move
+    loops spilled registers that way); the 32-bit offsets, recomputed each frame,
+    do not."""
     b = tl.program_id(0).to(tl.int64)
-    t_b = tl.load(il_ptr + b).to(tl.int64)
+    t_b = tl.load(il_ptr + b)
     u = tl.arange(0, BLOCK)
     live = u < U1
-    U1 = U1.to(tl.int64)
-    plane = T_MAX * U1                 # one (T, U1) table
+    plane = T_MAX.to(tl.int64) * U1    # one (T, U1) table
     seq = b * plane
     move = N * plane                   # one move's (N, T, U1) table
     a_seq = alpha_ptr + seq
@@ -90,48 +98,49 @@ def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
         for m in tl.static_range(L):
             d_la = (LAB_D >> (12 * m)) & 4095
             if t >= d_la:
-                off = (t - d_la) * U1 - 1
+                off = (t - d_la) * U1 - 1 + u
                 ok = live & (u >= 1)
-                a = _move(a, tl.load(a_seq + off + u, mask=ok, other=float("-inf")),
-                          tl.load(lab_ptr + m * move + seq + off + u, mask=ok,
+                a = _move(a, tl.load(a_seq + off, mask=ok, other=float("-inf")),
+                          tl.load((lab_ptr + (m * move + seq)) + off, mask=ok,
                                   other=float("-inf")))
         for j in tl.static_range(J):
             d_ja = (BLK_D >> (12 * j)) & 4095
             if t >= d_ja:
-                off = (t - d_ja) * U1
-                a = _move(a, tl.load(a_seq + off + u, mask=live, other=float("-inf")),
-                          tl.load(blk_ptr + j * move + seq + off + u, mask=live,
+                off = (t - d_ja) * U1 + u
+                a = _move(a, tl.load(a_seq + off, mask=live, other=float("-inf")),
+                          tl.load((blk_ptr + (j * move + seq)) + off, mask=live,
                                   other=float("-inf")))
         if HAS_ZERO:
-            w = tl.load(w0_seq + t * U1 + u - 1, mask=live & (u >= 1), other=float("-inf"))
+            w = tl.load(w0_seq + (t * U1 + u - 1), mask=live & (u >= 1), other=float("-inf"))
             _, a = tl.associative_scan((w, a), 0, _chain_combine)
-        tl.store(a_seq + t * U1 + u, a, mask=live)
+        tl.store(a_seq + (t * U1 + u), a, mask=live)
     if WANT_BETA:
         # lanes in reverse: lane k holds state r = U1 - 1 - k
         r = U1 - 1 - u
         b_seq = beta_ptr + seq
+        t_seq = term_ptr + seq
         for i in range(t_b):
             t = t_b - 1 - i
             tl.debug_barrier()
-            row = t * U1
-            bt = tl.load(term_ptr + seq + row + r, mask=live, other=float("-inf"))
+            row = t * U1 + r
+            bt = tl.load(t_seq + row, mask=live, other=float("-inf"))
             for m in tl.static_range(L):
                 d_lb = (LAB_D >> (12 * m)) & 4095
                 if t + d_lb < t_b:
                     ok = live & (r + 1 < U1)
-                    bt = _move(bt, tl.load(b_seq + row + d_lb * U1 + r + 1, mask=ok,
+                    bt = _move(bt, tl.load(b_seq + (row + (d_lb * U1 + 1)), mask=ok,
                                            other=float("-inf")),
-                               tl.load(lab_ptr + m * move + seq + row + r, mask=ok,
+                               tl.load((lab_ptr + (m * move + seq)) + row, mask=ok,
                                        other=float("-inf")))
             for j in tl.static_range(J):
                 d_jb = (BLK_D >> (12 * j)) & 4095
                 if t + d_jb < t_b:
-                    bt = _move(bt, tl.load(b_seq + row + d_jb * U1 + r, mask=live,
+                    bt = _move(bt, tl.load(b_seq + (row + d_jb * U1), mask=live,
                                            other=float("-inf")),
-                               tl.load(blk_ptr + j * move + seq + row + r, mask=live,
+                               tl.load((blk_ptr + (j * move + seq)) + row, mask=live,
                                        other=float("-inf")))
             if HAS_ZERO:
                 # beta_t(r) = lse(b(r), w0(t, r) + beta_t(r + 1)): lane k - 1 is state r + 1
-                w = tl.load(w0_seq + row + r, mask=live & (u >= 1), other=float("-inf"))
+                w = tl.load(w0_seq + row, mask=live & (u >= 1), other=float("-inf"))
                 _, bt = tl.associative_scan((w, bt), 0, _chain_combine)
-            tl.store(b_seq + row + r, bt, mask=live)
+            tl.store(b_seq + row, bt, mask=live)
