@@ -139,6 +139,23 @@ def test_alignment_recovers_known_word_frames(recipe):
     assert np.allclose(ends, [(frames[i] + 1) * period for i in word_last])
 
 
+def test_latency_is_estimated_and_taken_off(recipe):
+    """A constant aligner latency (70 ms late starts, 30 ms late ends) is found as the
+    median signed error and removing it gives zero error; a start never crosses 0."""
+    decode = recipe["decode"]
+    utts = [{"word_starts": [0.0, 0.5, None], "word_ends": [0.5, 0.9, 1.4]},
+            {"word_starts": [0.02, 0.3], "word_ends": [0.3, 0.8]}]
+    aligned = [([s + 0.07 if s is not None else 0.6 for s in u["word_starts"]],
+                [e + 0.03 for e in u["word_ends"]]) for u in utts]
+    ds, de = decode.latency(aligned, utts)
+    assert abs(ds - 0.07) < 1e-12 and abs(de - 0.03) < 1e-12
+    a = decode.boundary_errors(decode.shift(aligned, (ds, de)), utts)
+    assert a["median_ms"] < 1e-9 and a["within_100ms"] == 1.0 and a["boundaries"] == 9
+    (starts, _), = decode.shift([([0.05], [0.2])], (0.07, 0.0))
+    assert starts == [0.0]
+    assert decode.latency(aligned, [{"word_starts": None, "word_ends": None}] * 2) == (0.0, 0.0)
+
+
 def test_smoke_run_every_stage(tmp_path):
     """The recipe's --smoke run: a few dozen utterances, a few steps, every stage."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -152,6 +169,7 @@ def test_smoke_run_every_stage(tmp_path):
         assert set(r["wer"]) == {"ctc_greedy", "ctc_beam_lm", "rnnt_greedy", "rnnt_beam"}
         assert all(0 <= w <= 1000 for w in r["wer"].values())
         assert r["alignment"]["boundaries"] > 0
+        assert r["alignment_calibrated"]["boundaries"] == r["alignment"]["boundaries"]
         assert r["train_steps"] == 2
         for stage in ("train", "tune_lm", "decode", "align"):
             assert res["stages_s"][f"{fw}_{stage}"] >= 0

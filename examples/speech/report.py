@@ -54,7 +54,7 @@ def figure(path, histories, example, *, frame_s):
     for s, e in zip(*example["aligned"]):
         ax1.axvline(s, color="lime", lw=1.2, ls="--")
     ax1.plot([], [], color="cyan", label="eSpeak NG word start")
-    ax1.plot([], [], color="lime", ls="--", label="ctc_align word start")
+    ax1.plot([], [], color="lime", ls="--", label="ctc_align word start (dev latency taken off)")
     ax1.legend(loc="upper right", fontsize=8)
 
     ax2 = fig.add_subplot(gs[2, :], sharex=ax1)
@@ -97,13 +97,18 @@ def table(results):
     for fw, r in results["frameworks"].items():
         for k, (model, dec) in names.items():
             rows.append(f"| {fw} | {model} | {dec} | {r['wer'][k]:.2f} |")
-    rows += ["", "| framework | word boundaries | median error (ms) | within 100 ms | "
-             "starts: median (ms) | ends: median (ms) |", "| --- | --- | --- | --- | --- | --- |"]
+    rows += ["", "| framework | boundaries | latency | median error (ms) | within 100 ms | "
+             "starts: median (ms) | ends: median (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for fw, r in results["frameworks"].items():
-        a = r["alignment"]
-        if not a["boundaries"]:
-            continue
-        rows.append(f"| {fw} | {a['boundaries']} | {a['median_ms']:.1f} | "
-                    f"{100 * a['within_100ms']:.1f}% | {a['start_median_ms']:.1f} | "
-                    f"{a['end_median_ms']:.1f} |")
+        for label, key in (("raw", "alignment"), ("dev latency taken off", "alignment_calibrated")):
+            a = r.get(key)
+            if not a or not a["boundaries"]:
+                continue
+            if key == "alignment_calibrated":
+                ds, de = a["dev_latency_ms"]
+                label = f"{label} ({ds:.0f} / {de:.0f} ms)"
+            rows.append(f"| {fw} | {a['boundaries']} | {label} | {a['median_ms']:.1f} | "
+                        f"{100 * a['within_100ms']:.1f}% | {a['start_median_ms']:.1f} | "
+                        f"{a['end_median_ms']:.1f} |")
     return "\n".join(rows)

@@ -125,14 +125,21 @@ def _run_framework(job):
     t = time.perf_counter()
     aligned = decode.word_boundaries(side, lp, test_refs, data["frame_s"])
     align = decode.boundary_errors(aligned, data["test"]["utts"])
+    # the aligner's constant latency, estimated on dev, taken off the test boundaries
+    offsets = decode.latency(decode.word_boundaries(side, lp_d, dev_refs, data["frame_s"]),
+                             data["dev"]["utts"])
+    aligned_cal = decode.shift(aligned, offsets)
+    align_cal = decode.boundary_errors(aligned_cal, data["test"]["utts"])
+    align_cal["dev_latency_ms"] = [1000 * offsets[0], 1000 * offsets[1]]
     stages[f"{fw}_align"] = time.perf_counter() - t
     # the test set's CTC log-probabilities and aligned word times, for later analysis
     np.savez(Path(args.out) / f"test-{fw}.npz", *lp)
-    (Path(args.out) / f"aligned-{fw}.json").write_text(json.dumps(aligned, default=float))
+    (Path(args.out) / f"aligned-{fw}.json").write_text(json.dumps(
+        {"raw": aligned, "calibrated": aligned_cal}, default=float))
     res = {
         "wer": {k: v[0] for k, v in decoded.items()},
         "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
-        "alignment": align,
+        "alignment": align, "alignment_calibrated": align_cal,
         "train_steps": len(hist["ctc"]), "train_s": stages[f"{fw}_train"],
         "final_loss": {"ctc": float(np.mean(hist["ctc"][-10:])),
                        "rnnt": float(np.mean(hist["rnnt"][-10:]))},
@@ -141,11 +148,14 @@ def _run_framework(job):
     print(f"{fw}: WER " + ", ".join(f"{k} {v[0]:.2f}%" for k, v in decoded.items())
           + ("" if not align["boundaries"] else
              f"; word boundaries: median {align['median_ms']:.1f} ms, "
-             f"{100 * align['within_100ms']:.1f}% within 100 ms"), flush=True)
+             f"{100 * align['within_100ms']:.1f}% within 100 ms; with the dev latency "
+             f"({1000 * offsets[0]:.0f}/{1000 * offsets[1]:.0f} ms) taken off: median "
+             f"{align_cal['median_ms']:.1f} ms, {100 * align_cal['within_100ms']:.1f}% within "
+             f"100 ms"), flush=True)
     i = next((i for i, a in enumerate(data["test"]["audio"]) if a is not None), 0)
     u = data["test"]["utts"][i]
     example = {"feats": data["test"]["feats"][i], "log_probs": lp[i], "text": test_refs[i],
-               "hyp": decoded["ctc_beam_lm"][1][i], "aligned": aligned[i],
+               "hyp": decoded["ctc_beam_lm"][1][i], "aligned": aligned_cal[i],
                "true": (u["word_starts"] or [], u["word_ends"] or []),
                "title": f"test utterance {i} ({u['voice']}, rate {u['rate']}, "
                         f"SNR {u['snr_db'] or 0:.0f} dB), {fw} model"}
