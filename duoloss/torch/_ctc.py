@@ -135,7 +135,9 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
     check_not_torchscript(fn)
     check_tensor(fn, "log_probs", log_probs)
     check_tensor(fn, "targets", targets)
-    device = resolve_impl(fn, impl, log_probs)
+    # (the default on a CPU tensor needs none of resolve_impl's work: the host path)
+    device = (False if type(impl) is str and impl == "auto" and not log_probs.is_cuda
+              else resolve_impl(fn, impl, log_probs))
     if not is_concrete(targets, input_lengths, target_lengths):
         return _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank,
                            reduction, zero_infinity, device)

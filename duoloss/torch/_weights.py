@@ -86,8 +86,9 @@ def unit_cotangent(g: torch.Tensor) -> bool:
     if (torch.compiler.is_compiling() or type(g) is not torch.Tensor or not g.is_cpu
             or g.requires_grad or transforms_active() or maybe_legacy_batched(g)):
         return False
-    v = g.numpy() == 1
-    return bool(v if v.ndim == 0 else v.all())
+    if g.numel() == 1:  # (a reduced loss's scalar: one read, no array built)
+        return g.item() == 1
+    return bool((g.numpy() == 1).all())
 
 
 def _flushed(out: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -609,6 +609,21 @@ def concat_to_padded(targets: np.ndarray, target_lengths: np.ndarray) -> np.ndar
 
 
 _NO_SCALE = np.zeros(0)
+_SERIAL_ORDERS: dict = {}
+
+
+def _serial_order(n: int) -> np.ndarray:
+    """``np.arange(n)`` (int64), shared by the serial calls of batch size ``n``.
+
+    Writeable (a read-only array is another numba type: a second compiled
+    signature), but no kernel writes to ``order``.
+    """
+    order = _SERIAL_ORDERS.get(n)
+    if order is None:
+        if len(_SERIAL_ORDERS) >= 64:
+            _SERIAL_ORDERS.clear()
+        order = _SERIAL_ORDERS[n] = np.arange(n, dtype=np.int64)
+    return order
 
 
 def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
@@ -646,21 +661,25 @@ def ctc_loss_and_grad(log_probs: npt.ArrayLike, targets: npt.ArrayLike,
     grad = np.empty_like(logp) if want_grad else np.empty((0, 0, 0), logp.dtype)
     pending = np.zeros(n, np.int8)
     cells = t_max * (2 * s_cap + 1) * n
+    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
+            losses, grad, pending)
     if n > 1 and cells >= _PARALLEL_MIN_CELLS:
         # For the threads: longest sequences first (stable: ties in batch order),
         # so that the chunks taken last are the short ones.  The order decides
         # only which thread runs which sequence, never a bit.
         cost = np.minimum(np.maximum(il, 0), t_max) * (
             2 * np.minimum(np.maximum(tl, 0), s_cap) + 1)
-        order = np.argsort(-cost, kind="stable")
-    else:
-        order = np.arange(n)
-    args = (logp, tg, il, tl, int(blank), bool(want_grad), bool(zero_infinity), gscale,
-            losses, grad, pending)
-    run_batch(_ctc_batch_serial, order, cells, _PARALLEL_MIN_CELLS, args)
+        run_batch(_ctc_batch_serial, np.argsort(-cost, kind="stable"), cells,
+                  _PARALLEL_MIN_CELLS, args)
+    elif _ctc_batch_serial.overloads:
+        # one call on this thread, as run_batch would make it (minus its bookkeeping:
+        # a few us of a small batch's step)
+        _ctc_batch_serial(_serial_order(n), *args)
+    else:  # this process's first call: run_batch pauses the collector while numba loads
+        run_batch(_ctc_batch_serial, np.arange(n), cells, _PARALLEL_MIN_CELLS, args)
     # The exact log-space fallback compiles only when a call first needs it (and
     # under duoloss.warmup, with no sequence to run, so that it is cached).
-    if pending.any() or _numerics._compile_both:
+    if np.count_nonzero(pending) or _numerics._compile_both:
         redo = np.flatnonzero(pending)
         run_batch(_ctc_log_space_batch, redo, t_max * (2 * s_cap + 1) * redo.shape[0],
                   _PARALLEL_MIN_CELLS, args)
@@ -769,6 +788,32 @@ def _arange(n: int) -> np.ndarray:
     return a
 
 
+#: `_first_invalid` checks up to this many target entries (N * S) on Python lists:
+#: its numpy reductions cost about 6 us together whatever the size, the whole check
+#: in Python about 2 us at N = 1, S = 10 (and as much as numpy's at N * S = 80).
+_SMALL_CHECK = 64
+
+
+def _first_invalid_small(rows, in_len, tg_len, s_cap, t_max, n_cls, blank):
+    """`_first_invalid` on Python lists (``rows``: N >= 1 lists of S ints): the same
+    checks in the same order, each a builtin min/max/containment first."""
+    if min(in_len) < 0 or max(in_len) > t_max:
+        b = next(b for b, v in enumerate(in_len) if v < 0 or v > t_max)
+        return 1, b, 0, in_len[b]
+    if min(tg_len) < 0 or max(tg_len) > s_cap:
+        b = next(b for b, v in enumerate(tg_len) if v < 0 or v > s_cap)
+        return 2, b, 0, tg_len[b]
+    for b, row in enumerate(rows):
+        labels = row[:tg_len[b]]
+        if labels and (min(labels) < 0 or max(labels) >= n_cls or blank in labels):
+            for i, y in enumerate(labels):
+                if y < 0 or y >= n_cls:
+                    return 3, b, i, y
+                if y == blank:
+                    return 4, b, i, y
+    return 0, 0, 0, 0
+
+
 def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
     """(code, b, i, value) of the first invalid entry; code 0 when all is valid.
 
@@ -783,6 +828,9 @@ def _first_invalid(targets, in_len, tg_len, t_max, n_cls, blank):
     n, s_cap = targets.shape
     if n == 0:
         return 0, 0, 0, 0
+    if n * s_cap <= _SMALL_CHECK:
+        return _first_invalid_small(targets.tolist(), in_len.tolist(), tg_len.tolist(), s_cap,
+                                    t_max, n_cls, blank)
     # (one reduction per check on the valid path: a per-call cost of every step)
     if in_len.view(np.uint64).max() > t_max:
         b = int((in_len.view(np.uint64) > t_max).argmax())
