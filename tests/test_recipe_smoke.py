@@ -170,8 +170,8 @@ def test_smoke_run_every_stage(tmp_path):
         assert all(0 <= w <= 1000 for w in r["wer"].values())
         assert r["alignment"]["boundaries"] > 0
         assert r["alignment_calibrated"]["boundaries"] == r["alignment"]["boundaries"]
-        assert r["train_steps"] == 2
-        for stage in ("train", "tune_lm", "decode", "align"):
+        assert r["train_steps"] == 4 and r["train_steps_ctc"] == 2  # 2 per model
+        for stage in ("train", "train_ctc", "train_transducer", "tune_lm", "decode", "align"):
             assert res["stages_s"][f"{fw}_{stage}"] >= 0
     assert res["corpus"]["train"]["utterances"] == 32
     assert (tmp_path / "recipe.png").stat().st_size > 10_000

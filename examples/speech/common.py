@@ -16,7 +16,7 @@ SPACE = 1
 TOKENS = ["<b>", "|", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 _INDEX = {t: i for i, t in enumerate(TOKENS)}
 SUBSAMPLE = 2  # the encoder's frame rate is 1 / SUBSAMPLE of the features'
-JOINT_STACK = 2  # the transducer joins pairs of encoder frames (stacked: 1 / 4 of the features')
+JOINT_STACK = 1  # the transducer joins every encoder frame (20 ms)
 
 
 def encode(text: str) -> np.ndarray:
@@ -164,3 +164,15 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
     if bar:
         bar.close()
     return hist
+
+
+def join_histories(ctc_phase, transducer_phase):
+    """One history of the two training phases (`train_loop` results) of a framework:
+    per-step ``ctc``, ``rnnt`` (NaN during the CTC phase), ``time`` (seconds since the
+    start of the first phase), ``phase_steps`` and ``phase_s`` (seconds of each phase)."""
+    t1 = ctc_phase["time"][-1] if ctc_phase["time"] else 0.0
+    t2 = transducer_phase["time"][-1] if transducer_phase["time"] else 0.0
+    return {"ctc": ctc_phase["ctc"] + transducer_phase["ctc"],
+            "rnnt": [float("nan")] * len(ctc_phase["ctc"]) + transducer_phase["rnnt"],
+            "time": ctc_phase["time"] + [t1 + t for t in transducer_phase["time"]],
+            "phase_steps": len(ctc_phase["ctc"]), "phase_s": [t1, t2]}

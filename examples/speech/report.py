@@ -32,12 +32,18 @@ def figure(path, histories, example, *, frame_s):
     ax = fig.add_subplot(gs[0, :])
     colors = {"torch": "tab:red", "jax": "tab:blue"}
     for fw, h in histories.items():
-        ax.plot(_smooth(h["ctc"]), color=colors.get(fw), label=f"{fw} CTC")
-        ax.plot(_smooth(h["rnnt"]), color=colors.get(fw), ls="--", label=f"{fw} RNN-T")
+        k = h.get("phase_steps", 0)  # the CTC model's steps, then the transducer model's
+        ctc = _smooth(h["ctc"][:k] if k else h["ctc"])
+        ax.plot(np.arange(len(ctc)), ctc, color=colors.get(fw), label=f"{fw} CTC model: CTC")
+        rnnt = _smooth(h["rnnt"][k:])
+        ax.plot(k + np.arange(len(rnnt)), rnnt, color=colors.get(fw), ls="--",
+                label=f"{fw} transducer model: RNN-T")
+        if k:
+            ax.axvline(k, color="0.6", lw=0.8)
     ax.set_yscale("log")
-    ax.set_xlabel("step")
+    ax.set_xlabel("step (the CTC model's, then the transducer model's from its encoder)")
     ax.set_ylabel("loss per token (10-step mean)")
-    ax.set_title("training loss: duoloss ctc_loss + rnnt_loss, torch and JAX")
+    ax.set_title("training loss: duoloss ctc_loss, then rnnt_loss (+ ctc_loss), torch and JAX")
     ax.legend(ncol=4)
 
     feats, lp = example["feats"], example["log_probs"]

@@ -72,30 +72,33 @@ def _run_framework(job):
     stages = {}
     test_refs = [u["text"] for u in data["test"]["utts"]]
     dev_refs = [u["text"] for u in data["dev"]["utts"]]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     if fw == "torch":
         import torch
         torch.set_num_threads(args.threads)
         import train_torch
-        model, hist = train_torch.train(data, epochs=args.epochs, batch_size=args.batch_size,
-                                        lr=args.lr, seed=args.seed, progress=progress,
-                                        max_steps=args.max_steps, sizes=sizes)
+        ctc_model, model, hist = train_torch.train(
+            data, ctc_epochs=args.ctc_epochs, epochs=args.epochs, batch_size=args.batch_size,
+            lr=args.lr, seed=args.seed, progress=progress, max_steps=args.max_steps,
+            sizes=sizes)
         side = decode.TorchSide(model)
 
-        def encode_split(split):
-            enc, lp = train_torch.encode_split(model, split)
+        def encode_split(split, transducer=False):
+            enc, lp = train_torch.encode_split(model if transducer else ctc_model, split)
             return [e.numpy() for e in enc], [x.numpy() for x in lp]
     else:
         import train_jax
-        model, params, hist = train_jax.train(data, epochs=args.epochs,
-                                              batch_size=args.batch_size, lr=args.lr,
-                                              seed=args.seed, progress=progress,
-                                              max_steps=args.max_steps, sizes=sizes)
+        model, ctc_params, params, hist = train_jax.train(
+            data, ctc_epochs=args.ctc_epochs, epochs=args.epochs, batch_size=args.batch_size,
+            lr=args.lr, seed=args.seed, progress=progress, max_steps=args.max_steps,
+            sizes=sizes)
         side = decode.JaxSide(model, params)
 
-        def encode_split(split):
-            return train_jax.encode_split(model, params, split)
+        def encode_split(split, transducer=False):
+            return train_jax.encode_split(model, params if transducer else ctc_params, split)
     stages[f"{fw}_train"] = time.perf_counter() - t
+    stages[f"{fw}_train_ctc"], stages[f"{fw}_train_transducer"] = hist["phase_s"]
+    train_cpu_s = time.process_time() - cpu
 
     # the LM weight and word score: a small grid on the dev split (never the test set)
     t = time.perf_counter()
@@ -116,7 +119,8 @@ def _run_framework(job):
     stages[f"{fw}_tune_lm"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    enc, lp = encode_split(data["test"])
+    _, lp = encode_split(data["test"])  # the CTC model
+    enc, _ = encode_split(data["test"], transducer=True)  # the transducer model's encoder
     decoded = decode.run_decoders(side, enc, lp, test_refs, lexicon=lexicon, arpa=arpa,
                                   beam_size=args.beam_size, lm_weight=best[1],
                                   word_score=best[2], rnnt_beam=args.rnnt_beam,
@@ -141,7 +145,10 @@ def _run_framework(job):
         "lm_weight": best[1], "word_score": best[2], "dev_wer_beam_lm": best[0],
         "alignment": align, "alignment_calibrated": align_cal,
         "train_steps": len(hist["ctc"]), "train_s": stages[f"{fw}_train"],
-        "final_loss": {"ctc": float(np.mean(hist["ctc"][-10:])),
+        "train_steps_ctc": hist["phase_steps"],
+        "train_s_ctc": hist["phase_s"][0], "train_s_transducer": hist["phase_s"][1],
+        "train_cpu_s": train_cpu_s,
+        "final_loss": {"ctc": float(np.mean(hist["ctc"][hist["phase_steps"]-10:hist["phase_steps"]])),
                        "rnnt": float(np.mean(hist["rnnt"][-10:]))},
         "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
                      for i, r in enumerate(test_refs[:8])]}
@@ -168,19 +175,22 @@ def main(argv=None):
     p.add_argument("--n-train", type=int, default=2000)
     p.add_argument("--n-dev", type=int, default=150)
     p.add_argument("--n-test", type=int, default=300)
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--ctc-epochs", type=int, default=24, help="epochs of the CTC model")
+    p.add_argument("--epochs", type=int, default=6,
+                   help="epochs of the transducer model (from the CTC model's encoder)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--frameworks", default="torch,jax")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per framework (1: the two frameworks train side by side)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch and numba threads per framework")
     p.add_argument("--arch", choices=("gru", "conv"), default="conv",
                    help="encoder: convolutions + bidirectional GRUs, or convolutions only")
     p.add_argument("--conv", type=int, default=256, help="convolution channels")
     p.add_argument("--hidden", type=int, default=128, help="GRU units per direction")
     p.add_argument("--layers", type=int, default=2, help="GRU layers")
-    p.add_argument("--jobs", type=int, default=2, help="frameworks trained at once")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="frameworks trained at once (2: side by side, give --threads 1)")
     p.add_argument("--workers", type=int, default=None, help="corpus processes")
     p.add_argument("--beam-size", type=int, default=50)
     p.add_argument("--rnnt-beam", type=int, default=4)
@@ -196,7 +206,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.smoke:
         args.n_train, args.n_dev, args.n_test = 32, 8, 16
-        args.epochs, args.max_steps, args.batch_size = 1, 2, 16
+        args.ctc_epochs, args.epochs, args.max_steps, args.batch_size = 1, 1, 2, 16
+        args.jobs, args.threads = 2, 1  # the two frameworks side by side
     sizes = dict(conv=args.conv, hidden=args.hidden, layers=args.layers, arch=args.arch)
     if args.smoke:
         sizes.update(conv=32, hidden=32, pred=32, joint=32)
@@ -257,15 +268,23 @@ def main(argv=None):
     for fw in fws:
         if fw not in ("torch", "jax"):
             raise SystemExit(f"run.py: unknown framework {fw!r} (torch, jax)")
-    jobs = [(fw, data, args, sizes, lexicon, arpa, i if len(fws) > 1 else None)
+    jobs = [(fw, data, args, sizes, lexicon, arpa, i if args.jobs > 1 and len(fws) > 1 else None)
             for i, fw in enumerate(fws)]
-    if args.jobs > 1 and len(fws) > 1:
-        # one process per framework (torch and JAX never share a process): on 2 cores the
-        # two trainings run side by side, one thread each
+    if len(fws) > 1:
+        # one process per framework (torch and JAX never share a process); --jobs 1 (the
+        # default): one after the other, each with --threads threads (so each model's
+        # training time is that of 2 cores); --jobs 2: side by side
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(min(args.jobs, len(fws)), mp_context=mp.get_context("fork")) as ex:
-            parts = list(ex.map(_run_framework, jobs))
+        if args.jobs > 1:
+            with ProcessPoolExecutor(min(args.jobs, len(fws)),
+                                     mp_context=mp.get_context("fork")) as ex:
+                parts = list(ex.map(_run_framework, jobs))
+        else:
+            parts = []
+            for job in jobs:
+                with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+                    parts.append(ex.submit(_run_framework, job).result())
     else:
         parts = [_run_framework(job) for job in jobs]
     histories, example = {}, None

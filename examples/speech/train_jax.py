@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import duoloss.jax as dj
-from common import BLANK, JOINT_STACK, TOKENS, batches, train_loop
+from common import BLANK, JOINT_STACK, TOKENS, batches, join_histories, train_loop
 
 V = len(TOKENS)
 
@@ -104,6 +104,10 @@ class SpeechModel(nn.Module):
     def encode(self, x, out_lens):
         return self.encoder(x, out_lens)
 
+    def ctc_only(self, x, out_lens):
+        """CTC log-probabilities alone (the CTC phase: no predictor or joiner work)."""
+        return self.ctc_log_probs(self.encoder(x, out_lens))
+
     def ctc_log_probs(self, enc):
         return jax.nn.log_softmax(self.ctc_head(enc), -1)
 
@@ -124,12 +128,25 @@ def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens):
     return ctc + rnnt, (ctc, rnnt)
 
 
-def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None, sizes=None, augment_from=2, warmup=50):
-    """Train a :class:`SpeechModel` on ``data["train"]`` (same batches as the torch run).
+#: the parameters of the CTC model (the CTC phase trains these alone)
+CTC_PARAMS = ("encoder", "ctc_head")
+
+
+def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens):
+    lp = model.apply({"params": {**rest, **sub}}, x, out_lens, method=SpeechModel.ctc_only)
+    return dj.ctc_loss(jnp.swapaxes(lp, 0, 1), y, out_lens, y_lens, blank=BLANK,
+                       reduction="mean")
+
+
+def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, progress=None,
+          log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
+    """Train the two models on ``data["train"]`` (the schedule of ``train_torch.train``:
+    the CTC model with ``ctc_loss`` alone, then the transducer model from a copy of it with
+    ``rnnt_loss`` + ``ctc_loss``; the same batches as the torch run).
 
     Returns:
-        ``(model, params, history)``: ``history`` has per-step ``ctc``, ``rnnt``, ``time``.
+        ``(model, ctc_params, params, history)``: the flax module, the CTC model's and the
+        transducer model's parameters, and the history of ``common.join_histories``.
     """
     model = SpeechModel(**(sizes or {}))
     feats = data["train"]["feats"]
@@ -138,9 +155,38 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
     params = model.init(jax.random.key(seed), jnp.asarray(first.feats[:2]),
                         jnp.asarray(first.out_lens[:2]),
                         jnp.zeros((2, first.targets.shape[1] + 1), jnp.int32))["params"]
-    opt = optax.chain(optax.clip_by_global_norm(5.0),
-                      optax.inject_hyperparams(optax.adamw)(learning_rate=lr, weight_decay=1e-2))
-    opt_state = opt.init(params)
+
+    def make_opt():
+        return optax.chain(optax.clip_by_global_norm(5.0),
+                           optax.inject_hyperparams(optax.adamw)(learning_rate=lr,
+                                                                 weight_decay=1e-2))
+
+    opt = make_opt()
+    sub = {k: v for k, v in params.items() if k in CTC_PARAMS}
+    rest = {k: v for k, v in params.items() if k not in CTC_PARAMS}
+
+    @jax.jit
+    def ctc_step(sub, opt_state, lr_now, x, out_lens, y, y_lens):
+        ctc, grads = jax.value_and_grad(_ctc_loss_fn)(sub, rest, model, x, out_lens, y, y_lens)
+        opt_state[1].hyperparams["learning_rate"] = lr_now
+        updates, opt_state = opt.update(grads, opt_state, sub)
+        return optax.apply_updates(sub, updates), opt_state, ctc
+
+    state = {"params": sub, "opt_state": opt.init(sub)}
+
+    def one_ctc_step(batch, lr_now):
+        state["params"], state["opt_state"], ctc = ctc_step(
+            state["params"], state["opt_state"], jnp.float32(lr_now), batch.feats,
+            batch.out_lens, batch.targets, batch.target_lens)
+        return float(ctc), float("nan")
+
+    kw = dict(batch_size=batch_size, lr=lr, seed=seed, progress=progress, log=log,
+              max_steps=max_steps, warmup=warmup)
+    h1 = train_loop("jax ctc", feats, texts, one_ctc_step, epochs=ctc_epochs,
+                    augment_from=augment_from, **kw)
+    ctc_params = {**rest, **state["params"]}
+
+    opt = make_opt()
 
     @jax.jit
     def step_fn(params, opt_state, lr_now, x, out_lens, joint_lens, y, y_lens):
@@ -150,7 +196,7 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, ctc, rnnt
 
-    state = {"params": params, "opt_state": opt_state}
+    state = {"params": ctc_params, "opt_state": opt.init(ctc_params)}
 
     def one_step(batch, lr_now):
         state["params"], state["opt_state"], ctc, rnnt = step_fn(
@@ -158,11 +204,9 @@ def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log
             batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
         return float(ctc), float(rnnt)
 
-    hist = train_loop("jax", feats, texts, one_step, epochs=epochs, batch_size=batch_size,
-                      lr=lr, seed=seed, progress=progress, log=log, max_steps=max_steps,
-                      augment_from=augment_from, warmup=warmup)
-    params = state["params"]
-    return model, params, hist
+    h2 = train_loop("jax transducer", feats, texts, one_step, epochs=epochs, augment_from=0,
+                    **kw)
+    return model, ctc_params, state["params"], join_histories(h1, h2)
 
 
 def encode_split(model, params, split, batch_size=64):

@@ -21,11 +21,13 @@ The flax twin in ``train_jax.py`` has the same layers and sizes.
 from __future__ import annotations
 
 
+import copy
+
 import torch
 from torch import nn
 
 import duoloss.torch as dt
-from common import BLANK, JOINT_STACK, TOKENS, batches, train_loop
+from common import BLANK, JOINT_STACK, TOKENS, batches, join_histories, train_loop
 
 V = len(TOKENS)
 
@@ -111,8 +113,9 @@ class SpeechModel(nn.Module):
         """``enc (..., 2H)`` and ``pred (..., P)`` broadcast -> ``(..., V)`` logits."""
         return self.join_out(torch.tanh(self.join_enc(enc) + self.join_pred(pred)))
 
-    def losses(self, batch):
-        """CTC and RNN-T losses of a :class:`common.Batch`, each per target token, batch mean."""
+    def losses(self, batch, transducer=True):
+        """CTC and RNN-T losses of a :class:`common.Batch`, each per target token, batch mean
+        (RNN-T: None when ``transducer`` is False)."""
         x = torch.from_numpy(batch.feats)
         out_lens = torch.from_numpy(batch.out_lens).long()
         y = torch.from_numpy(batch.targets).long()
@@ -120,6 +123,8 @@ class SpeechModel(nn.Module):
         enc = self.encoder(x, out_lens)
         lp = self.ctc_log_probs(enc).transpose(0, 1)  # (T', N, V)
         ctc = dt.ctc_loss(lp, y, out_lens, y_lens, blank=BLANK, reduction="mean")
+        if not transducer:
+            return ctc, None
         # torch takes ragged shapes: the joint tensor is cut to the batch's longest sequence
         u_max, t_max = int(y_lens.max()), int(batch.joint_lens.max())
         y = y[:, :u_max]
@@ -132,36 +137,52 @@ class SpeechModel(nn.Module):
         return ctc, (rnnt / y_lens).mean()
 
 
-def train(data, *, epochs=12, batch_size=32, lr=2e-3, seed=0, progress=None, log=print,
-          max_steps=None, sizes=None, augment_from=2, warmup=50):
-    """Train a :class:`SpeechModel` on ``data["train"]``.
+def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, progress=None,
+          log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
+    """Train the two models of the recipe on ``data["train"]``, one after the other.
+
+    1. The **CTC model** (encoder + CTC head) with ``ctc_loss`` alone for ``ctc_epochs``
+       (a CTC step costs a fraction of a transducer step on a CPU: the joint tensor is the
+       costly part);
+    2. the **transducer model**: a copy of the CTC model (its encoder CTC-pretrained) whose
+       predictor and joiner are trained with ``rnnt_loss`` + ``ctc_loss`` (the CTC head as an
+       auxiliary loss) for ``epochs``, SpecAugment throughout.
 
     Returns:
-        ``(model, history)``: ``history`` has per-step ``ctc``, ``rnnt`` and ``time`` lists.
-        ``sizes`` overrides the layer sizes (``conv``, ``hidden``, ``pred``, ``joint``).
+        ``(ctc_model, transducer_model, history)``: ``history`` has per-step ``ctc``,
+        ``rnnt`` (NaN in the CTC phase) and ``time`` lists, ``phase_steps`` (steps of the
+        CTC phase) and ``phase_s`` (seconds of each phase). ``sizes`` overrides the layer
+        sizes (``conv``, ``hidden``, ``pred``, ``joint``); ``max_steps`` caps each phase.
     """
     torch.manual_seed(seed)
     model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1], **(sizes or {}))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
     feats = data["train"]["feats"]
     texts = [u["text"] for u in data["train"]["utts"]]
     model.train()
 
-    def step_fn(batch, lr_now):
-        for g in opt.param_groups:
-            g["lr"] = lr_now
-        ctc, rnnt = model.losses(batch)
-        opt.zero_grad()
-        (ctc + rnnt).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
-        return ctc.item(), rnnt.item()
+    def stepper(opt, transducer):
+        def step_fn(batch, lr_now):
+            for g in opt.param_groups:
+                g["lr"] = lr_now
+            ctc, rnnt = model.losses(batch, transducer)
+            opt.zero_grad()
+            (ctc if rnnt is None else ctc + rnnt).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            return ctc.item(), float("nan") if rnnt is None else rnnt.item()
+        return step_fn
 
-    hist = train_loop("torch", feats, texts, step_fn, epochs=epochs, batch_size=batch_size,
-                      lr=lr, seed=seed, progress=progress, log=log, max_steps=max_steps,
-                      augment_from=augment_from, warmup=warmup)
+    kw = dict(batch_size=batch_size, lr=lr, seed=seed, progress=progress, log=log,
+                  max_steps=max_steps, warmup=warmup)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
+    h1 = train_loop("torch ctc", feats, texts, stepper(opt, False), epochs=ctc_epochs,
+                    augment_from=augment_from, **kw)
+    ctc_model = copy.deepcopy(model).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
+    h2 = train_loop("torch transducer", feats, texts, stepper(opt, True), epochs=epochs,
+                    augment_from=0, **kw)
     model.eval()
-    return model, hist
+    return ctc_model, model, join_histories(h1, h2)
 
 
 @torch.no_grad()
