@@ -176,7 +176,7 @@ def test_smoke_run_every_stage(tmp_path):
     assert res["corpus"]["train"]["utterances"] == 32
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
     assert (tmp_path / "lm.arpa").read_text().startswith("\n\\data\\")
-    assert "| torch | CTC head |" in (tmp_path / "results.md").read_text()
+    assert "| torch | CTC |" in (tmp_path / "results.md").read_text()
 
 
 def test_real_corpus_reads_librispeech_layout(recipe, tmp_path):

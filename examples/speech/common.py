@@ -134,14 +134,15 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
     ``augment_from``), at most ``max_steps`` steps, the learning rate of `lr_at`.
 
     ``step_fn(batch, lr_now) -> (ctc, rnnt)`` takes one optimiser step and returns the two
-    losses as Python floats. Returns the history: per-step ``ctc``, ``rnnt`` and ``time``
-    (seconds since the start).
+    losses as Python floats. Returns the history: per-step ``ctc``, ``rnnt``, ``time``
+    (seconds since the start) and ``cpu`` (this process's CPU seconds since the start: all
+    its threads; on a shared machine the honest measure of the work).
     """
     steps_per_epoch = -(-len(feats) // batch_size)
     total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
     rng = np.random.default_rng(seed)
-    hist = {"ctc": [], "rnnt": [], "time": []}
-    start, step = time.perf_counter(), 0
+    hist = {"ctc": [], "rnnt": [], "time": [], "cpu": []}
+    start, cpu0, step = time.perf_counter(), time.process_time(), 0
     bar = progress(total=total, desc=f"{name} train") if progress else None
     for epoch in range(epochs):
         for batch in batches(feats, texts, batch_size, rng if epoch > 0 else None):
@@ -153,6 +154,7 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
             hist["ctc"].append(ctc)
             hist["rnnt"].append(rnnt)
             hist["time"].append(time.perf_counter() - start)
+            hist["cpu"].append(time.process_time() - cpu0)
             step += 1
             if bar:
                 bar.update(1)
@@ -168,11 +170,17 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
 
 def join_histories(ctc_phase, transducer_phase):
     """One history of the two training phases (`train_loop` results) of a framework:
-    per-step ``ctc``, ``rnnt`` (NaN during the CTC phase), ``time`` (seconds since the
-    start of the first phase), ``phase_steps`` and ``phase_s`` (seconds of each phase)."""
-    t1 = ctc_phase["time"][-1] if ctc_phase["time"] else 0.0
-    t2 = transducer_phase["time"][-1] if transducer_phase["time"] else 0.0
+    per-step ``ctc``, ``rnnt`` (NaN during the CTC phase), ``time`` and ``cpu`` (seconds
+    since the start of the first phase), ``phase_steps`` (the CTC phase's), ``phase_s``
+    and ``phase_cpu_s`` (wall and CPU seconds of each phase)."""
+    def last(h, key):
+        return h[key][-1] if h[key] else 0.0
+
+    t1, c1 = last(ctc_phase, "time"), last(ctc_phase, "cpu")
     return {"ctc": ctc_phase["ctc"] + transducer_phase["ctc"],
             "rnnt": [float("nan")] * len(ctc_phase["ctc"]) + transducer_phase["rnnt"],
             "time": ctc_phase["time"] + [t1 + t for t in transducer_phase["time"]],
-            "phase_steps": len(ctc_phase["ctc"]), "phase_s": [t1, t2]}
+            "cpu": ctc_phase["cpu"] + [c1 + c for c in transducer_phase["cpu"]],
+            "phase_steps": len(ctc_phase["ctc"]),
+            "phase_s": [t1, last(transducer_phase, "time")],
+            "phase_cpu_s": [c1, last(transducer_phase, "cpu")]}

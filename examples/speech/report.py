@@ -96,13 +96,24 @@ def figure(path, histories, example, *, frame_s):
 def table(results):
     """A markdown table of the WERs and alignment errors."""
     rows = ["| framework | model | decoder | test WER % |", "| --- | --- | --- | --- |"]
-    names = {"ctc_greedy": ("CTC head", "greedy (`ctc_greedy_decode`)"),
-             "ctc_beam_lm": ("CTC head", "beam 50 + lexicon + 3-gram LM (`ctc_decoder`)"),
+    names = {"ctc_greedy": ("CTC", "greedy (`ctc_greedy_decode`)"),
+             "ctc_beam_lm": ("CTC", "beam 50 + lexicon + 3-gram LM (`ctc_decoder`)"),
              "rnnt_greedy": ("transducer", "greedy (`rnnt_greedy_decode`)"),
              "rnnt_beam": ("transducer", "beam 4 (`rnnt_beam_search`)")}
     for fw, r in results["frameworks"].items():
         for k, (model, dec) in names.items():
             rows.append(f"| {fw} | {model} | {dec} | {r['wer'][k]:.2f} |")
+    rows += ["", "| framework | model | steps | training wall (min) | training CPU (min, all "
+             "threads) |", "| --- | --- | --- | --- | --- |"]
+    for fw, r in results["frameworks"].items():
+        if "train_s_ctc" not in r:
+            continue
+        k = r["train_steps_ctc"]
+        rows.append(f"| {fw} | CTC | {k} | {r['train_s_ctc'] / 60:.1f} | "
+                    f"{r['train_cpu_s_ctc'] / 60:.1f} |")
+        rows.append(f"| {fw} | transducer (from the CTC encoder) | {r['train_steps'] - k} | "
+                    f"{r['train_s_transducer'] / 60:.1f} | "
+                    f"{r['train_cpu_s_transducer'] / 60:.1f} |")
     rows += ["", "| framework | boundaries | latency | median error (ms) | within 100 ms | "
              "starts: median (ms) | ends: median (ms) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -147,7 +147,8 @@ def _run_framework(job):
         "train_steps": len(hist["ctc"]), "train_s": stages[f"{fw}_train"],
         "train_steps_ctc": hist["phase_steps"],
         "train_s_ctc": hist["phase_s"][0], "train_s_transducer": hist["phase_s"][1],
-        "train_cpu_s": train_cpu_s,
+        "train_cpu_s": train_cpu_s, "train_cpu_s_ctc": hist["phase_cpu_s"][0],
+        "train_cpu_s_transducer": hist["phase_cpu_s"][1],
         "final_loss": {"ctc": float(np.mean(hist["ctc"][hist["phase_steps"]-10:hist["phase_steps"]])),
                        "rnnt": float(np.mean(hist["rnnt"][-10:]))},
         "examples": [{"ref": r, **{k: v[1][i] for k, v in decoded.items()}}
@@ -189,6 +190,8 @@ def main(argv=None):
     p.add_argument("--conv", type=int, default=256, help="convolution channels")
     p.add_argument("--hidden", type=int, default=128, help="GRU units per direction")
     p.add_argument("--layers", type=int, default=2, help="GRU layers")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout in the convolutional encoder's blocks")
     p.add_argument("--jobs", type=int, default=1,
                    help="frameworks trained at once (2: side by side, give --threads 1)")
     p.add_argument("--workers", type=int, default=None, help="corpus processes")
@@ -208,7 +211,8 @@ def main(argv=None):
         args.n_train, args.n_dev, args.n_test = 32, 8, 16
         args.ctc_epochs, args.epochs, args.max_steps, args.batch_size = 1, 1, 2, 16
         args.jobs, args.threads = 2, 1  # the two frameworks side by side
-    sizes = dict(conv=args.conv, hidden=args.hidden, layers=args.layers, arch=args.arch)
+    sizes = dict(conv=args.conv, hidden=args.hidden, layers=args.layers, arch=args.arch,
+                 dropout=args.dropout)
     if args.smoke:
         sizes.update(conv=32, hidden=32, pred=32, joint=32)
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))

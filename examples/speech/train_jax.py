@@ -36,7 +36,7 @@ class Encoder(nn.Module):
     layers: int = 2
 
     @nn.compact
-    def __call__(self, x, out_lens):
+    def __call__(self, x, out_lens, train=False):
         h = nn.relu(Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
         h = nn.LayerNorm()(nn.relu(Conv(self.conv, (3,), padding=[(1, 1)])(h)))
         for _ in range(self.layers):
@@ -60,17 +60,19 @@ class ConvEncoder(nn.Module):
     hidden: int = 128
     blocks: int = 6
     kernel: int = 11
+    dropout: float = 0.0
 
     @nn.compact
-    def __call__(self, x, out_lens):
+    def __call__(self, x, out_lens, train=False):
+        drop = nn.Dropout(self.dropout, deterministic=not train)
         h = nn.LayerNorm()(nn.relu(Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
         k = self.kernel // 2
         for _ in range(self.blocks):
             y = Conv(self.conv, (self.kernel,), padding=[(k, k)],
                         feature_group_count=self.conv)(h)
             y = Conv(self.conv, (1,))(y)
-            h = h + nn.relu(nn.LayerNorm()(y))
-        return Dense(2 * self.hidden)(h)
+            h = h + drop(nn.relu(nn.LayerNorm()(y)))
+        return Dense(2 * self.hidden)(drop(h))
 
 
 class SpeechModel(nn.Module):
@@ -82,10 +84,11 @@ class SpeechModel(nn.Module):
     joint: int = 96
     layers: int = 2
     arch: str = "gru"
+    dropout: float = 0.0
 
     def setup(self):
         self.encoder = (Encoder(self.conv, self.hidden, self.layers) if self.arch == "gru" else
-                        ConvEncoder(self.conv, self.hidden))
+                        ConvEncoder(self.conv, self.hidden, dropout=self.dropout))
         self.ctc_head = Dense(V)
         self.embed = nn.Embed(V, self.pred, embedding_init=nn.initializers.normal(1.0))
         self.pred_cell = nn.GRUCell(self.pred)
@@ -94,19 +97,19 @@ class SpeechModel(nn.Module):
         self.join_pred = Dense(self.joint)
         self.join_out = Dense(V)
 
-    def __call__(self, x, out_lens, prev):
+    def __call__(self, x, out_lens, prev, train=False):
         """Encodings, CTC log-probabilities and the ``(N, T', U + 1, V)`` joiner logits."""
-        enc = self.encode(x, out_lens)
+        enc = self.encode(x, out_lens, train)
         _, pred = self.predictor(prev)
         enc2 = stack(enc)
         return enc, self.ctc_log_probs(enc), self.joiner(enc2[:, :, None, :], pred[:, None, :, :])
 
-    def encode(self, x, out_lens):
-        return self.encoder(x, out_lens)
+    def encode(self, x, out_lens, train=False):
+        return self.encoder(x, out_lens, train)
 
-    def ctc_only(self, x, out_lens):
+    def ctc_only(self, x, out_lens, train=False):
         """CTC log-probabilities alone (the CTC phase: no predictor or joiner work)."""
-        return self.ctc_log_probs(self.encoder(x, out_lens))
+        return self.ctc_log_probs(self.encoder(x, out_lens, train))
 
     def ctc_log_probs(self, enc):
         return jax.nn.log_softmax(self.ctc_head(enc), -1)
@@ -119,9 +122,10 @@ class SpeechModel(nn.Module):
         return self.join_out(jnp.tanh(self.join_enc(enc) + self.join_pred(pred)))
 
 
-def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens):
+def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens, key):
     prev = jnp.pad(y, ((0, 0), (1, 0)), constant_values=BLANK)
-    _, lp, logits = model.apply({"params": params}, x, out_lens, prev)
+    _, lp, logits = model.apply({"params": params}, x, out_lens, prev, True,
+                                rngs={"dropout": key})
     ctc = dj.ctc_loss(jnp.swapaxes(lp, 0, 1), y, out_lens, y_lens, blank=BLANK, reduction="mean")
     rnnt = dj.rnnt_loss(logits, y, joint_lens, y_lens, blank=BLANK, reduction="none")
     rnnt = jnp.mean(rnnt / y_lens)
@@ -132,8 +136,9 @@ def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens):
 CTC_PARAMS = ("encoder", "ctc_head")
 
 
-def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens):
-    lp = model.apply({"params": {**rest, **sub}}, x, out_lens, method=SpeechModel.ctc_only)
+def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens, key):
+    lp = model.apply({"params": {**rest, **sub}}, x, out_lens, True, method=SpeechModel.ctc_only,
+                     rngs={"dropout": key})
     return dj.ctc_loss(jnp.swapaxes(lp, 0, 1), y, out_lens, y_lens, blank=BLANK,
                        reduction="mean")
 
@@ -166,18 +171,21 @@ def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, prog
     rest = {k: v for k, v in params.items() if k not in CTC_PARAMS}
 
     @jax.jit
-    def ctc_step(sub, opt_state, lr_now, x, out_lens, y, y_lens):
-        ctc, grads = jax.value_and_grad(_ctc_loss_fn)(sub, rest, model, x, out_lens, y, y_lens)
+    def ctc_step(sub, opt_state, lr_now, x, out_lens, y, y_lens, key):
+        ctc, grads = jax.value_and_grad(_ctc_loss_fn)(sub, rest, model, x, out_lens, y, y_lens,
+                                                      key)
         opt_state[1].hyperparams["learning_rate"] = lr_now
         updates, opt_state = opt.update(grads, opt_state, sub)
         return optax.apply_updates(sub, updates), opt_state, ctc
 
     state = {"params": sub, "opt_state": opt.init(sub)}
 
+    keys = iter(jax.random.split(jax.random.key(seed + 1), 1_000_000))
+
     def one_ctc_step(batch, lr_now):
         state["params"], state["opt_state"], ctc = ctc_step(
             state["params"], state["opt_state"], jnp.float32(lr_now), batch.feats,
-            batch.out_lens, batch.targets, batch.target_lens)
+            batch.out_lens, batch.targets, batch.target_lens, next(keys))
         return float(ctc), float("nan")
 
     kw = dict(batch_size=batch_size, lr=lr, seed=seed, progress=progress, log=log,
@@ -189,9 +197,9 @@ def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, prog
     opt = make_opt()
 
     @jax.jit
-    def step_fn(params, opt_state, lr_now, x, out_lens, joint_lens, y, y_lens):
+    def step_fn(params, opt_state, lr_now, x, out_lens, joint_lens, y, y_lens, key):
         (_, (ctc, rnnt)), grads = jax.value_and_grad(_loss_fn, has_aux=True)(
-            params, model, x, out_lens, joint_lens, y, y_lens)
+            params, model, x, out_lens, joint_lens, y, y_lens, key)
         opt_state[1].hyperparams["learning_rate"] = lr_now
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, ctc, rnnt
@@ -201,7 +209,7 @@ def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, prog
     def one_step(batch, lr_now):
         state["params"], state["opt_state"], ctc, rnnt = step_fn(
             state["params"], state["opt_state"], jnp.float32(lr_now), batch.feats,
-            batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens)
+            batch.out_lens, batch.joint_lens, batch.targets, batch.target_lens, next(keys))
         return float(ctc), float(rnnt)
 
     h2 = train_loop("jax transducer", feats, texts, one_step, epochs=epochs, augment_from=0,

@@ -60,8 +60,9 @@ class ConvEncoder(nn.Module):
     (receptive field about +-0.6 s), and a linear map to ``2 * hidden``.
     """
 
-    def __init__(self, n_feats=64, conv=256, hidden=128, blocks=6, kernel=11):
+    def __init__(self, n_feats=64, conv=256, hidden=128, blocks=6, kernel=11, dropout=0.0):
         super().__init__()
+        self.drop = nn.Dropout(dropout)
         self.conv1 = nn.Conv1d(n_feats, conv, 5, stride=2, padding=2)
         self.norm1 = nn.LayerNorm(conv)
         self.dw = nn.ModuleList(nn.Conv1d(conv, conv, kernel, padding=kernel // 2, groups=conv)
@@ -74,18 +75,18 @@ class ConvEncoder(nn.Module):
         h = self.norm1(torch.relu(self.conv1(x.transpose(1, 2))).transpose(1, 2))
         for dw, pw, norm in zip(self.dw, self.pw, self.norms):
             y = pw(dw(h.transpose(1, 2))).transpose(1, 2)
-            h = h + torch.relu(norm(y))
-        return self.out(h)
+            h = h + self.drop(torch.relu(norm(y)))
+        return self.out(self.drop(h))
 
 
 class SpeechModel(nn.Module):
     """Encoder + CTC head + transducer predictor and joiner (see the module docstring)."""
 
     def __init__(self, n_feats=64, conv=192, hidden=128, pred=128, joint=96, layers=2,
-                 arch="gru"):
+                 arch="gru", dropout=0.0):
         super().__init__()
         self.encoder = (Encoder(n_feats, conv, hidden, layers) if arch == "gru" else
-                        ConvEncoder(n_feats, conv, hidden))
+                        ConvEncoder(n_feats, conv, hidden, dropout=dropout))
         self.ctc_head = nn.Linear(2 * hidden, V)
         self.embed = nn.Embedding(V, pred)
         self.pred_rnn = nn.GRU(pred, pred, batch_first=True)
