@@ -31,14 +31,23 @@ RNNT_U = (1, 3, 7, 15, 28, 63, 127, 255, 511, 1000, 2000)
 TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
                  (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
 TDT_U = (7, 127, 1023)
-#: TDT beyond U = 1023 (BLOCK 2048): one duration set, to show it
-TDT_WIDE = ((2047, (0, 1, 2, 3, 4)),)
+#: TDT beyond U = 1023 (BLOCK 2048): the smallest and largest duration sets, with and
+#: without a duration 0
+TDT_WIDE = ((2047, (0, 1, 2, 3, 4)), (2047, (1, 2)), (2047, (1, 2, 3, 4, 5, 6, 7, 8)),
+            (2047, (0, 1, 2, 3, 4, 5, 6, 7)))
 CAPABILITIES = (80, 90)
 
-# the test's subset: (family, shape parameter, dtype name, grad, extra)
+# the test's subset: (family, shape parameter, dtype name, grad, extra); the TDT rows
+# are variants that spilled before the kernel's 32-bit in-sequence offsets (BLOCK 128
+# with 8 durations, BLOCK 1024 and 2048, float32 and float64, grad and no grad)
 SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
-          ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)))
+          ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)),
+          ("tdt", 127, "float32", True, (1, 2, 3, 4, 5, 6, 7, 8)),
+          ("tdt", 1023, "float64", True, (1, 2)),
+          ("tdt", 1023, "float32", True, (0, 2, 4, 6, 8)),
+          ("tdt", 2047, "float32", True, (0, 1, 2, 3, 4)),
+          ("tdt", 2047, "float64", False, (0, 1, 2, 3, 4)))
 
 
 def cases(subset: bool = False) -> List[tuple]:

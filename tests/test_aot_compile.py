@@ -117,3 +117,30 @@ def test_durations_are_compile_time_constants(table):
     assert _tdt._pack([1, 2, 4]) == 1 + (2 << 12) + (4 << 24)
     with pytest.raises(ValueError, match="tdt_loss: argument 'durations'"):
         _tdt._pack([4096])
+
+
+def test_tdt_lattice_beyond_32_bit_offsets_is_refused():
+    """The TDT kernel addresses one sequence's lattice with 32-bit offsets from 64-bit
+    per-sequence bases: a lattice with ``(T + 1) (U + 1) > 2**31 - 1`` cells is refused
+    on the host (shapes only, ``meta`` tensors: nothing allocated, no kernel), while a
+    batch whose total size exceeds ``2**31`` elements is not limited."""
+    import torch
+
+    from duoloss.torch._triton import _tdt
+    meta = torch.device("meta")
+
+    def call(fn, n, t, u, **kw):
+        x = torch.empty((n, t, u + 1, 3), device=meta)
+        tg = torch.empty((n, u), dtype=torch.int64, device=meta)
+        il = torch.empty((n,), dtype=torch.int64, device=meta)
+        return fn(x, tg, il, il, blank=0, sigma=0.0, fastemit_lambda=0.0, clamp=0.0, **kw)
+
+    # (T + 1)(U + 1) = 2**31 exactly: one cell too many
+    with pytest.raises(ValueError, match=r"tdt_loss: argument 'logits' .*2147483647"):
+        call(_tdt.tdt_losses, 1, 2 ** 16 - 1, 2 ** 15 - 1, durations=(0, 1), omega=0.0)
+    with pytest.raises(ValueError, match=r"multiblank_rnnt_loss: argument 'logits'"):
+        call(_tdt.multiblank_losses, 1, 2 ** 16 - 1, 2 ** 15 - 1, big_blank_durations=(2,))
+    # the largest accepted lattice: (T + 1)(U + 1) = 2**31 - 1 (a prime: U + 1 = 1)
+    _tdt._check_lattice("tdt_loss", torch.empty((1, 2 ** 31 - 2, 1, 3), device=meta))
+    # many sequences whose logits together exceed 2**31 elements: accepted (64-bit bases)
+    _tdt._check_lattice("tdt_loss", torch.empty((4096, 1000, 201, 1030), device=meta))

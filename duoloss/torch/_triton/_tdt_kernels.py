@@ -60,6 +60,19 @@ def _move(a, src, w):
     return _lse2(a, tl.where(dead, float("-inf"), src + w))
 
 
+@triton.jit
+def _dur(PACKED: tl.constexpr, MOVES: tl.constexpr, m):
+    """Duration of move ``m`` (a run-time index below ``MOVES``) packed 12 bits each
+    in ``PACKED``: 48-bit chunks of the constant (four durations each) as 64-bit
+    immediates, the one holding move ``m`` selected."""
+    k = tl.full((), 0, tl.int64) + m
+    d = tl.full((), 0, tl.int64)
+    for c in tl.static_range((MOVES + 3) // 4):
+        part = tl.full((), (PACKED >> (48 * c)) & 0xFFFFFFFFFFFF, tl.int64)
+        d = tl.where(k // 4 == c, (part >> (12 * (k & 3))) & 4095, d)
+    return d.to(tl.int32)
+
+
 @triton.jit(do_not_specialize=["N", "T_MAX", "U1"])
 def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
                alpha_ptr, beta_ptr, N, T_MAX, U1,
@@ -69,19 +82,21 @@ def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
     tables contiguous, ``lab`` ``(L, N, T, U1)``, ``blk`` ``(J, N, T, U1)``,
     ``w0``/``term``/``alpha``/``beta`` ``(N, T, U1)``; ``il`` ``(N,)`` int32 in ``[0, T]``.
 
-    The durations are compile-time constants (one variant per duration set, the
-    move loops unrolled): label move ``m`` has duration ``(LAB_D >> 12 m) & 4095``,
-    blank move ``j`` ``(BLK_D >> 12 j) & 4095``.  ``N``, ``T`` and ``U + 1`` are not
-    specialised.
+    The durations are compile-time constants (one variant per duration set, no
+    table read from memory): label move ``m`` has duration ``(LAB_D >> 12 m) &
+    4095``, blank move ``j`` ``(BLK_D >> 12 j) & 4095`` (`_dur`).  ``N``, ``T`` and
+    ``U + 1`` are not specialised.
 
-    Addressing: every table's per-sequence (and per-move) base is a 64-bit scalar
-    (``b * T * U1``, ``m * N * T * U1``), so no tensor is limited to ``2**31``
-    elements; within a sequence the cell offsets are 32-bit vectors (``t * U1 + u``,
-    at most ``(T + 1) * U1``, which the launcher keeps below ``2**31``).  A 64-bit
-    address affine in the frame would let the compiler keep one 64-bit induction
-    pointer per lane, move and table live across the frame loop (the unrolled move
-    loops spilled registers that way); the 32-bit offsets, recomputed each frame,
-    do not."""
+    Registers (measured with ``benchmarks/aot_table.py``, sm_80/sm_90): every
+    table's per-sequence (and per-move) base is a 64-bit scalar (``b * T * U1``,
+    ``m * N * T * U1``), so no tensor is limited to ``2**31`` elements; within a
+    sequence the cell offsets are 32-bit vectors (``t * U1 + u``, below ``(T + 1) *
+    U1``, which the launcher keeps below ``2**31``).  A 64-bit address affine in
+    the frame let the compiler keep a 64-bit induction pointer per lane, move and
+    table live across the frame loop (up to 244 bytes of spills at ``BLOCK =
+    2048``).  The move loops run at run time (not unrolled: one move's values live
+    at a time, whatever the number of durations; unrolled, 8 durations still
+    spilled at ``BLOCK = 2048`` in float32)."""
     b = tl.program_id(0).to(tl.int64)
     t_b = tl.load(il_ptr + b)
     u = tl.arange(0, BLOCK)
@@ -95,16 +110,16 @@ def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
     for t in range(t_b):
         tl.debug_barrier()
         a = tl.where((u == 0) & ((u * 0 + t) == 0), 0.0, neg)
-        for m in tl.static_range(L):
-            d_la = (LAB_D >> (12 * m)) & 4095
+        for m in range(L):
+            d_la = _dur(LAB_D, L, m)
             if t >= d_la:
                 off = (t - d_la) * U1 - 1 + u
                 ok = live & (u >= 1)
                 a = _move(a, tl.load(a_seq + off, mask=ok, other=float("-inf")),
                           tl.load((lab_ptr + (m * move + seq)) + off, mask=ok,
                                   other=float("-inf")))
-        for j in tl.static_range(J):
-            d_ja = (BLK_D >> (12 * j)) & 4095
+        for j in range(J):
+            d_ja = _dur(BLK_D, J, j)
             if t >= d_ja:
                 off = (t - d_ja) * U1 + u
                 a = _move(a, tl.load(a_seq + off, mask=live, other=float("-inf")),
@@ -124,16 +139,16 @@ def tdt_kernel(lab_ptr, blk_ptr, w0_ptr, term_ptr, il_ptr,
             tl.debug_barrier()
             row = t * U1 + r
             bt = tl.load(t_seq + row, mask=live, other=float("-inf"))
-            for m in tl.static_range(L):
-                d_lb = (LAB_D >> (12 * m)) & 4095
+            for m in range(L):
+                d_lb = _dur(LAB_D, L, m)
                 if t + d_lb < t_b:
                     ok = live & (r + 1 < U1)
                     bt = _move(bt, tl.load(b_seq + (row + (d_lb * U1 + 1)), mask=ok,
                                            other=float("-inf")),
                                tl.load((lab_ptr + (m * move + seq)) + row, mask=ok,
                                        other=float("-inf")))
-            for j in tl.static_range(J):
-                d_jb = (BLK_D >> (12 * j)) & 4095
+            for j in range(J):
+                d_jb = _dur(BLK_D, J, j)
                 if t + d_jb < t_b:
                     bt = _move(bt, tl.load(b_seq + (row + d_jb * U1), mask=live,
                                            other=float("-inf")),
