@@ -95,6 +95,9 @@ def _unpack_operands(layout, operands):
     out = []
     for g, off, nbytes, dt, shape in layout:
         buf = bufs[g]
+        if buf.ndim == 1 and buf.flags.c_contiguous:  # (no vmap: one view, not three)
+            out.append(np.ndarray(shape, dt, buf, off))
+            continue
         lead = buf.shape[:-1]
         out.append(buf[..., off:off + nbytes].view(dt).reshape(lead + shape))
     return out

@@ -61,7 +61,11 @@ _COPY_MAX_BYTES = 16384
 
 def _host_input(a):
     """`_writeable`, or for a small read-only array a writeable copy (cheaper)."""
-    if type(a) is np.ndarray and not a.flags.writeable and a.nbytes <= _COPY_MAX_BYTES:
+    if type(a) is not np.ndarray:
+        if not isinstance(a, jax.Array):
+            return _writeable(a)
+        a = np.asarray(a)  # (the callback's operands arrive as jax.Arrays)
+    if not a.flags.writeable and a.nbytes <= _COPY_MAX_BYTES:
         return a.copy()
     return _writeable(a)
 
