@@ -121,3 +121,26 @@ def test_paired_rotates_order_and_counts_rounds():
 
 def test_table_markdown():
     assert H.table(["x", "ms"], [["a", 1.5]]) == "| x | ms |\n|---|---:|\n| a | 1.5 |"
+
+
+def test_device_check_dry_run(tmp_path):
+    """``python -m benchmarks.device --check --dry``: the one-shot GPU check's own steps on
+    CPU (the torch kernels in Triton's interpreter, JAX on its CPU backend, tiny sizes):
+    every device function against the host path, losses and gradients, float32 and
+    float64 -- no row may FAIL, and the GPU-only steps say they were skipped."""
+    pytest.importorskip("triton")
+    pytest.importorskip("jax")
+    out = tmp_path / "check.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.device", "--check", "--dry",
+                           "--skip", "speed", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert not [r for r in rows if r["status"] == "FAIL"], rows
+    checked = {r["case"] for r in rows if r["section"] in ("torch", "jax") and r["status"] == "ok"}
+    for name in ("torch ctc_loss", "torch rnnt_loss", "torch tdt_loss", "torch multiblank_rnnt_loss",
+                 "torch rnnt_loss_pruned", "jax ctc_loss", "jax rnnt_loss", "jax tdt_loss"):
+        assert any(c.startswith(name + " ") for c in checked), name
+    assert {r["section"] for r in rows if r["status"] == "skip"} >= {"sync", "memory"}
