@@ -16,7 +16,10 @@ SPACE = 1
 TOKENS = ["<b>", "|", "'"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
 _INDEX = {t: i for i, t in enumerate(TOKENS)}
 SUBSAMPLE = 2  # the encoder's frame rate is 1 / SUBSAMPLE of the features'
-JOINT_STACK = 1  # the transducer joins every encoder frame (20 ms)
+#: encoder frames stacked per transducer frame: 1, every 20 ms frame (2 would halve the
+#: joint tensor, but the modified beam search emits one token per frame and fast speech has
+#: more than one letter per 40 ms)
+JOINT_STACK = 1
 
 
 def encode(text: str) -> np.ndarray:
@@ -36,7 +39,7 @@ def out_lengths(n_frames):
 
 
 def joint_lengths(out_lens):
-    """Transducer frames: the joiner sees ``JOINT_STACK`` encoder frames stacked (40 ms)."""
+    """Transducer frames: the joiner sees ``JOINT_STACK`` encoder frames stacked."""
     return (np.asarray(out_lens) + JOINT_STACK - 1) // JOINT_STACK
 
 
@@ -63,7 +66,7 @@ class Batch:
     index: np.ndarray
 
 
-PAD_FRAMES, PAD_TOKENS = 128, 32
+PAD_FRAMES, PAD_TOKENS = 128, 16
 
 
 def _round_up(n, k):
@@ -101,6 +104,32 @@ def batches(feats, texts, batch_size, rng=None):
         yield make_batch(feats, texts, g)
 
 
+def speed_perturb(batch: Batch, rng, *, low=0.9, high=1.1) -> Batch:
+    """Tempo perturbation on the features: each utterance's frames resampled (linear
+    interpolation along time) to ``1 / r`` of its length, ``r`` uniform in ``[low, high]``
+    (Ko et al., 2015, "Audio augmentation for speech recognition", on the waveform; here
+    on the log-mel frames, so the pitch stays). The batch is padded again as `make_batch`
+    pads (multiples of ``PAD_FRAMES``)."""
+    n, _, f = batch.feats.shape
+    outs = []
+    for b in range(n):
+        length = int(batch.feat_lens[b])
+        new = max(1, int(round(length / rng.uniform(low, high))))
+        pos = np.linspace(0.0, length - 1, new)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, length - 1)
+        w = (pos - lo)[:, None].astype(np.float32)
+        x = batch.feats[b]
+        outs.append(x[lo] * (1 - w) + x[hi] * w)
+    lens = np.array([len(o) for o in outs], np.int32)
+    x = np.zeros((n, _round_up(lens.max(), PAD_FRAMES), f), np.float32)
+    for b, o in enumerate(outs):
+        x[b, : len(o)] = o
+    out_lens = out_lengths(lens).astype(np.int32)
+    return Batch(x, lens, out_lens, joint_lengths(out_lens).astype(np.int32), batch.targets,
+                 batch.target_lens, batch.index)
+
+
 def spec_augment(batch: Batch, rng, *, freq_masks=2, freq_width=8, time_masks=2,
                  time_width=10) -> Batch:
     """SpecAugment's frequency and time masks (set to 0, the normalised mean)."""
@@ -128,10 +157,11 @@ def lr_at(step, total, peak, warmup=100):
 
 
 def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, progress, log,
-               max_steps, augment_from, warmup):
+               max_steps, augment_from, warmup, speed=True):
     """The schedule both frameworks train on: ``epochs`` passes over the same batches
-    (SortaGrad: the first epoch in order of length, short first; SpecAugment from epoch
-    ``augment_from``), at most ``max_steps`` steps, the learning rate of `lr_at`.
+    (SortaGrad: the first epoch in order of length, short first; from epoch
+    ``augment_from`` tempo perturbation (`speed_perturb`, unless ``speed`` is False) and
+    SpecAugment), at most ``max_steps`` steps, the learning rate of `lr_at`.
 
     ``step_fn(batch, lr_now) -> (ctc, rnnt)`` takes one optimiser step and returns the two
     losses as Python floats. Returns the history: per-step ``ctc``, ``rnnt``, ``time``
@@ -149,6 +179,8 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
             if step >= total:
                 break
             if epoch >= augment_from:
+                if speed:
+                    batch = speed_perturb(batch, rng)
                 batch = spec_augment(batch, rng)
             ctc, rnnt = step_fn(batch, lr_at(step, total, lr, warmup))
             hist["ctc"].append(ctc)

@@ -47,7 +47,7 @@ class Encoder(nn.Module):
 
 
 def stack(enc):
-    """``(N, T', D)`` -> ``(N, ceil(T'/2), 2D)``: pairs of frames side by side (zero padded)."""
+    """``(N, T', D)`` -> ``(N, ceil(T'/S), S D)``: ``S = JOINT_STACK`` frames side by side (zero padded)."""
     n, t, d = enc.shape
     enc = jnp.pad(enc, ((0, 0), (0, (-t) % JOINT_STACK), (0, 0)))
     return enc.reshape(n, -1, JOINT_STACK * d)

@@ -1,20 +1,21 @@
-"""The recipe's PyTorch model and training loop.
+"""The recipe's PyTorch models and training loop.
 
-One ``nn.Module`` with a shared encoder and two heads, trained with the sum of two duoloss
-losses:
+One ``nn.Module`` class with an encoder and two heads; `train` trains two models with it,
+one after the other (see its docstring): the CTC model with :func:`duoloss.torch.ctc_loss`,
+then the transducer model, from a copy of the CTC model, with :func:`duoloss.torch.rnnt_loss`
++ ``ctc_loss``.
 
 * encoder (``arch="conv"``, the recipe's default): a stride-2 convolution over the log-mel
-  frames, six residual blocks of depthwise + pointwise convolutions with LayerNorm (about
-  +-0.6 s of context) and a linear map: ``(N, T, 64) -> (N, T', 256)``, ``T' = (T-1)//2+1``
-  (20 ms frames); or (``arch="gru"``) two convolutions and two bidirectional GRU layers,
-  which cost several times more per step on a CPU and sat on the CTC plateau (loss ~2.9
-  per token) for ~150 steps here, where the convolutional encoder left it in ~30;
-* CTC head: a linear layer to the 29 tokens, trained with :func:`duoloss.torch.ctc_loss`;
+  frames, six residual blocks of depthwise + pointwise convolutions with LayerNorm and
+  dropout (about +-0.6 s of context) and a linear map: ``(N, T, 64) -> (N, T', 256)``,
+  ``T' = (T-1)//2+1`` (20 ms frames); or (``arch="gru"``) two convolutions and two
+  bidirectional GRU layers, which cost several times more per step on a CPU and sat on the
+  CTC plateau (loss ~2.9 per token) for ~150 steps here, where the convolutional encoder
+  left it in ~30;
+* CTC head: a linear layer to the 29 tokens;
 * transducer: a predictor (embedding + one GRU layer over the previous tokens, the blank as
-  start symbol) and a joiner (``tanh(W_e enc2 + W_p pred)`` then a linear layer to the
-  tokens), trained with :func:`duoloss.torch.rnnt_loss`; ``enc2`` stacks pairs of encoder
-  frames (40 ms per transducer frame: the joint tensor, the costly part of a transducer on
-  a CPU, is half as long, and a transducer emits several tokens per frame when it must).
+  start symbol) and a joiner (``tanh(W_e enc + W_p pred)`` then a linear layer to the
+  tokens) on every encoder frame (``common.JOINT_STACK``).
 
 The flax twin in ``train_jax.py`` has the same layers and sizes.
 """
@@ -105,7 +106,7 @@ class SpeechModel(nn.Module):
 
     @staticmethod
     def stack(enc):
-        """``(N, T', D)`` -> ``(N, ceil(T'/2), 2D)``: pairs of frames side by side (zero padded)."""
+        """``(N, T', D)`` -> ``(N, ceil(T'/S), S D)``: ``S = JOINT_STACK`` frames side by side (zero padded)."""
         n, t, d = enc.shape
         enc = torch.nn.functional.pad(enc, (0, 0, 0, (-t) % JOINT_STACK))
         return enc.reshape(n, -1, JOINT_STACK * d)
