@@ -143,7 +143,7 @@ def _check_lattice(fn: str, logits) -> None:
     """``ValueError`` when one sequence's lattice is too large for the kernel's 32-bit
     in-sequence offsets (``(T + 1) (U + 1) > 2**31 - 1``; the batch and the logits'
     total size are not limited).  Shapes only: no host synchronisation."""
-    t_max, u1 = int(logits.shape[1]), int(logits.shape[2])
+    t_max, u1 = logits.shape[1], logits.shape[2]
     if (t_max + 1) * u1 > _MAX_CELLS:
         raise ValueError(f"{fn}: argument 'logits' of shape {tuple(logits.shape)} has a "
                          f"lattice of T * (U + 1) = {t_max * u1} cells per sequence; the "
