@@ -56,8 +56,7 @@ def warps(block: int, per_thread: int = 2) -> int:
     Per kernel, the value with no register spill at any ``BLOCK <= 2048`` in float32
     and float64 on sm_80/sm_90 (``benchmarks/aot_table.py``): CTC 4 up to ``block =
     512`` and 2 above (16 warps at 1024, 32 from 2048), the transducer 1 (32 warps from
-    1024), TDT 4 (8 warps at 1024; its unrolled move loops keep more values live per
-    lane, and some of its variants still spill)."""
+    1024), TDT 4 (8 warps at 1024, 16 at 2048)."""
     return max(1, min(32, block // (32 * per_thread)))
 
 
