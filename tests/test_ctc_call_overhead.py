@@ -93,13 +93,16 @@ def test_jax_callback_inputs_are_writeable_copies_or_views():
     jnp = pytest.importorskip("jax.numpy")
     from duoloss.jax import _callback as cb
 
-    small = np.asarray(jnp.arange(10, dtype=jnp.float32))
-    large = np.asarray(jnp.arange(cb._COPY_MAX_BYTES // 4 + 1, dtype=jnp.float32))
-    for a, shared in ((small, False), (large, True)):
+    small = jnp.arange(10, dtype=jnp.float32)
+    large = jnp.arange(cb._COPY_MAX_BYTES // 4 + 1, dtype=jnp.float32)
+    for x, shared in ((small, False), (large, True)):
+        a = np.asarray(x)
         assert not a.flags.writeable
-        h = cb._host_input(a)
-        assert h.flags.writeable and h.dtype == a.dtype and np.array_equal(h, a)
-        assert np.shares_memory(h, a) is shared
+        for given in (a, x):  # (a callback's operands arrive as jax.Arrays)
+            h = cb._host_input(given)
+            assert type(h) is np.ndarray and h.flags.writeable
+            assert h.dtype == a.dtype and np.array_equal(h, a)
+        assert np.shares_memory(cb._host_input(a), a) is shared
 
 
 def test_default_impl_on_cpu_is_the_host_path_and_bad_impl_still_raises():
