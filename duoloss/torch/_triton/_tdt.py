@@ -162,6 +162,15 @@ def _pack(durations) -> int:
     return out
 
 
+def _maxnreg(num_warps: int) -> int:
+    """Registers per thread the kernel may use: the register file of an SM (64 K on
+    sm_80/sm_90) for one program, at most 255.  Without the bound ``ptxas`` budgets
+    registers for two programs per SM at ``BLOCK = 2048`` (16 warps: 64 per thread)
+    and spilled the duration-0 chain's scan in float64 (20 bytes on sm_80); with it
+    no TDT variant of ``benchmarks/aot_table.py`` spills."""
+    return min(255, 65536 // (32 * num_warps))
+
+
 def _block(n: int) -> int:
     b = 2
     while b < n:
@@ -223,6 +232,7 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
     beta = torch.full_like(alpha, _NEG) if want_beta else alpha
     ilk = il.clamp(0, t_max).to(torch.int32).contiguous()
     block = _block(u1)
+    nw = warps(block, 4)
     if n and t_max:
         with _launch_device(x):
             # the durations are compile-time constants of the kernel (packed 12 bits
@@ -232,7 +242,7 @@ def _tables(x, il, lab_moves, blk_moves, lab_w, blk_w, term, want_beta):
                 dict(LAB_D=_pack([d for d, _ in pos]), L=len(pos),
                      BLK_D=_pack([d for _, d, _ in blk_moves]), J=len(blk_moves),
                      HAS_ZERO=bool(zero), WANT_BETA=bool(want_beta), BLOCK=block,
-                     num_warps=warps(block, 4)))
+                     num_warps=nw, maxnreg=_maxnreg(nw)))
     return alpha, (beta if want_beta else None)
 
 
