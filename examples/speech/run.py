@@ -177,23 +177,24 @@ def main(argv=None):
     p.add_argument("--n-dev", type=int, default=150)
     p.add_argument("--n-test", type=int, default=300)
     p.add_argument("--ctc-epochs", type=int, default=24, help="epochs of the CTC model")
-    p.add_argument("--epochs", type=int, default=6,
+    p.add_argument("--epochs", type=int, default=8,
                    help="epochs of the transducer model (from the CTC model's encoder)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--frameworks", default="torch,jax")
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=int, default=1,
                    help="torch and numba threads per framework")
     p.add_argument("--arch", choices=("gru", "conv"), default="conv",
                    help="encoder: convolutions + bidirectional GRUs, or convolutions only")
     p.add_argument("--conv", type=int, default=256, help="convolution channels")
     p.add_argument("--hidden", type=int, default=128, help="GRU units per direction")
     p.add_argument("--layers", type=int, default=2, help="GRU layers")
-    p.add_argument("--dropout", type=float, default=0.0,
+    p.add_argument("--dropout", type=float, default=0.1,
                    help="dropout in the convolutional encoder's blocks")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="frameworks trained at once (2: side by side, give --threads 1)")
+    p.add_argument("--jobs", type=int, default=2,
+                   help="frameworks trained at once: 2 (side by side, one thread each on 2 "
+                   "cores) or 1 (one after the other: give --threads 2)")
     p.add_argument("--workers", type=int, default=None, help="corpus processes")
     p.add_argument("--beam-size", type=int, default=50)
     p.add_argument("--rnnt-beam", type=int, default=4)
@@ -275,9 +276,9 @@ def main(argv=None):
     jobs = [(fw, data, args, sizes, lexicon, arpa, i if args.jobs > 1 and len(fws) > 1 else None)
             for i, fw in enumerate(fws)]
     if len(fws) > 1:
-        # one process per framework (torch and JAX never share a process); --jobs 1 (the
-        # default): one after the other, each with --threads threads (so each model's
-        # training time is that of 2 cores); --jobs 2: side by side
+        # one process per framework (torch and JAX never share a process); --jobs 2 (the
+        # default): side by side, one thread each; --jobs 1: one after the other, each with
+        # --threads threads
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
         if args.jobs > 1:

@@ -143,7 +143,7 @@ def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens, key):
                        reduction="mean")
 
 
-def train(data, *, ctc_epochs=24, epochs=6, batch_size=32, lr=3e-3, seed=0, progress=None,
+def train(data, *, ctc_epochs=24, epochs=8, batch_size=32, lr=3e-3, seed=0, progress=None,
           log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train the two models on ``data["train"]`` (the schedule of ``train_torch.train``:
     the CTC model with ``ctc_loss`` alone, then the transducer model from a copy of it with
