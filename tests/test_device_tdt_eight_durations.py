@@ -1,9 +1,10 @@
 """TDT on the torch device path with the largest duration sets the AOT table compiles
 (8 durations, with and without 0) and beyond it (10): the kernel's move loops read each
 duration from 48-bit chunks of one compile-time constant (``_tdt_kernels._dur``), moves
-4 to 7 from the second chunk, 8 and 9 from the third.  Compared with the host path (the numba core, itself tested
-against brute-force path enumeration in tests/test_tdt.py) on tiny inputs, under
-``TRITON_INTERPRET=1`` (as tests/test_device_tdt_torch.py).
+4 to 7 from the second chunk, 8 and 9 from the third.  Compared with the host path
+(the numba core, itself tested against brute-force path enumeration in
+tests/test_tdt.py) on tiny inputs, under ``TRITON_INTERPRET=1`` (as
+tests/test_device_tdt_torch.py).
 """
 from __future__ import annotations
 
