@@ -183,7 +183,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
     p.add_argument("--frameworks", default="torch,jax")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int, default=2,
                    help="torch and numba threads per framework")
     p.add_argument("--arch", choices=("gru", "conv"), default="conv",
                    help="encoder: convolutions + bidirectional GRUs, or convolutions only")
@@ -192,9 +192,9 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=2, help="GRU layers")
     p.add_argument("--dropout", type=float, default=0.1,
                    help="dropout in the convolutional encoder's blocks")
-    p.add_argument("--jobs", type=int, default=2,
-                   help="frameworks trained at once: 2 (side by side, one thread each on 2 "
-                   "cores) or 1 (one after the other: give --threads 2)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="frameworks trained at once: 1 (one after the other, each on the 2 "
+                   "cores) or 2 (side by side: give --threads 1)")
     p.add_argument("--workers", type=int, default=None, help="corpus processes")
     p.add_argument("--beam-size", type=int, default=50)
     p.add_argument("--rnnt-beam", type=int, default=4)
@@ -276,9 +276,8 @@ def main(argv=None):
     jobs = [(fw, data, args, sizes, lexicon, arpa, i if args.jobs > 1 and len(fws) > 1 else None)
             for i, fw in enumerate(fws)]
     if len(fws) > 1:
-        # one process per framework (torch and JAX never share a process); --jobs 2 (the
-        # default): side by side, one thread each; --jobs 1: one after the other, each with
-        # --threads threads
+        # one process per framework (torch and JAX never share a process); --jobs 1 (the
+        # default): one after the other, each with --threads threads; --jobs 2: side by side
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
         if args.jobs > 1:
