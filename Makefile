@@ -2,7 +2,7 @@
 #   make demo   -- creates .venv (pinned versions) if needed, runs the demo (table + PNG)
 #   make test   -- creates .venv if needed, runs the whole test suite
 # and: make docs (mkdocs build --strict into ./site), make bench, make sdist,
-# make recipe (the speech recipe, examples/speech: 20-40 min on a busy 2-core machine).
+# make recipe (the speech recipe, examples/speech: about 30 min on an idle 2-core machine).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
