@@ -157,11 +157,10 @@ def lr_at(step, total, peak, warmup=100):
 
 
 def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, progress, log,
-               max_steps, augment_from, warmup, speed=True):
+               max_steps, augment_from, warmup):
     """The schedule both frameworks train on: ``epochs`` passes over the same batches
     (SortaGrad: the first epoch in order of length, short first; from epoch
-    ``augment_from`` tempo perturbation (`speed_perturb`, unless ``speed`` is False) and
-    SpecAugment), at most ``max_steps`` steps, the learning rate of `lr_at`.
+    ``augment_from`` tempo perturbation (`speed_perturb`) and SpecAugment), at most ``max_steps`` steps, the learning rate of `lr_at`.
 
     ``step_fn(batch, lr_now) -> (ctc, rnnt)`` takes one optimiser step and returns the two
     losses as Python floats. Returns the history: per-step ``ctc``, ``rnnt``, ``time``
@@ -179,9 +178,7 @@ def train_loop(name, feats, texts, step_fn, *, epochs, batch_size, lr, seed, pro
             if step >= total:
                 break
             if epoch >= augment_from:
-                if speed:
-                    batch = speed_perturb(batch, rng)
-                batch = spec_augment(batch, rng)
+                batch = spec_augment(speed_perturb(batch, rng), rng)
             ctc, rnnt = step_fn(batch, lr_at(step, total, lr, warmup))
             hist["ctc"].append(ctc)
             hist["rnnt"].append(rnnt)

@@ -32,14 +32,13 @@ def figure(path, histories, example, *, frame_s):
     ax = fig.add_subplot(gs[0, :])
     colors = {"torch": "tab:red", "jax": "tab:blue"}
     for fw, h in histories.items():
-        k = h.get("phase_steps", 0)  # the CTC model's steps, then the transducer model's
-        ctc = _smooth(h["ctc"][:k] if k else h["ctc"])
+        k = h["phase_steps"]  # the CTC model's steps, then the transducer model's
+        ctc = _smooth(h["ctc"][:k])
         ax.plot(np.arange(len(ctc)), ctc, color=colors.get(fw), label=f"{fw} CTC model: CTC")
         rnnt = _smooth(h["rnnt"][k:])
         ax.plot(k + np.arange(len(rnnt)), rnnt, color=colors.get(fw), ls="--",
                 label=f"{fw} transducer model: RNN-T")
-        if k:
-            ax.axvline(k, color="0.6", lw=0.8)
+        ax.axvline(k, color="0.6", lw=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("step (the CTC model's, then the transducer model's from its encoder)")
     ax.set_ylabel("loss per token (10-step mean)")
@@ -106,8 +105,6 @@ def table(results):
     rows += ["", "| framework | model | steps | training wall (min) | training CPU (min, all "
              "threads) |", "| --- | --- | --- | --- | --- |"]
     for fw, r in results["frameworks"].items():
-        if "train_s_ctc" not in r:
-            continue
         k = r["train_steps_ctc"]
         rows.append(f"| {fw} | CTC | {k} | {r['train_s_ctc'] / 60:.1f} | "
                     f"{r['train_cpu_s_ctc'] / 60:.1f} |")

@@ -21,7 +21,6 @@ The flax twin in ``train_jax.py`` has the same layers and sizes.
 """
 from __future__ import annotations
 
-
 import copy
 
 import torch
@@ -151,10 +150,10 @@ def train(data, *, ctc_epochs=24, epochs=8, batch_size=32, lr=3e-3, seed=0, prog
        auxiliary loss) for ``epochs``, SpecAugment throughout.
 
     Returns:
-        ``(ctc_model, transducer_model, history)``: ``history`` has per-step ``ctc``,
-        ``rnnt`` (NaN in the CTC phase) and ``time`` lists, ``phase_steps`` (steps of the
-        CTC phase) and ``phase_s`` (seconds of each phase). ``sizes`` overrides the layer
-        sizes (``conv``, ``hidden``, ``pred``, ``joint``); ``max_steps`` caps each phase.
+        ``(ctc_model, transducer_model, history)``: ``history`` as
+        ``common.join_histories`` returns it. ``sizes`` overrides the layer sizes
+        (``conv``, ``hidden``, ``pred``, ``joint``, ``dropout``); ``max_steps`` caps each
+        phase.
     """
     torch.manual_seed(seed)
     model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1], **(sizes or {}))
