@@ -156,6 +156,37 @@ def test_latency_is_estimated_and_taken_off(recipe):
     assert decode.latency(aligned, [{"word_starts": None, "word_ends": None}] * 2) == (0.0, 0.0)
 
 
+def test_jax_depthwise_conv_matches_torch_grouped_conv1d():
+    """The JAX model's hand-written depthwise convolution (shifted sums, a custom backward)
+    equals torch's grouped ``conv1d`` (``groups = C``, ``'same'`` padding) in value and in
+    both gradients, in float64, for odd and even kernels."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    sys.path.insert(0, str(SPEECH))
+    try:
+        import train_jax
+    finally:
+        sys.path.remove(str(SPEECH))
+        sys.modules.pop("train_jax", None)
+    rng = np.random.default_rng(3)
+    for k in (11, 4, 1):
+        x, w, g = (rng.standard_normal(s) for s in ((3, 9, 5), (k, 5), (3, 9, 5)))
+        with jax.enable_x64(True):
+            y, vjp = jax.vjp(train_jax.depthwise_conv, jax.numpy.asarray(x), jax.numpy.asarray(w))
+            dx, dw = vjp(jax.numpy.asarray(g))
+        xt = torch.tensor(x.transpose(0, 2, 1), requires_grad=True)
+        wt = torch.tensor(w.T[:, None, :], requires_grad=True)
+        yt = torch.nn.functional.conv1d(torch.nn.functional.pad(xt, (k // 2, k - 1 - k // 2)),
+                                        wt, groups=5)
+        yt.backward(torch.tensor(g.transpose(0, 2, 1)))
+        np.testing.assert_allclose(np.asarray(y), yt.detach().numpy().transpose(0, 2, 1),
+                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(dx), xt.grad.numpy().transpose(0, 2, 1),
+                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(dw), wt.grad.numpy()[:, 0, :].T, rtol=1e-12,
+                                   atol=1e-12)
+
+
 def test_smoke_run_every_stage(tmp_path):
     """The recipe's --smoke run: a few dozen utterances, a few steps, every stage."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -53,22 +53,56 @@ def stack(enc):
     return enc.reshape(n, -1, JOINT_STACK * d)
 
 
+def _pad_time(x, before, after):
+    return jnp.pad(x, ((0, 0), (before, after), (0, 0)))
+
+
+@jax.custom_vjp
+def depthwise_conv(x, w):
+    """``y[n, t, c] = sum_i x[n, t + i - K // 2, c] w[i, c]`` (zeros outside): ``x (N, T, C)``,
+    ``w (K, C)``. Forward and backward are written as shifted multiply-adds: XLA's CPU
+    grouped convolution (``feature_group_count = C``) took 5.6 times as long, and
+    differentiating the shifted adds automatically 10 times as long as this backward (XLA
+    fuses the ``K`` weight-gradient reductions over offset slices into one slow loop; one
+    reduction per step of a ``lax.map`` is fast)."""
+    k, t = w.shape[0], x.shape[1]
+    xp = _pad_time(x, k // 2, k - 1 - k // 2)
+    return sum(xp[:, i: i + t, :] * w[i] for i in range(k))
+
+
+def _depthwise_fwd(x, w):
+    return depthwise_conv(x, w), (x, w)
+
+
+def _depthwise_bwd(res, g):
+    x, w = res
+    k, t = w.shape[0], x.shape[1]
+    # dx[s] = sum_i g[s - i + K // 2] w[i]: the same shifted sum over g with w reversed
+    gp = _pad_time(g, k - 1 - k // 2, k // 2)
+    dx = sum(gp[:, j: j + t, :] * w[k - 1 - j] for j in range(k))
+    # dw[i] = sum_{n, t} x[n, t + i - K // 2] g[n, t]
+    xp = _pad_time(x, k // 2, k - 1 - k // 2)
+    dw = jax.lax.map(lambda i: jnp.sum(jax.lax.dynamic_slice_in_dim(xp, i, t, 1) * g, (0, 1)),
+                     jnp.arange(k))
+    return dx, dw.astype(w.dtype)
+
+
+depthwise_conv.defvjp(_depthwise_fwd, _depthwise_bwd)
+
+
 class DepthwiseConv(nn.Module):
-    """A depthwise convolution along time (``'same'`` padding), ``(N, T, C) -> (N, T, C)``,
-    computed as ``kernel`` shifted multiply-adds: XLA's CPU grouped convolution
-    (``feature_group_count = C``) took 5.6 times as long, forward + backward, at the
-    recipe's sizes. Parameters and initialisers as the module's other convolutions'
+    """A depthwise convolution along time (``'same'`` padding), ``(N, T, C) -> (N, T, C)``
+    (`depthwise_conv`). Parameters and initialisers as the module's other convolutions'
     (``kernel`` ``(K, 1, C)`` from ``TORCH_INIT``, ``bias`` ``(C,)`` zeros)."""
 
     kernel_size: int
 
     @nn.compact
     def __call__(self, x):
-        k, c, t = self.kernel_size, x.shape[-1], x.shape[1]
+        k, c = self.kernel_size, x.shape[-1]
         w = self.param("kernel", TORCH_INIT, (k, 1, c), x.dtype)
         b = self.param("bias", nn.initializers.zeros, (c,), x.dtype)
-        xp = jnp.pad(x, ((0, 0), (k // 2, k - 1 - k // 2), (0, 0)))
-        return sum(xp[:, i: i + t, :] * w[i, 0] for i in range(k)) + b
+        return depthwise_conv(x, w[:, 0, :]) + b
 
 
 class ConvEncoder(nn.Module):
@@ -86,7 +120,7 @@ class ConvEncoder(nn.Module):
         h = nn.LayerNorm()(nn.relu(Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
         for _ in range(self.blocks):
             y = DepthwiseConv(self.kernel)(h)
-            y = Conv(self.conv, (1,))(y)
+            y = Dense(self.conv)(y)
             h = h + drop(nn.relu(nn.LayerNorm()(y)))
         return Dense(2 * self.hidden)(drop(h))
 
@@ -159,7 +193,7 @@ def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens, key):
                        reduction="mean")
 
 
-def train(data, *, ctc_epochs=24, epochs=8, batch_size=32, lr=3e-3, seed=0, progress=None,
+def train(data, *, ctc_epochs=30, epochs=8, batch_size=32, lr=3e-3, seed=0, progress=None,
           log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train the two models on ``data["train"]`` (the schedule of ``train_torch.train``:
     the CTC model with ``ctc_loss`` alone, then the transducer model from a copy of it with
