@@ -10,7 +10,12 @@
 * the JAX callback's small read-only operands are copied and large ones viewed:
   either way a writeable array with the same values;
 * ``impl='auto'`` on CPU tensors takes the host path and bad ``impl`` values are still
-  refused with the same message.
+  refused with the same message;
+* ``reduction_weights`` on Python floats (small integer batches) gives numpy's bits;
+* ``loss.backward()`` of a reduced loss hands the saved gradient on without multiplying
+  it by 1: the same bits as the tensor-op formula (``torch.func.vjp``, which never
+  reads the cotangent), and a leaf's ``.grad`` changed in place never reaches the saved
+  gradient (a second ``retain_graph`` backward is unchanged).
 """
 from __future__ import annotations
 
@@ -118,3 +123,49 @@ def test_default_impl_on_cpu_is_the_host_path_and_bad_impl_still_raises():
     for bad in ("Auto", "gpu", None, 1):
         with pytest.raises((ValueError, TypeError), match="ctc_loss: argument 'impl'"):
             dt.ctc_loss(*args, impl=bad)
+
+
+@pytest.mark.parametrize("n", [1, 3, 64, 65])
+def test_small_batch_reduction_weights_equal_numpy_formula(n):
+    from duoloss.core._reduce import reduction_weights
+    rng = np.random.default_rng(n)
+    for dtype in (np.int64, np.int32, np.uint8):
+        lengths = rng.integers(0, 200, n).astype(dtype)
+        lengths[0] = 0  # clamped to 1
+        want = 1.0 / (n * np.maximum(lengths.astype(np.float64), 1.0))
+        got = reduction_weights("mean", n, lengths)
+        assert got.dtype == np.float64 and np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_unit_cotangent_backward_hands_on_the_same_bits(dtype, reduction):
+    g = torch.Generator().manual_seed(5)
+    lp = torch.randn(30, 4, 12, generator=g, dtype=dtype).log_softmax(-1)
+    tg = torch.randint(1, 12, (4, 6), generator=g)
+    il, tl = torch.tensor([30, 28, 25, 30]), torch.tensor([6, 5, 0, 3])
+
+    def loss_of(x):
+        return dt.ctc_loss(x, tg, il, tl, reduction=reduction)
+
+    x = lp.clone().requires_grad_(True)
+    loss = loss_of(x)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    _, vjp = torch.func.vjp(loss_of, lp)
+    (formula,) = vjp(torch.ones((), dtype=dtype))
+    assert torch.equal(first, formula)
+    assert torch.equal(first.view(-1).view(torch.int32 if dtype == torch.float32
+                                           else torch.int64),
+                       formula.view(-1).view(torch.int32 if dtype == torch.float32
+                                             else torch.int64))
+    x.grad.mul_(0.0).add_(7.0)  # in place on the leaf's .grad
+    x.grad = None
+    loss.backward()  # the graph's saved gradient is untouched
+    assert torch.equal(x.grad, first)
+    y = lp.clone().requires_grad_(True)
+    loss_of(y).backward()
+    y.grad.mul_(3.0)  # .grad stolen from the graph: changing it hurts nothing
+    z = lp.clone().requires_grad_(True)
+    loss_of(z).backward()
+    assert torch.equal(z.grad, first)

@@ -79,6 +79,11 @@ def reduction_weights(reduction: str, n: int, lengths: npt.ArrayLike | None = No
     if lengths.shape[0] != n:
         raise ValueError(f"reduction_weights: argument 'lengths' must have {n} entries, "
                          f"got {lengths.shape[0]}")
+    if n <= 64 and lengths.dtype.kind in "iu":
+        # (a training step's small batch: the same IEEE operations on Python floats, an
+        # exact product of integers and one correctly rounded division, without numpy's
+        # per-call cost)
+        return np.array([1.0 / (n * float(max(v, 1))) for v in lengths.tolist()])
     return 1.0 / (n * np.maximum(lengths.astype(np.float64), 1.0))
 
 

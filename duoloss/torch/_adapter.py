@@ -45,7 +45,7 @@ from . import _private
 from ._ops import host as _host
 from ._ops import (kernel_id, kernel_loss_op, run_on_host, second_order_message, static_json,
                    vmap_fold)
-from ._weights import reduction_weights, scale_cotangent
+from ._weights import reduction_weights, scale_cotangent, unit_cotangent
 
 __all__ = ["apply_kernel", "apply_kernel_eager", "autocast_inputs", "check_not_torchscript",
            "forward_mode_message", "is_concrete", "reduction_weights", "to_numpy",
@@ -188,6 +188,12 @@ def _scaled_grads(kernel: LossKernel, want, weighted: bool, grads, grad_loss, in
         elif graph:
             result.append(_GradientNode.apply(kernel.name, kernel.batch_axes[i], weighted,
                                               g, grad_loss, x))
+        elif weighted and unit_cotangent(grad_loss):
+            # ``loss.backward()`` of a reduced loss: ``g * 1`` has g's bits, so the saved
+            # gradient is handed on as it is (as a pass-through node hands on its
+            # cotangent; autograd clones it before accumulating in place while the graph
+            # still holds it)
+            result.append(g)
         else:
             result.append(scale_cotangent(g, grad_loss, kernel.batch_axes[i], weighted))
     return result
