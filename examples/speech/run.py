@@ -177,7 +177,7 @@ def main(argv=None):
     p.add_argument("--n-dev", type=int, default=150)
     p.add_argument("--n-test", type=int, default=300)
     p.add_argument("--ctc-epochs", type=int, default=30, help="epochs of the CTC model")
-    p.add_argument("--epochs", type=int, default=8,
+    p.add_argument("--epochs", type=int, default=10,
                    help="epochs of the transducer model (from the CTC model's encoder)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)

@@ -28,6 +28,18 @@ Dense = functools.partial(nn.Dense, kernel_init=TORCH_INIT)
 Conv = functools.partial(nn.Conv, kernel_init=TORCH_INIT)
 
 
+def GRUCell(hidden):
+    """A flax GRU cell initialised as ``torch.nn.GRU``: every weight and bias
+    U(+-1/sqrt(hidden)) (flax's defaults: LeCun-normal input weights, orthogonal recurrent
+    ones, zero biases)."""
+    bound = 1.0 / hidden ** 0.5
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return nn.GRUCell(hidden, kernel_init=init, recurrent_kernel_init=init, bias_init=init)
+
+
 class Encoder(nn.Module):
     """``(N, T, F)`` features -> ``(N, T', 2 * hidden)`` encodings."""
 
@@ -40,8 +52,8 @@ class Encoder(nn.Module):
         h = nn.relu(Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
         h = nn.LayerNorm()(nn.relu(Conv(self.conv, (3,), padding=[(1, 1)])(h)))
         for _ in range(self.layers):
-            h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)),
-                                 nn.RNN(nn.GRUCell(self.hidden), reverse=True, keep_order=True)
+            h = nn.Bidirectional(nn.RNN(GRUCell(self.hidden)),
+                                 nn.RNN(GRUCell(self.hidden), reverse=True, keep_order=True)
                                  )(h, seq_lengths=out_lens)
         return h
 
@@ -141,7 +153,7 @@ class SpeechModel(nn.Module):
                         ConvEncoder(self.conv, self.hidden, dropout=self.dropout))
         self.ctc_head = Dense(V)
         self.embed = nn.Embed(V, self.pred, embedding_init=nn.initializers.normal(1.0))
-        self.pred_cell = nn.GRUCell(self.pred)
+        self.pred_cell = GRUCell(self.pred)
         self.pred_rnn = nn.RNN(self.pred_cell, return_carry=True)
         self.join_enc = Dense(self.joint)
         self.join_pred = Dense(self.joint)
@@ -193,7 +205,7 @@ def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens, key):
                        reduction="mean")
 
 
-def train(data, *, ctc_epochs=30, epochs=8, batch_size=32, lr=3e-3, seed=0, progress=None,
+def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, progress=None,
           log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train the two models on ``data["train"]`` (the schedule of ``train_torch.train``:
     the CTC model with ``ctc_loss`` alone, then the transducer model from a copy of it with

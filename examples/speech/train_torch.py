@@ -138,7 +138,7 @@ class SpeechModel(nn.Module):
         return ctc, (rnnt / y_lens).mean()
 
 
-def train(data, *, ctc_epochs=30, epochs=8, batch_size=32, lr=3e-3, seed=0, progress=None,
+def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, progress=None,
           log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train the two models of the recipe on ``data["train"]``, one after the other.
 
