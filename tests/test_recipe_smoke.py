@@ -187,6 +187,42 @@ def test_jax_depthwise_conv_matches_torch_grouped_conv1d():
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("arch", ["conv", "gru"])
+def test_jax_model_from_torch_weights_computes_the_torch_function(arch):
+    """``train_jax.params_from_torch`` gives the flax model the torch model's function:
+    the same encodings, CTC log-probabilities, predictor outputs and joiner logits (eval
+    mode, float32) for random features, lengths and token histories."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    sys.path.insert(0, str(SPEECH))
+    try:
+        import train_jax
+        import train_torch
+    finally:
+        sys.path.remove(str(SPEECH))
+        for name in ("train_jax", "train_torch", "common"):
+            sys.modules.pop(name, None)
+    sizes = dict(conv=24, hidden=8, pred=12, joint=10, layers=2, arch=arch)
+    tm = train_torch.initial_model(16, seed=3, sizes=sizes).eval()
+    params = train_jax.params_from_torch(tm)
+    jm = train_jax.SpeechModel(**sizes)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 20, 16)).astype(np.float32)
+    out_lens = np.array([10, 7, 10], np.int32)
+    prev = rng.integers(0, train_jax.V, (3, 5)).astype(np.int32)
+    enc_j, lp_j, logits_j = jm.apply({"params": params}, x, out_lens, prev)
+    with torch.no_grad():
+        enc_t = tm.encoder(torch.from_numpy(x), torch.from_numpy(out_lens).long())
+        lp_t = tm.ctc_log_probs(enc_t)
+        pred_t, _ = tm.predictor(torch.from_numpy(prev).long())
+        logits_t = tm.joiner(tm.stack(enc_t)[:, :, None, :], pred_t[:, None, :, :])
+    for b, n in enumerate(out_lens):  # (the GRU encoder's padded frames differ: masked)
+        np.testing.assert_allclose(np.asarray(enc_j)[b, :n], enc_t.numpy()[b, :n], atol=2e-5)
+        np.testing.assert_allclose(np.asarray(lp_j)[b, :n], lp_t.numpy()[b, :n], atol=2e-5)
+        np.testing.assert_allclose(np.asarray(logits_j)[b, :n], logits_t.numpy()[b, :n],
+                                   atol=2e-5)
+
+
 def test_smoke_run_every_stage(tmp_path):
     """The recipe's --smoke run: a few dozen utterances, a few steps, every stage."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

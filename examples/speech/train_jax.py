@@ -26,6 +26,8 @@ V = len(TOKENS)
 TORCH_INIT = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
 Dense = functools.partial(nn.Dense, kernel_init=TORCH_INIT)
 Conv = functools.partial(nn.Conv, kernel_init=TORCH_INIT)
+#: torch's LayerNorm epsilon (flax's default is 1e-6)
+LayerNorm = functools.partial(nn.LayerNorm, epsilon=1e-5)
 
 
 def GRUCell(hidden):
@@ -50,7 +52,7 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x, out_lens, train=False):
         h = nn.relu(Conv(self.conv, (3,), strides=(2,), padding=[(1, 1)])(x))
-        h = nn.LayerNorm()(nn.relu(Conv(self.conv, (3,), padding=[(1, 1)])(h)))
+        h = LayerNorm()(nn.relu(Conv(self.conv, (3,), padding=[(1, 1)])(h)))
         for _ in range(self.layers):
             h = nn.Bidirectional(nn.RNN(GRUCell(self.hidden)),
                                  nn.RNN(GRUCell(self.hidden), reverse=True, keep_order=True)
@@ -129,11 +131,11 @@ class ConvEncoder(nn.Module):
     @nn.compact
     def __call__(self, x, out_lens, train=False):
         drop = nn.Dropout(self.dropout, deterministic=not train)
-        h = nn.LayerNorm()(nn.relu(Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
+        h = LayerNorm()(nn.relu(Conv(self.conv, (5,), strides=(2,), padding=[(2, 2)])(x)))
         for _ in range(self.blocks):
             y = DepthwiseConv(self.kernel)(h)
             y = Dense(self.conv)(y)
-            h = h + drop(nn.relu(nn.LayerNorm()(y)))
+            h = h + drop(nn.relu(LayerNorm()(y)))
         return Dense(2 * self.hidden)(drop(h))
 
 
@@ -184,6 +186,62 @@ class SpeechModel(nn.Module):
         return self.join_out(jnp.tanh(self.join_enc(enc) + self.join_pred(pred)))
 
 
+def params_from_torch(model) -> dict:
+    """The flax parameters of a ``train_torch.SpeechModel`` (either ``arch``): the same
+    function in the other framework. Convolution and linear weights are transposed to
+    flax's ``(..., in, out)`` layout; a torch GRU's ``(r, z, n)`` blocks become flax's
+    per-gate kernels, its two ``r``/``z`` biases one sum (flax has one), ``b_hn`` the
+    recurrent ``n`` bias. ``tests/test_recipe_smoke.py`` checks both models' outputs agree."""
+    sd = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+    def dense(name):
+        return {"kernel": sd[f"{name}.weight"].T, "bias": sd[f"{name}.bias"]}
+
+    def conv(name):  # torch (out, in, k) -> flax (k, in, out)
+        return {"kernel": sd[f"{name}.weight"].transpose(2, 1, 0), "bias": sd[f"{name}.bias"]}
+
+    def norm(name):
+        return {"scale": sd[f"{name}.weight"], "bias": sd[f"{name}.bias"]}
+
+    def gru(prefix, suffix):
+        w_ih, w_hh = sd[f"{prefix}.weight_ih_{suffix}"], sd[f"{prefix}.weight_hh_{suffix}"]
+        b_ih, b_hh = sd[f"{prefix}.bias_ih_{suffix}"], sd[f"{prefix}.bias_hh_{suffix}"]
+        r, z, n = (slice(i * w_hh.shape[1], (i + 1) * w_hh.shape[1]) for i in range(3))
+        return {"ir": {"kernel": w_ih[r].T, "bias": b_ih[r] + b_hh[r]},
+                "iz": {"kernel": w_ih[z].T, "bias": b_ih[z] + b_hh[z]},
+                "in": {"kernel": w_ih[n].T, "bias": b_ih[n]},
+                "hr": {"kernel": w_hh[r].T}, "hz": {"kernel": w_hh[z].T},
+                "hn": {"kernel": w_hh[n].T, "bias": b_hh[n]}}
+
+    enc = model.encoder
+    if hasattr(enc, "dw"):  # ConvEncoder
+        e = {"Conv_0": conv("encoder.conv1"), "LayerNorm_0": norm("encoder.norm1"),
+             f"Dense_{len(enc.dw)}": dense("encoder.out")}
+        for i in range(len(enc.dw)):
+            w = sd[f"encoder.dw.{i}.weight"]  # (C, 1, K) -> (K, 1, C)
+            e[f"DepthwiseConv_{i}"] = {"kernel": w.transpose(2, 1, 0),
+                                       "bias": sd[f"encoder.dw.{i}.bias"]}
+            e[f"Dense_{i}"] = {"kernel": sd[f"encoder.pw.{i}.weight"][:, :, 0].T,
+                               "bias": sd[f"encoder.pw.{i}.bias"]}
+            e[f"LayerNorm_{i + 1}"] = norm(f"encoder.norms.{i}")
+    else:  # the GRU encoder: layer l's forward and backward cells are GRUCell_2l, _2l+1
+        e = {"Conv_0": conv("encoder.conv1"), "Conv_1": conv("encoder.conv2"),
+             "LayerNorm_0": norm("encoder.norm")}
+        for layer in range(enc.rnn.num_layers):
+            e[f"GRUCell_{2 * layer}"] = gru("encoder.rnn", f"l{layer}")
+            e[f"GRUCell_{2 * layer + 1}"] = gru("encoder.rnn", f"l{layer}_reverse")
+    params = {"encoder": e, "ctc_head": dense("ctc_head"),
+              "embed": {"embedding": sd["embed.weight"]}, "pred_cell": gru("pred_rnn", "l0"),
+              "join_enc": dense("join_enc"), "join_pred": dense("join_pred"),
+              "join_out": dense("join_out")}
+    return jax.tree_util.tree_map(lambda a: jnp.asarray(np.ascontiguousarray(a)), params)
+
+
+def _same_shape(a, b):
+    if a.shape != b.shape:
+        raise ValueError(f"params_from_torch: shape {b.shape} where flax has {a.shape}")
+
+
 def _loss_fn(params, model, x, out_lens, joint_lens, y, y_lens, key):
     prev = jnp.pad(y, ((0, 0), (1, 0)), constant_values=BLANK)
     _, lp, logits = model.apply({"params": params}, x, out_lens, prev, True,
@@ -206,10 +264,15 @@ def _ctc_loss_fn(sub, rest, model, x, out_lens, y, y_lens, key):
 
 
 def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, progress=None,
-          log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
+          log=print, max_steps=None, sizes=None, augment_from=2, warmup=50,
+          init_from_torch=True):
     """Train the two models on ``data["train"]`` (the schedule of ``train_torch.train``:
     the CTC model with ``ctc_loss`` alone, then the transducer model from a copy of it with
-    ``rnnt_loss`` + ``ctc_loss``; the same batches as the torch run).
+    ``rnnt_loss`` + ``ctc_loss``; the same batches as the torch run). With
+    ``init_from_torch`` (the default) training starts from the torch run's initial weights
+    (`params_from_torch` of ``train_torch.initial_model(seed)``), so that the two runs
+    differ only in their dropout masks and the frameworks' arithmetic; else from flax's
+    initialisers (``TORCH_INIT``, `GRUCell`).
 
     Returns:
         ``(model, ctc_params, params, history)``: the flax module, the CTC model's and the
@@ -222,6 +285,12 @@ def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, pro
     params = model.init(jax.random.key(seed), jnp.asarray(first.feats[:2]),
                         jnp.asarray(first.out_lens[:2]),
                         jnp.zeros((2, first.targets.shape[1] + 1), jnp.int32))["params"]
+    if init_from_torch:
+        import train_torch
+        torch_params = params_from_torch(train_torch.initial_model(first.feats.shape[2], seed,
+                                                                   sizes))
+        jax.tree_util.tree_map(_same_shape, params, torch_params)
+        params = torch_params
 
     def make_opt():
         return optax.chain(optax.clip_by_global_norm(5.0),

@@ -138,6 +138,14 @@ class SpeechModel(nn.Module):
         return ctc, (rnnt / y_lens).mean()
 
 
+def initial_model(n_feats, seed=0, sizes=None):
+    """The untrained model of a run: torch's default initialisation after
+    ``torch.manual_seed(seed)`` (the JAX run starts from the same weights:
+    ``train_jax.params_from_torch``)."""
+    torch.manual_seed(seed)
+    return SpeechModel(n_feats=n_feats, **(sizes or {}))
+
+
 def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, progress=None,
           log=print, max_steps=None, sizes=None, augment_from=2, warmup=50):
     """Train the two models of the recipe on ``data["train"]``, one after the other.
@@ -155,8 +163,7 @@ def train(data, *, ctc_epochs=30, epochs=10, batch_size=32, lr=3e-3, seed=0, pro
         (``conv``, ``hidden``, ``pred``, ``joint``, ``dropout``); ``max_steps`` caps each
         phase.
     """
-    torch.manual_seed(seed)
-    model = SpeechModel(n_feats=data["train"]["feats"][0].shape[1], **(sizes or {}))
+    model = initial_model(data["train"]["feats"][0].shape[1], seed, sizes)
     feats = data["train"]["feats"]
     texts = [u["text"] for u in data["train"]["utts"]]
     model.train()
