@@ -156,18 +156,26 @@ def test_latency_is_estimated_and_taken_off(recipe):
     assert decode.latency(aligned, [{"word_starts": None, "word_ends": None}] * 2) == (0.0, 0.0)
 
 
+def _speech_modules(*names):
+    """The recipe's modules ``names`` (and the ``common`` they import), imported from
+    examples/speech and dropped from ``sys.path``/``sys.modules`` again."""
+    import importlib
+    sys.path.insert(0, str(SPEECH))
+    try:
+        return tuple(importlib.import_module(name) for name in names)
+    finally:
+        sys.path.remove(str(SPEECH))
+        for name in (*names, "common"):
+            sys.modules.pop(name, None)
+
+
 def test_jax_depthwise_conv_matches_torch_grouped_conv1d():
     """The JAX model's hand-written depthwise convolution (shifted sums, a custom backward)
     equals torch's grouped ``conv1d`` (``groups = C``, ``'same'`` padding) in value and in
     both gradients, in float64, for odd and even kernels."""
     torch = pytest.importorskip("torch")
     jax = pytest.importorskip("jax")
-    sys.path.insert(0, str(SPEECH))
-    try:
-        import train_jax
-    finally:
-        sys.path.remove(str(SPEECH))
-        sys.modules.pop("train_jax", None)
+    train_jax, = _speech_modules("train_jax")
     rng = np.random.default_rng(3)
     for k in (11, 4, 1):
         x, w, g = (rng.standard_normal(s) for s in ((3, 9, 5), (k, 5), (3, 9, 5)))
@@ -193,15 +201,8 @@ def test_jax_model_from_torch_weights_computes_the_torch_function(arch):
     the same encodings, CTC log-probabilities, predictor outputs and joiner logits (eval
     mode, float32) for random features, lengths and token histories."""
     torch = pytest.importorskip("torch")
-    jax = pytest.importorskip("jax")
-    sys.path.insert(0, str(SPEECH))
-    try:
-        import train_jax
-        import train_torch
-    finally:
-        sys.path.remove(str(SPEECH))
-        for name in ("train_jax", "train_torch", "common"):
-            sys.modules.pop(name, None)
+    pytest.importorskip("jax")
+    train_jax, train_torch = _speech_modules("train_jax", "train_torch")
     sizes = dict(conv=24, hidden=8, pred=12, joint=10, layers=2, arch=arch)
     tm = train_torch.initial_model(16, seed=3, sizes=sizes).eval()
     params = train_jax.params_from_torch(tm)
