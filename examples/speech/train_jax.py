@@ -67,8 +67,12 @@ def stack(enc):
     return enc.reshape(n, -1, JOINT_STACK * d)
 
 
-def _pad_time(x, before, after):
-    return jnp.pad(x, ((0, 0), (before, after), (0, 0)))
+def _shifted_sum(x, w, before):
+    """``sum_i x[:, t + i - before, :] w[i]`` over ``t < T`` (zeros outside ``x``):
+    ``x (N, T, C)`` padded with ``before`` frames in front and ``K - 1 - before`` behind."""
+    k, t = w.shape[0], x.shape[1]
+    xp = jnp.pad(x, ((0, 0), (before, k - 1 - before), (0, 0)))
+    return sum(xp[:, i: i + t, :] * w[i] for i in range(k))
 
 
 @jax.custom_vjp
@@ -79,9 +83,7 @@ def depthwise_conv(x, w):
     differentiating the shifted adds automatically 10 times as long as this backward (XLA
     fuses the ``K`` weight-gradient reductions over offset slices into one slow loop; one
     reduction per step of a ``lax.map`` is fast)."""
-    k, t = w.shape[0], x.shape[1]
-    xp = _pad_time(x, k // 2, k - 1 - k // 2)
-    return sum(xp[:, i: i + t, :] * w[i] for i in range(k))
+    return _shifted_sum(x, w, w.shape[0] // 2)
 
 
 def _depthwise_fwd(x, w):
@@ -92,10 +94,9 @@ def _depthwise_bwd(res, g):
     x, w = res
     k, t = w.shape[0], x.shape[1]
     # dx[s] = sum_i g[s - i + K // 2] w[i]: the same shifted sum over g with w reversed
-    gp = _pad_time(g, k - 1 - k // 2, k // 2)
-    dx = sum(gp[:, j: j + t, :] * w[k - 1 - j] for j in range(k))
+    dx = _shifted_sum(g, w[::-1], k - 1 - k // 2)
     # dw[i] = sum_{n, t} x[n, t + i - K // 2] g[n, t]
-    xp = _pad_time(x, k // 2, k - 1 - k // 2)
+    xp = jnp.pad(x, ((0, 0), (k // 2, k - 1 - k // 2), (0, 0)))
     dw = jax.lax.map(lambda i: jnp.sum(jax.lax.dynamic_slice_in_dim(xp, i, t, 1) * g, (0, 1)),
                      jnp.arange(k))
     return dx, dw.astype(w.dtype)
