@@ -32,6 +32,16 @@ from common import BLANK, JOINT_STACK, TOKENS, batches, join_histories, train_lo
 V = len(TOKENS)
 
 
+def frame_mask(out_lens, n_frames):
+    """``(N, T')`` float mask of the encoder frames ``t < out_lens[n]`` for ``n_frames``
+    feature frames: the encoders zero their padded frames after every layer that mixes
+    time, so that a sequence's encodings do not depend on how much its batch is padded
+    (the JAX model pads batches to other lengths than torch's)."""
+    t = (n_frames - 1) // 2 + 1
+    lens = torch.as_tensor(out_lens)
+    return (torch.arange(t, device=lens.device)[None, :] < lens[:, None]).float()
+
+
 class Encoder(nn.Module):
     """``(N, T, F)`` features -> ``(N, T', 2 * hidden)`` encodings."""
 
@@ -43,7 +53,7 @@ class Encoder(nn.Module):
         self.rnn = nn.GRU(conv, hidden, num_layers=layers, bidirectional=True, batch_first=True)
 
     def forward(self, x, out_lens):
-        h = torch.relu(self.conv1(x.transpose(1, 2)))
+        h = torch.relu(self.conv1(x.transpose(1, 2))) * frame_mask(out_lens, x.shape[1])[:, None]
         h = self.norm(torch.relu(self.conv2(h)).transpose(1, 2))
         packed = nn.utils.rnn.pack_padded_sequence(h, torch.as_tensor(out_lens).cpu(),
                                                    batch_first=True, enforce_sorted=False)
@@ -57,7 +67,9 @@ class ConvEncoder(nn.Module):
 
     A stride-2 convolution (kernel 5), then ``blocks`` residual blocks of a depthwise
     convolution (kernel 11) and a pointwise one, each followed by LayerNorm and ReLU
-    (receptive field about +-0.6 s), and a linear map to ``2 * hidden``.
+    (receptive field about +-0.6 s), and a linear map to ``2 * hidden``. Frames past
+    ``out_lens`` are zeroed after each block (`frame_mask`), so the depthwise convolutions
+    see zeros there, as at the edges.
     """
 
     def __init__(self, n_feats=64, conv=256, hidden=128, blocks=6, kernel=11, dropout=0.0):
@@ -72,10 +84,11 @@ class ConvEncoder(nn.Module):
         self.out = nn.Linear(conv, 2 * hidden)
 
     def forward(self, x, out_lens):
-        h = self.norm1(torch.relu(self.conv1(x.transpose(1, 2))).transpose(1, 2))
+        mask = frame_mask(out_lens, x.shape[1])[:, :, None]
+        h = self.norm1(torch.relu(self.conv1(x.transpose(1, 2))).transpose(1, 2)) * mask
         for dw, pw, norm in zip(self.dw, self.pw, self.norms):
             y = pw(dw(h.transpose(1, 2))).transpose(1, 2)
-            h = h + self.drop(torch.relu(norm(y)))
+            h = (h + self.drop(torch.relu(norm(y)))) * mask
         return self.out(self.drop(h))
 
 
