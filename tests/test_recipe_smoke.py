@@ -224,6 +224,70 @@ def test_jax_model_from_torch_weights_computes_the_torch_function(arch):
                                    atol=2e-5)
 
 
+@pytest.mark.parametrize("arch", ["conv", "gru"])
+def test_encodings_do_not_depend_on_the_batch_padding(arch):
+    """Both frameworks' encoders mask padded frames: a sequence's encodings are the same
+    with 20 feature frames of padding or 52 (the JAX run pads batches to multiples of
+    ``common.PAD_FRAMES``, the evaluation to its own batch lengths)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    train_jax, train_torch = _speech_modules("train_jax", "train_torch")
+    sizes = dict(conv=24, hidden=8, pred=12, joint=10, layers=2, arch=arch)
+    tm = train_torch.initial_model(16, seed=5, sizes=sizes).eval()
+    for p in tm.parameters():  # no zero biases: padded frames would be non-zero unmasked
+        p.data.add_(0.1)
+    params = train_jax.params_from_torch(tm)
+    jm = train_jax.SpeechModel(**sizes)
+    rng = np.random.default_rng(1)
+    feat_lens = np.array([20, 13, 7])
+    x = rng.standard_normal((3, 20, 16)).astype(np.float32)
+    x[np.arange(20)[None, :] >= feat_lens[:, None]] = 0.0
+    out_lens = ((feat_lens - 1) // 2 + 1).astype(np.int32)
+    x_long = np.concatenate([x, np.zeros((3, 32, 16), np.float32)], 1)
+    with torch.no_grad():
+        enc_t = [tm.encoder(torch.from_numpy(v), torch.from_numpy(out_lens).long()).numpy()
+                 for v in (x, x_long)]
+    enc_j = [np.asarray(jm.apply({"params": params}, v, out_lens, method=jm.encode))
+             for v in (x, x_long)]
+    for b, n in enumerate(out_lens):
+        for short, long in (enc_t, enc_j):
+            np.testing.assert_allclose(long[b, :n], short[b, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_hash_dropout_keeps_each_element_independently_with_probability_1_minus_rate():
+    """``train_jax.hash_dropout`` against the binomial law of independent Bernoulli(0.9)
+    keeps (6 standard deviations): the kept share, the share of neighbouring pairs (along
+    every axis) both dropped (``rate ** 2``), and the agreement of two keys' masks
+    (``rate ** 2 + (1 - rate) ** 2``); kept values scaled by ``1 / (1 - rate)`` exactly,
+    the same key gives the same mask, ``rate = 0`` or deterministic mode is the identity."""
+    jax = pytest.importorskip("jax")
+    train_jax, = _speech_modules("train_jax")
+    rate, shape = 0.1, (16, 128, 256)
+    x = jax.numpy.asarray(np.random.default_rng(0).uniform(1.0, 2.0, shape).astype(np.float32))
+    k1, k2 = jax.random.split(jax.random.key(7))
+    y1 = np.asarray(jax.jit(train_jax.hash_dropout, static_argnums=1)(x, rate, k1))
+    y2 = np.asarray(train_jax.hash_dropout(x, rate, k2))
+    m1, m2 = y1 != 0, y2 != 0
+    n = m1.size
+
+    def near(share, p, count):
+        assert abs(share - p) < 6 * math.sqrt(p * (1 - p) / count), (share, p)
+
+    near(m1.mean(), 1 - rate, n)
+    near(m2.mean(), 1 - rate, n)
+    near((m1 == m2).mean(), rate ** 2 + (1 - rate) ** 2, n)
+    for axis in range(3):
+        a, b = np.swapaxes(~m1, 0, axis)[1:], np.swapaxes(~m1, 0, axis)[:-1]
+        near((a & b).mean(), rate ** 2, a.size)
+    np.testing.assert_array_equal(y1[m1], (np.asarray(x) * np.float32(1 / (1 - rate)))[m1])
+    np.testing.assert_array_equal(np.asarray(train_jax.hash_dropout(x, rate, k1)), y1)
+    np.testing.assert_array_equal(np.asarray(train_jax.hash_dropout(x, 0.0, k1)), np.asarray(x))
+    drop = train_jax.Dropout(rate, deterministic=True)
+    np.testing.assert_array_equal(np.asarray(drop.apply({}, x)), np.asarray(x))
+    with pytest.raises(ValueError, match="hash_dropout: rate must be in"):
+        train_jax.hash_dropout(x, 1.0, k1)
+
+
 def test_smoke_run_every_stage(tmp_path):
     """The recipe's --smoke run: a few dozen utterances, a few steps, every stage."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -4,7 +4,8 @@ Same layers and sizes as the torch model: a convolutional encoder (or convolutio
 bidirectional GRU layers with ``arch="gru"``), a CTC head trained with :func:`duoloss.jax.ctc_loss`, and a
 transducer predictor (embedding + GRU) and joiner trained with :func:`duoloss.jax.rnnt_loss`.
 The training step is one ``jax.jit`` (optax AdamW); batches are padded to a few shapes
-(``common.PAD_FRAMES``/``PAD_TOKENS``) so that it compiles a handful of times.
+(``common.PAD_FRAMES``/``PAD_TOKENS``) so that it compiles once per shape, a dozen or so
+times per model.
 """
 from __future__ import annotations
 
