@@ -67,7 +67,7 @@ class Batch:
 
 
 #: padding granularity of batches: every padded shape costs the JAX step one compile
-#: (about 2.5 s on the 2-core CPU), every padded frame a share of a step (the encoders mask
+#: (about 3 s on the 2-core CPU), every padded frame a share of a step (the encoders mask
 #: padded frames, so padding changes no result). 32 frames: 13 CTC step shapes over the
 #: recipe's 30 epochs and 5 % padded frames (128: 7 shapes, 25 %)
 PAD_FRAMES, PAD_TOKENS = 32, 16
