@@ -75,11 +75,7 @@ def hash_dropout(x, rate, key):
     if x.size >= 2 ** 32:
         raise ValueError(f"hash_dropout: at most 2**32 - 1 elements, got shape {x.shape}")
     s0, s1 = jax.random.bits(key, (2,), jnp.uint32)
-    idx = jnp.zeros(x.shape, jnp.uint32)
-    stride = 1
-    for axis in reversed(range(x.ndim)):
-        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
-        stride *= x.shape[axis]
+    idx = jax.lax.iota(jnp.uint32, x.size).reshape(x.shape)  # the row-major element index
     keep = _mix32(_mix32(idx + s0) ^ s1) >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
     return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
 

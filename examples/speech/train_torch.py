@@ -33,13 +33,12 @@ V = len(TOKENS)
 
 
 def frame_mask(out_lens, n_frames, dtype=torch.float32):
-    """``(N, T')`` mask (``dtype``) of the encoder frames ``t < out_lens[n]`` for
-    ``n_frames`` feature frames: the encoders zero their padded frames after every layer
-    that mixes time, so that a sequence's encodings do not depend on how much its batch
-    is padded (training and evaluation batches are padded differently)."""
-    t = (n_frames - 1) // 2 + 1
+    """``(N, n_frames)`` mask (``dtype``) of the encoder frames ``t < out_lens[n]``: the
+    encoders zero their padded frames after every layer that mixes time, so that a
+    sequence's encodings do not depend on how much its batch is padded (training and
+    evaluation batches are padded differently)."""
     lens = torch.as_tensor(out_lens)
-    return (torch.arange(t, device=lens.device)[None, :] < lens[:, None]).to(dtype)
+    return (torch.arange(n_frames, device=lens.device)[None, :] < lens[:, None]).to(dtype)
 
 
 class Encoder(nn.Module):
@@ -54,7 +53,7 @@ class Encoder(nn.Module):
 
     def forward(self, x, out_lens):
         h = torch.relu(self.conv1(x.transpose(1, 2)))
-        h = h * frame_mask(out_lens, x.shape[1], h.dtype)[:, None]
+        h = h * frame_mask(out_lens, h.shape[2], h.dtype)[:, None]
         h = self.norm(torch.relu(self.conv2(h)).transpose(1, 2))
         packed = nn.utils.rnn.pack_padded_sequence(h, torch.as_tensor(out_lens).cpu(),
                                                    batch_first=True, enforce_sorted=False)
@@ -85,8 +84,9 @@ class ConvEncoder(nn.Module):
         self.out = nn.Linear(conv, 2 * hidden)
 
     def forward(self, x, out_lens):
-        mask = frame_mask(out_lens, x.shape[1], x.dtype)[:, :, None]
-        h = self.norm1(torch.relu(self.conv1(x.transpose(1, 2))).transpose(1, 2)) * mask
+        h = self.norm1(torch.relu(self.conv1(x.transpose(1, 2))).transpose(1, 2))
+        mask = frame_mask(out_lens, h.shape[1], h.dtype)[:, :, None]
+        h = h * mask
         for dw, pw, norm in zip(self.dw, self.pw, self.norms):
             y = pw(dw(h.transpose(1, 2))).transpose(1, 2)
             h = (h + self.drop(torch.relu(norm(y)))) * mask
