@@ -455,11 +455,21 @@ def _impl_calls(impl):
 
 @pytest.mark.parametrize("impl", ["gpu", None, 1])
 def test_8_impl_message_is_the_same_in_both_frontends(impl):
+    # one message shape; each frontend lists its own words (JAX adds 'xla' and 'pallas')
     for name, (call_t, call_j) in _impl_calls(impl).items():
         msgs = []
         for call in (call_t, call_j):
             with pytest.raises(ValueError) as err:
                 call()
             msgs.append(str(err.value))
-        want = f"{name}: argument 'impl' must be one of 'auto', 'host', 'device', got {impl!r}"
-        assert msgs == [want, want], name
+        want = f"{name}: argument 'impl' must be one of 'auto', 'host', 'device'%s, got {impl!r}"
+        assert msgs == [want % "", want % ", 'xla', 'pallas'"], name
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_8_torch_refuses_the_jax_only_impl_words(impl):
+    for name, (call_t, _) in _impl_calls(impl).items():
+        with pytest.raises(ValueError) as err:
+            call_t()
+        assert str(err.value) == (f"{name}: impl={impl!r} is a JAX-only choice; torch takes "
+                                  f"'auto', 'host' or 'device'"), name

@@ -27,6 +27,7 @@ __all__ = [
     "check_ndim",
     "check_reduction",
     "IMPLS",
+    "TORCH_IMPLS",
     "check_impl",
     "check_int_scalar",
     "check_int_type",
@@ -44,8 +45,12 @@ HALF_DTYPES = ("float16", "bfloat16")
 FLOAT_DTYPES = HALF_DTYPES + ("float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 REDUCTIONS = ("none", "mean", "sum")
-#: The accepted values of every frontend's ``impl`` keyword.
-IMPLS = ("auto", "host", "device")
+#: Every ``impl`` word a frontend accepts.  The JAX frontend takes all of them
+#: (``'xla'``/``'pallas'`` force one of its two device paths, see
+#: `duoloss.jax._pallas.backend_for`); torch takes `TORCH_IMPLS`.
+IMPLS = ("auto", "host", "device", "xla", "pallas")
+#: The torch frontend's ``impl`` words (its one device path is Triton's).
+TORCH_IMPLS = ("auto", "host", "device")
 
 
 _DTYPE_NAMES: dict = {}
@@ -115,9 +120,17 @@ def check_reduction(fn: str, reduction) -> str:
     return _check_choice(fn, "reduction", reduction, REDUCTIONS)
 
 
-def check_impl(fn: str, impl) -> str:
-    """``impl`` itself, or the one ``ValueError`` both frontends raise (naming ``fn``)."""
-    return _check_choice(fn, "impl", impl, IMPLS)
+def check_impl(fn: str, impl, accepted: Sequence[str] = TORCH_IMPLS) -> str:
+    """``impl`` itself if it is one of ``accepted``, else a ``ValueError`` naming ``fn``.
+
+    The default is torch's words; the JAX frontend passes `IMPLS`.  A JAX-only word
+    given where only `TORCH_IMPLS` are accepted gets a message of its own."""
+    if isinstance(impl, str) and impl in accepted:
+        return impl
+    if isinstance(impl, str) and impl in IMPLS and tuple(accepted) == TORCH_IMPLS:
+        raise ValueError(f"{fn}: impl={impl!r} is a JAX-only choice; torch takes 'auto', "
+                         f"'host' or 'device'")
+    return _check_choice(fn, "impl", impl, accepted)
 
 
 def check_int_scalar(fn: str, arg: str, value, lo: int, hi: Optional[int] = None) -> int:
