@@ -123,9 +123,15 @@ class Sizes:
         self.rnnt = [(2, 6, 3, 5)] if dry else [(4, 50, 16, 20), (2, 24, 300, 8)]
         self.k2 = (2, 6, 3, 5) if dry else (4, 60, 20, 12)
         self.tdt = (2, 6, 3, 5) if dry else (3, 40, 12, 10)
-        self.speed_ctc = [(2, 20, 8, 5)] if dry else [(32, 500, 50, 100), (16, 1000, 100, 200)]
-        self.speed_rnnt = [(2, 8, 3, 6)] if dry else [(32, 150, 40, 28), (16, 300, 60, 256)]
-        self.rounds = 1 if dry else 10
+        # the issues' sizes (33: CTC and transducers against their peers; 34: JAX)
+        self.speed_ctc = [(2, 20, 8, 5)] if dry else [
+            (8, 200, 30, 40), (32, 500, 50, 100), (16, 1000, 100, 200), (16, 500, 8000, 100)]
+        self.speed_rnnt = [(2, 8, 3, 6)] if dry else [
+            (32, 150, 40, 28), (16, 300, 60, 256), (16, 500, 100, 500)]
+        self.speed_jax_ctc = [(2, 20, 8, 5)] if dry else [(32, 500, 50, 100),
+                                                          (16, 1000, 100, 200)]
+        self.speed_jax_rnnt = [(2, 8, 3, 6)] if dry else [(32, 150, 40, 28), (16, 300, 60, 256)]
+        self.rounds = 1 if dry else 25
 
 
 def _gen(seed):
@@ -259,8 +265,9 @@ def jax_cases(sz: Sizes):
     import duoloss.jax as dj
 
     def both(fn, floats):
+        # "device" is the Pallas kernel where it lowers (GPU, TPU), "xla" the scan
         out = {}
-        for impl in ("device", "host"):
+        for impl in ("device", "xla", "host"):
             def total(*xs):
                 loss = fn(impl, *xs)
                 cot = jnp.linspace(0.5, 1.5, loss.size, dtype=loss.dtype)
@@ -268,9 +275,11 @@ def jax_cases(sz: Sizes):
             (_, loss), grads = jax.value_and_grad(total, argnums=tuple(range(len(floats))),
                                                   has_aux=True)(*floats)
             out[impl] = (np.asarray(loss), [np.asarray(g) for g in grads])
-        errs = {"loss": _err(out["device"][0], out["host"][0])}
-        for i, (gd, gh) in enumerate(zip(out["device"][1], out["host"][1])):
-            errs[f"grad{i}" if len(floats) > 1 else "grad"] = _err(gd, gh)
+        errs = {}
+        for impl, tag in (("device", ""), ("xla", "xla ")):
+            errs[f"{tag}loss"] = _err(out[impl][0], out["host"][0])
+            for i, (gd, gh) in enumerate(zip(out[impl][1], out["host"][1])):
+                errs[f"{tag}grad{i}" if len(floats) > 1 else f"{tag}grad"] = _err(gd, gh)
         return errs
 
     cases = []
@@ -596,123 +605,22 @@ def materialised_rnnt(logits, targets, il, tl, blank):
     return -(table[b, last, tl] + blank_lp[b, tl, il - 1])
 
 
-def speed(sz: Sizes, dev, skip_jax: bool):
-    import torch
-    import torch.nn.functional as F
-
-    import duoloss.torch as dt
+def speed(sz: Sizes, dev, skip_jax: bool, skip=()):
+    """Full steps side by side (`benchmarks._device_speed`): torch CTC and transducers
+    against their peers, the host work per step, then JAX against optax and torch."""
+    from benchmarks import _device_speed as S
     rounds = sz.rounds
-    for size in sz.speed_ctc:
-        b, t, c, l = size
-        g = _gen(0)
-        x = torch.randn(t, b, c, generator=g).to(dev).requires_grad_()
-        tg = torch.randint(1, c, (b, l), generator=g)
-        il = torch.full((b,), t, dtype=torch.int64)
-        tl = torch.full((b,), l, dtype=torch.int64)
-        tgd, ild, tld = tg.to(dev), il.to(dev), tl.to(dev)
-
-        def step(f):
-            def run():
-                x.grad = None
-                f(x.log_softmax(-1)).backward()
-            return run
-        case = f"ctc {size}"
-        _timed(case, "duoloss device", step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
-                                                                   impl="device")), dev, rounds)
-        with torch.backends.cudnn.flags(enabled=False):
-            _timed(case, "F.ctc_loss native", step(lambda lp: F.ctc_loss(lp, tgd, ild, tld)),
-                   dev, rounds)
-        if dev.type == "cuda" and l <= 256:
-            # cuDNN's conditions: blank 0, float32, every input length T, labels <= 256,
-            # int32 targets and lengths (on the host for the classic API, on the GPU for
-            # the tensor API of newer torch/cuDNN): the first form that runs is timed
-            flat, il32, tl32 = tg.reshape(-1).to(torch.int32), il.to(torch.int32), tl.to(
-                torch.int32)
-            forms = (("host int32", (flat, il32, tl32)),
-                     ("GPU int32", (tg.to(torch.int32).to(dev), il32.to(dev), tl32.to(dev))))
-            for what, a in forms:
-                try:
-                    step(lambda lp, a=a: F.ctc_loss(lp, *a))()
-                except Exception:  # noqa: BLE001 (the next form)
-                    continue
-                _timed(case, f"F.ctc_loss cuDNN conditions ({what})",
-                       step(lambda lp, a=a: F.ctc_loss(lp, *a)), dev, rounds)
-                break
-            else:
-                _row("speed", f"{case} F.ctc_loss cuDNN", "skip", "no form ran")
-        _timed(case, "duoloss host", step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
-                                                                 impl="host")), dev,
-               max(1, rounds // 5))
-    warp = None
-    try:
-        import numpy as np
-        if not hasattr(np, "row_stack"):  # removed in numpy 2.5; the peer still calls it
-            np.row_stack = np.vstack
-        from warprnnt_numba.rnnt_loss.rnnt_pytorch import rnnt_loss as warp
-    except Exception as e:  # noqa: BLE001
-        _row("speed", "rnnt warprnnt-numba", "skip", f"not importable ({type(e).__name__}: "
-             f"{str(e)[:80]})")
-    for size in sz.speed_rnnt:
-        n, t, u, v = size
-        g = _gen(0)
-        x = torch.randn(n, t, u + 1, v, generator=g).to(dev).requires_grad_()
-        y = torch.randint(1, v, (n, u), generator=g).to(dev)
-        ll = torch.full((n,), t, dtype=torch.int32, device=dev)
-        yl = torch.full((n,), u, dtype=torch.int32, device=dev)
-
-        def step(f):
-            def run():
-                x.grad = None
-                f().sum().backward()
-            return run
-        case = f"rnnt {size}"
-        _timed(case, "duoloss device", step(lambda: dt.rnnt_loss(
-            x, y, ll, yl, blank=0, reduction="sum", impl="device")), dev, rounds)
-        if warp is not None and dev.type == "cuda":
-            _timed(case, "warprnnt-numba CUDA", step(lambda: warp(
-                x, y.to(torch.int32), ll, yl, blank=0, reduction="sum")), dev, rounds)
-        _timed(case, "materialised joiner (torch ops)", step(lambda: materialised_rnnt(
-            x, y, ll, yl, 0)), dev, max(1, rounds // 5))
-    if skip_jax:
+    torch_ms = {}
+    if "torch-speed" in skip:
+        S.jax_speed(sz.speed_jax_ctc, sz.speed_jax_rnnt, rounds, _row, _short, torch_ms)
         return
-    try:
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
-        import optax
-
-        import duoloss.jax as dj
-    except Exception as e:  # noqa: BLE001
-        _row("speed", "jax ctc", "skip", f"jax/optax not importable: {e}")
-        return
-    for size in sz.speed_ctc:
-        b, t, c, l = size
-        rng = np.random.default_rng(0)
-        logits = jnp.asarray(rng.standard_normal((b, t, c)).astype(np.float32))
-        tg = jnp.asarray(rng.integers(1, c, (b, l)))
-        il = jnp.full((b,), t)
-        tl = jnp.full((b,), l)
-        lpad = jnp.zeros((b, t), jnp.float32)
-        bpad = jnp.zeros((b, l), jnp.float32)
-        f_duo = jax.jit(jax.value_and_grad(lambda z: dj.ctc_loss(
-            jax.nn.log_softmax(z, -1).transpose(1, 0, 2), tg, il, tl, reduction="sum",
-            impl="device")))
-        f_opt = jax.jit(jax.value_and_grad(lambda z: optax.ctc_loss(z, lpad, tg, bpad).sum()))
-        for name, f in (("duoloss jax device", f_duo), ("optax.ctc_loss", f_opt)):
-            try:
-                jax.block_until_ready(f(logits))
-                times = []
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(f(logits))
-                    times.append((time.perf_counter() - t0) * 1e3)
-                stats = jax.devices()[0].memory_stats() or {}
-                peak = stats.get("peak_bytes_in_use")
-                _row("speed", f"jax ctc {size} {name}", "ok",
-                     "(peak: JAX process-wide)" if peak else "",
-                     ms=statistics.median(times), peak=None if peak is None else peak / 2**20)
-            except Exception as e:  # noqa: BLE001
-                _row("speed", f"jax ctc {size} {name}", "skip", _short(e))
+    S.host_work(dev, _row, _short, sz.dry)
+    torch_ms = {("ctc", k): v for k, v in S.torch_ctc(sz.speed_ctc, dev, rounds, _row,
+                                                       _short).items()}
+    torch_ms.update({("rnnt", k): v for k, v in S.torch_transducers(
+        sz.speed_rnnt, dev, rounds, _row, _short, sz.dry).items()})
+    if not skip_jax:
+        S.jax_speed(sz.speed_jax_ctc, sz.speed_jax_rnnt, rounds, _row, _short, torch_ms)
 
 
 # ------------------------------------------------------------------ main
@@ -735,7 +643,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry", action="store_true",
                    help="CPU, tiny sizes, Triton interpreter: a test of the script")
     p.add_argument("--skip", action="append", default=[],
-                   choices=("torch", "jax", "sync", "graph", "memory", "speed"),
+                   choices=("torch", "jax", "sync", "graph", "memory", "speed", "torch-speed"),
                    help="leave out a step (repeatable)")
     p.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
@@ -793,7 +701,7 @@ def main(argv=None) -> int:
     if "memory" not in skip:
         check_memory(dev, args.dry)
     if "speed" not in skip:
-        speed(sz, dev, not jax_ok)
+        speed(sz, dev, not jax_ok, skip)
     print("\n" + _table())
     fails = sum(r["status"] == "FAIL" for r in ROWS)
     _say(f"done: {len(ROWS)} rows, {fails} FAIL")

@@ -144,3 +144,28 @@ def test_device_check_dry_run(tmp_path):
                  "torch rnnt_loss_pruned", "jax ctc_loss", "jax rnnt_loss", "jax tdt_loss"):
         assert any(c.startswith(name + " ") for c in checked), name
     assert {r["section"] for r in rows if r["status"] == "skip"} >= {"sync", "memory"}
+
+
+def test_device_speed_race_and_ratios():
+    """The GPU check's side-by-side timer: every candidate that runs gets one row, one
+    that raises is a ``skip`` row with its reason, and a ratio row compares two that ran
+    against its target."""
+    import torch
+
+    from benchmarks import _device_speed as S
+    rows = []
+
+    def row(section, case, status, detail="", ms=None, peak=None):
+        rows.append((section, case, status, detail, ms))
+
+    def boom():
+        raise ValueError("nope")
+    ms = S.race({"a": lambda: sum(range(1000)), "b": lambda: sum(range(10)), "c": boom},
+                torch.device("cpu"), 3, row, "case", lambda e: f"{type(e).__name__}: {e}")
+    assert set(ms) == {"a", "b"}
+    assert [r[2] for r in rows if r[1] == "case c"] == ["skip"]
+    S.ratios("case", {"a": 2.0, "b": 4.0}, [("a", "b", 0.6), ("b", "a", 1.0), ("a", "z", 1.0)],
+             row)
+    rat = {r[1]: (r[2], r[3]) for r in rows if r[0] == "ratio"}
+    assert rat == {"case a / b": ("ok", "0.500x (target <= 0.6)"),
+                   "case b / a": ("MISS", "2.000x (target <= 1.0)")}
