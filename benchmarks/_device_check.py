@@ -48,6 +48,9 @@ from typing import Callable, Dict, List, Optional
 
 ROWS: List[dict] = []
 T0 = time.perf_counter()
+#: ``--json``: the file the rows are rewritten to after every row (a run killed at its
+#: time limit keeps what it measured), and the header written with them
+JSON_OUT: Dict[str, object] = {"path": "", "head": {}}
 
 
 def _say(msg: str) -> None:
@@ -61,6 +64,30 @@ def _row(section: str, case: str, status: str, detail: str = "", ms: Optional[fl
     extra = "" if ms is None else f" {ms:.3f} ms"
     extra += "" if peak is None else f" peak {peak:.1f} MiB"
     _say(f"{section:<10} {case:<44} {status:<5}{extra} {detail}")
+    _dump()
+
+
+def _dump() -> None:
+    if JSON_OUT["path"]:
+        with open(str(JSON_OUT["path"]), "w") as f:
+            json.dump(dict(JSON_OUT["head"], rows=ROWS), f, indent=1)
+
+
+def _commit() -> str:
+    """The checkout's commit (and ``+dirty`` with uncommitted changes), or ``""``."""
+    import subprocess
+    if os.environ.get("DUOLOSS_COMMIT"):  # (a copy of the tree without .git)
+        return os.environ["DUOLOSS_COMMIT"]
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 (no git there)
+        return ""
 
 
 def _short(e: BaseException) -> str:
@@ -661,6 +688,9 @@ def main(argv=None) -> int:
     info = [f"torch {torch.__version__}", f"triton {triton.__version__}"]
     if cuda:
         info.append(torch.cuda.get_device_name(dev))
+    if args.json:
+        JSON_OUT.update(path=args.json, head={"info": info, "dry": args.dry,
+                                              "commit": _commit()})
     _say("device check: " + ", ".join(info) + (" (DRY RUN: CPU, interpreter, tiny sizes)"
                                                if args.dry else ""))
     warnings.filterwarnings("ignore", message=".*non-writable.*")
@@ -705,9 +735,7 @@ def main(argv=None) -> int:
     print("\n" + _table())
     fails = sum(r["status"] == "FAIL" for r in ROWS)
     _say(f"done: {len(ROWS)} rows, {fails} FAIL")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"info": info, "dry": args.dry, "rows": ROWS}, f, indent=1)
+    _dump()
     return 1 if fails else 0
 
 
