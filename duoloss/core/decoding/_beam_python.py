@@ -18,10 +18,11 @@ from .ctc_beam import CTCDecoderLM, CTCDecoderLMState, CTCHypothesis
 __all__ = ["decode_python", "kenlm_model", "lm_word_scores"]
 
 
-def lm_word_scores(lm: Any, n_words: int) -> List[float]:
-    """Each word's score after ``lm.start(False)`` (the trie's look-ahead, as torchaudio)."""
+def lm_word_scores(lm: Any, units: Any) -> List[float]:
+    """Each unit's score after ``lm.start(False)`` (the trie's look-ahead, as torchaudio);
+    ``units`` are the indices the LM knows the words by."""
     start = lm.start(False)
-    return [float(lm.score(start, w)[1]) for w in range(n_words)]
+    return [float(lm.score(start, int(w))[1]) for w in units]
 
 
 class _KenLMState(CTCDecoderLMState):
@@ -31,7 +32,7 @@ class _KenLMState(CTCDecoderLMState):
 class _KenLM(CTCDecoderLM):
     """A KenLM model (ARPA or binary) behind the ``CTCDecoderLM`` protocol."""
 
-    def __init__(self, path: str, units: List[str]) -> None:
+    def __init__(self, path: str, units: Any) -> None:
         import kenlm   # optional
 
         self.model = kenlm.Model(path)
@@ -62,7 +63,7 @@ class _KenLM(CTCDecoderLM):
         return out, out.score_
 
 
-def kenlm_model(path: str, units: List[str]) -> CTCDecoderLM:
+def kenlm_model(path: str, units: Any) -> CTCDecoderLM:
     """A KenLM binary model as a ``CTCDecoderLM`` (needs the ``kenlm`` package)."""
     try:
         import kenlm  # noqa: F401
@@ -78,149 +79,159 @@ def _logadd(a: float, b: float) -> float:
     return hi + math.log1p(math.exp(lo - hi))
 
 
-def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
-                  ) -> Dict[int, List[CTCHypothesis]]:
-    lm = dec.py_lm
-    lexicon = dec.lexicon is not None
-    if lexicon:
-        ch_start, ch_token, ch_node, lab_start, lab_word, smear, _ = dec._trie
-    hw_col, hw_goto, hw_par, hw_cum, hw_term = dec._hw
-    has_hw = dec._has_hw
-    beam, k_tok, blank, sil = dec.beam_size, dec.beam_size_token, dec.blank, dec.sil
-    thr, lmw = dec.beam_threshold, dec.lm_weight
-    unk = dec._unk_unit
-    out: Dict[int, List[CTCHypothesis]] = {}
+class _Search:
+    """One utterance's search with a Python LM: the numba kernel's steps, in Python."""
 
-    def hw_step(node: int, pending: float, x: int) -> Tuple[int, float, float]:
-        c = int(hw_goto[node, hw_col[x]])
-        if hw_par[c] == node:
-            delta = hw_cum[c] - hw_cum[node]
-            pending += delta
-        else:
-            delta = hw_cum[c] - pending
-            pending = hw_cum[c]
-        if hw_term[c]:
-            pending = 0.0
-        return c, pending, float(delta)
-
-    for b in todo.tolist():
-        T = int(lens[b])
+    def __init__(self, dec: Any) -> None:
+        self.dec = dec
+        self.lm = dec.py_lm
+        self.units = dec._py_units.tolist()
         # history trie: node -> (parent, unit, lm state, lm score)
-        h_key: Dict[Tuple[int, int], int] = {}
-        h_par: List[int] = [-1]
-        h_unit: List[int] = [-1]
-        h_state: List[Any] = [lm.start(False)]
-        h_score: List[float] = [0.0]
+        self.h_key: Dict[Tuple[int, int], int] = {}
+        self.h_par: List[int] = [-1]
+        self.h_unit: List[int] = [-1]
+        self.h_state: List[Any] = [self.lm.start(False)]
+        self.h_score: List[float] = [0.0]
+        self.cands: List[tuple] = []
+        self.best = -math.inf
 
-        def child(H: int, u: int) -> int:
-            n = h_key.get((H, u))
-            if n is None:
-                st, sc = lm.score(h_state[H], u)
-                n = len(h_par)
-                h_key[(H, u)] = n
-                h_par.append(H)
-                h_unit.append(u)
-                h_state.append(st)
-                h_score.append(float(sc))
-            return n
+    def child(self, H: int, u: int) -> int:
+        """The history ``H + u`` (its LM score computed once)."""
+        n = self.h_key.get((H, u))
+        if n is None:
+            st, sc = self.lm.score(self.h_state[H], self.units[u])
+            n = len(self.h_par)
+            self.h_key[(H, u)] = n
+            self.h_par.append(H)
+            self.h_unit.append(u)
+            self.h_state.append(st)
+            self.h_score.append(float(sc))
+        return n
 
-        # hypothesis: (score, hist, lex, tok, blank, hwn, hwp)
-        hyps = [(0.0, 0, 0, sil, 0, dec._hw_init, 0.0)]
-        p_tok = [[sil]]
-        p_par = [[-1]]
-        for t in range(T):
-            row = em[b, t]
-            if k_tok < row.shape[0]:
-                top = np.argsort(-row, kind="mergesort")[:k_tok].tolist()
+    def hw_step(self, node: int, x: int) -> Tuple[int, float]:
+        col, goto, credit, out = self.dec._hw
+        c = int(goto[node, col[x]])
+        return c, float(out[c] + credit[c] - credit[node])
+
+    def add(self, score: float, hist: int, lex: int, tok: int, blk: int, hwn: int, par: int
+            ) -> None:
+        if score >= self.best:
+            self.best = score
+        if score >= self.best - self.dec.beam_threshold:
+            self.cands.append((score, hist, lex, tok, blk, hwn, par))
+
+    def expand_lexicon(self, h: int, hyp: tuple, row: np.ndarray, allowed: set) -> None:
+        dec = self.dec
+        ch_start, ch_token, ch_node, lab_start, lab_word, smear, _ = dec._trie
+        S, H, L, p, pb, hwn = hyp
+        lmw = dec.lm_weight
+        lex_max = 0.0 if L == 0 else float(smear[L])
+        for j in range(ch_start[L], ch_start[L + 1]):
+            n = int(ch_token[j])
+            if n not in allowed or not (pb or n != p):
+                continue
+            c = int(ch_node[j])
+            sc = S + row[n] + (dec.sil_score if n == dec.sil else 0.0)
+            if ch_start[c + 1] > ch_start[c]:
+                self.add(sc + lmw * (float(smear[c]) - lex_max), H, c, n, 0, hwn, h)
+            ends = [(int(w), dec.word_score) for w in lab_word[lab_start[c]:lab_start[c + 1]]]
+            if not ends and dec.unk_score > -math.inf:
+                ends = [(dec._unk_unit, dec.unk_score)]
+            for w, bonus in ends:
+                nh = self.child(H, w)
+                nhwn, dhw = self.hw_step(hwn, w) if dec._has_hw else (hwn, 0.0)
+                self.add(sc + lmw * (self.h_score[nh] - lex_max) + bonus + dhw,
+                         nh, 0, n, 0, nhwn, h)
+        if (not pb) or L == 0:
+            n = dec.sil if L == 0 else p
+            self.add(S + row[n] + (dec.sil_score if n == dec.sil else 0.0), H, L, n, 0, hwn, h)
+            if L == 0 and not pb and p != dec.sil:   # the finished word's last token again
+                self.add(S + row[p], H, 0, p, 0, hwn, h)
+        self.add(S + row[dec.blank], H, L, dec.blank, 1, hwn, h)
+
+    def expand_free(self, h: int, hyp: tuple, row: np.ndarray, top: List[int]) -> None:
+        dec = self.dec
+        S, H, _, p, pb, hwn = hyp
+        for n in top:
+            sc = S + row[n] + (dec.sil_score if n == dec.sil else 0.0)
+            if n != dec.blank and (n != p or pb):
+                nh = self.child(H, n)
+                nhwn, dhw = self.hw_step(hwn, n) if dec._has_hw else (hwn, 0.0)
+                self.add(sc + dec.lm_weight * self.h_score[nh] + dhw, nh, 0, n, 0, nhwn, h)
+            elif n == dec.blank:
+                self.add(sc, H, 0, n, 1, hwn, h)
             else:
-                top = list(range(row.shape[0]))
-            allowed = set(top)
-            cands: List[tuple] = []
-            best = -math.inf
+                self.add(sc, H, 0, n, 0, hwn, h)
 
-            def add(score, hist, lex, tok, blk, par, hwn, hwp):
-                nonlocal best
-                if score >= best:
-                    best = score
-                if score >= best - thr:
-                    cands.append((score, hist, lex, tok, blk, par, hwn, hwp))
-
-            for h, (S, H, L, p, pb, hwn, hwp) in enumerate(hyps):
-                if lexicon:
-                    lex_max = 0.0 if L == 0 else float(smear[L])
-                    for j in range(ch_start[L], ch_start[L + 1]):
-                        n = int(ch_token[j])
-                        if n not in allowed or not (pb or n != p):
-                            continue
-                        c = int(ch_node[j])
-                        sc = S + row[n] + (dec.sil_score if n == sil else 0.0)
-                        if ch_start[c + 1] > ch_start[c]:
-                            add(sc + lmw * (float(smear[c]) - lex_max), H, c, n, 0, h, hwn, hwp)
-                        n_lab = lab_start[c + 1] - lab_start[c]
-                        for q in range(lab_start[c], lab_start[c + 1]):
-                            w = int(lab_word[q])
-                            nh = child(H, w)
-                            nhwn, nhwp, dhw = (hw_step(hwn, hwp, w) if has_hw else (hwn, hwp, 0.0))
-                            add(sc + lmw * (h_score[nh] - lex_max) + dec.word_score + dhw,
-                                nh, 0, n, 0, h, nhwn, nhwp)
-                        if n_lab == 0 and dec.unk_score > -math.inf:
-                            nh = child(H, unk)
-                            nhwn, nhwp, dhw = (hw_step(hwn, hwp, unk) if has_hw else (hwn, hwp, 0.0))
-                            add(sc + lmw * (h_score[nh] - lex_max) + dec.unk_score + dhw,
-                                nh, 0, n, 0, h, nhwn, nhwp)
-                    if (not pb) or L == 0:
-                        n = sil if L == 0 else p
-                        sc = S + row[n] + (dec.sil_score if n == sil else 0.0)
-                        add(sc, H, L, n, 0, h, hwn, hwp)
-                    add(S + row[blank], H, L, blank, 1, h, hwn, hwp)
-                else:
-                    for n in top:
-                        sc = S + row[n] + (dec.sil_score if n == sil else 0.0)
-                        if n != blank and (n != p or pb):
-                            nh = child(H, n)
-                            nhwn, nhwp, dhw = (hw_step(hwn, hwp, n) if has_hw else (hwn, hwp, 0.0))
-                            add(sc + lmw * h_score[nh] + dhw, nh, 0, n, 0, h, nhwn, nhwp)
-                        elif n == blank:
-                            add(sc, H, 0, n, 1, h, hwn, hwp)
-                        else:
-                            add(sc, H, 0, n, 0, h, hwn, hwp)
-            kept = _store(cands, best, thr, beam, dec.log_add)
-            hyps = [(s, c[1], c[2], c[3], c[4], c[6], c[7]) for s, c in kept]
-            p_tok.append([c[3] for _, c in kept])
-            p_par.append([c[5] for _, c in kept])
+    def finish(self, hyps: List[tuple]) -> None:
+        dec = self.dec
+        lexicon = dec.lexicon is not None
         nice = lexicon and any(hp[2] == 0 for hp in hyps)
-        cands = []
-        best = -math.inf
-        for h, (S, H, L, p, pb, hwn, hwp) in enumerate(hyps):
+        for h, (S, H, L, p, pb, hwn) in enumerate(hyps):
             if nice and L != 0:
                 continue
-            _, fs = lm.finish(h_state[H])
-            sc = S + lmw * float(fs)
-            if has_hw:
+            _, fs = self.lm.finish(self.h_state[H])
+            sc = S + dec.lm_weight * float(fs)
+            if dec._has_hw:
                 if not lexicon:    # the end silence ends a phrase spelled up to its last token
-                    _, hwp, dhw = hw_step(hwn, hwp, sil)
+                    hwn, dhw = self.hw_step(hwn, dec.sil)
                     sc += dhw
-                sc -= hwp
-            if sc >= best:
-                best = sc
-            if sc >= best - thr:
-                cands.append((sc, H, L, sil, 0, h, 0, 0.0))
-        kept = _store(cands, best, thr, beam, dec.log_add)
+                sc -= float(dec._hw[2][hwn])      # an unfinished phrase earns nothing
+            self.add(sc, H, L, dec.sil, 0, 0, h)
+
+    def take(self) -> List[Tuple[float, tuple]]:
+        kept = _store(self.cands, self.best, self.dec.beam_threshold, self.dec.beam_size,
+                      self.dec.log_add)
+        self.cands = []
+        self.best = -math.inf
+        return kept
+
+    def words(self, node: int) -> List[str]:
+        out: List[str] = []
+        while node > 0:
+            out.append(self.dec.words[self.h_unit[node]])
+            node = self.h_par[node]
+        return out[::-1]
+
+
+def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
+                  ) -> Dict[int, List[CTCHypothesis]]:
+    """The search of ``_beam_kernel.decode_batch`` with ``dec.py_lm`` (emissions summed in
+    float64, as there)."""
+    lexicon = dec.lexicon is not None
+    n_tok = len(dec.tokens)
+    out: Dict[int, List[CTCHypothesis]] = {}
+    for b in todo.tolist():
+        T = int(lens[b])
+        run = _Search(dec)
+        hyps = [(0.0, 0, 0, dec.sil, 0, dec._hw_init)]    # (score, hist, lex, tok, blank, hw)
+        p_tok = [[dec.sil]]
+        p_par = [[-1]]
+        for t in range(T):
+            row = em[b, t, :n_tok].astype(np.float64).tolist()
+            top = np.argsort(-np.asarray(row), kind="mergesort")[:dec.beam_size_token].tolist()
+            if dec.beam_size_token >= n_tok:
+                top = list(range(n_tok))
+            allowed = set(top)
+            for h, hyp in enumerate(hyps):
+                if lexicon:
+                    run.expand_lexicon(h, hyp, row, allowed)
+                else:
+                    run.expand_free(h, hyp, row, top)
+            kept = run.take()
+            hyps = [(sc, c[1], c[2], c[3], c[4], c[5]) for sc, c in kept]
+            p_tok.append([c[3] for _, c in kept])
+            p_par.append([c[6] for _, c in kept])
+        run.finish(hyps)
         res = []
-        for s, c in kept[:dec.nbest]:
+        for s, c in run.take()[:dec.nbest]:
             path = [0] * (T + 2)
-            path[T + 1] = sil
-            i = c[5]
+            path[T + 1] = dec.sil
+            i = c[6]
             for f in range(T, -1, -1):
                 path[f] = p_tok[f][i]
                 i = p_par[f][i]
-            words: List[str] = []
-            if lexicon:
-                node = c[1]
-                while node > 0:
-                    words.append(dec.words[h_unit[node]])
-                    node = h_par[node]
-                words.reverse()
+            words = run.words(c[1]) if lexicon else []
             res.append(dec._hypothesis(np.array(path, np.int64), words, float(s)))
         out[b] = res
     return out

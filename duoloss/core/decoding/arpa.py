@@ -26,6 +26,8 @@ import re
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from ._text import ASCII_SPACE, fields as _fields, lines as _lines
+
 __all__ = ["ArpaLM", "read_arpa"]
 
 #: log10 probability given to ``<unk>`` when the file has no ``<unk>`` unigram (KenLM's default).
@@ -186,9 +188,10 @@ def _float(path: str, lineno: int, text: str, what: str) -> float:
 def read_arpa(path: Union[str, "os.PathLike[str]"]) -> ArpaLM:
     """Read an n-gram language model from an ARPA text file.
 
-    Any order; fields separated by tabs or spaces; backoff weights optional (``0.0`` when
-    absent); ``<s>``, ``</s>`` and ``<unk>`` added when the file lacks them (see
-    [`ArpaLM`][duoloss.core.decoding.ArpaLM]).  The whole file is checked before the model is
+    Any order; fields separated by tabs or spaces (only: a word may contain any other
+    character, a no-break space included); a UTF-8 byte-order mark before ``\\data\\`` is
+    skipped; backoff weights optional (``0.0`` when absent); ``<s>``, ``</s>`` and ``<unk>``
+    added when the file lacks them (see [`ArpaLM`][duoloss.core.decoding.ArpaLM]).  The whole file is checked before the model is
     returned.
 
     Args:
@@ -233,23 +236,27 @@ def read_arpa(path: Union[str, "os.PathLike[str]"]) -> ArpaLM:
     except UnicodeDecodeError as e:
         raise ValueError(f"read_arpa: ARPA file {spath!r} is not UTF-8 text ({e.reason} at "
                          f"byte {e.start})") from None
-    return _parse(spath, text.splitlines())
+    return _parse(spath, _lines(text))
 
 
 def _parse(path: str, lines: List[str]) -> ArpaLM:
     n_lines = len(lines)
     i = 0
-    while i < n_lines and not lines[i].strip():
+    while i < n_lines and not lines[i].strip(ASCII_SPACE):
         i += 1
     if i == n_lines:
         raise _err(path, None, "the file is empty (expected an ARPA header '\\data\\')")
-    if lines[i].strip() != "\\data\\":
-        raise _err(path, i + 1, f"expected the ARPA header '\\data\\', got {_q(lines[i].strip())}")
+    head = lines[i].strip(ASCII_SPACE)
+    if head != "\\data\\":
+        hidden = sorted({f"U+{ord(c):04X}" for c in head if not c.isprintable()})
+        raise _err(path, i + 1, f"expected the ARPA header '\\data\\', got {_q(head)}"
+                                + (f" (with the invisible characters {', '.join(hidden)})"
+                                   if hidden else ""))
     i += 1
     counts: List[int] = []
     count_lines: List[int] = []
     while i < n_lines:
-        line = lines[i].strip()
+        line = lines[i].strip(ASCII_SPACE)
         if not line:
             i += 1
             if counts:
@@ -275,13 +282,13 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
     word_index: Dict[str, int] = {}
     ngrams: List[Dict[Tuple[int, ...], Tuple[float, float]]] = [{} for _ in range(order)]
     for k in range(1, order + 1):
-        while i < n_lines and not lines[i].strip():
+        while i < n_lines and not lines[i].strip(ASCII_SPACE):
             i += 1
         if i == n_lines:
             raise _err(path, None, f"the file ends before the '\\{k}-grams:' section "
                                    "(expected sections up to "
                                    f"'\\{order}-grams:' and then '\\end\\')")
-        header = lines[i].strip()
+        header = lines[i].strip(ASCII_SPACE)
         m = _SECTION.match(header)
         if m is None or int(m.group(1)) != k:
             if header == "\\end\\":
@@ -293,13 +300,13 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
         n_entries = 0
         while i < n_lines:
             raw = lines[i]
-            line = raw.strip()
+            line = raw.strip(ASCII_SPACE)
             if not line:
                 i += 1
                 continue
             if line.startswith("\\"):
                 break
-            fields = line.split()
+            fields = _fields(line)
             lineno = i + 1
             if len(fields) not in (k + 1, k + 2) or (k == order and len(fields) != k + 1):
                 expected = (f"{k + 1} (log10 probability and {k} word{'s' if k > 1 else ''})"
@@ -337,12 +344,12 @@ def _parse(path: str, lines: List[str]) -> ArpaLM:
             raise _err(path, count_lines[k - 1],
                        f"'ngram {k}={counts[k - 1]}' disagrees with the {n_entries} entries of "
                        f"the '\\{k}-grams:' section")
-    while i < n_lines and not lines[i].strip():
+    while i < n_lines and not lines[i].strip(ASCII_SPACE):
         i += 1
     if i == n_lines:
         raise _err(path, None, "missing '\\end\\' at the end of the file")
-    if lines[i].strip() != "\\end\\":
+    if lines[i].strip(ASCII_SPACE) != "\\end\\":
         raise _err(path, i + 1, f"expected '\\end\\' after the '\\{order}-grams:' section, "
-                                f"got {_q(lines[i].strip())} (more sections than the "
+                                f"got {_q(lines[i].strip(ASCII_SPACE))} (more sections than the "
                                 f"{order} counted in '\\data\\'?)")
     return ArpaLM(order, words, ngrams, path=path)

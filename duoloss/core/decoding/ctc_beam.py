@@ -36,6 +36,7 @@ from .._pool import run_batch
 from . import _beam_kernel as _k
 from .arpa import ArpaLM, read_arpa
 from .lexicon import read_lexicon
+from ._text import fields as _fields, lines as _lines
 
 __all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "CTCHypothesis", "build_decoder",
            "check_emissions", "check_lengths", "compile_lm"]
@@ -234,7 +235,7 @@ def _build_lexicon_trie(entries: List[Tuple[str, List[List[int]]]], word_scores:
                     children.append({})
                     labels.append([])
                 node = nxt
-            if wid not in labels[node] and len(labels[node]) < 6:   # flashlight's kTrieMaxLabel
+            if wid not in labels[node]:   # all of them (flashlight keeps 6: kTrieMaxLabel)
                 labels[node].append(wid)
     n = len(children)
     smear = np.zeros(n, np.float32)
@@ -260,70 +261,70 @@ def _build_lexicon_trie(entries: List[Tuple[str, List[List[int]]]], word_scores:
 
 
 def _build_hotword_automaton(phrases: List[Tuple[List[List[int]], float, int]], n_units: int):
-    """Aho-Corasick automaton over unit sequences; every spelling of a phrase of weight
-    ``w`` and ``n`` units after its ``lead`` leading boundary units earns ``w / n`` per
-    matched unit (the largest such share where phrases share a prefix), so a whole phrase
-    earns ``w``."""
+    """Aho-Corasick automaton over unit sequences: ``(col, goto, credit, out)``.
+
+    Every spelling of a phrase of weight ``w`` and ``n`` units after its ``lead`` leading
+    boundary units is a path of the trie.  ``out[s]`` is the total weight of the phrases
+    that end at state ``s``: its own and, through the failure links (the output links),
+    every phrase that is a suffix of it, so that a phrase completed inside an unfinished
+    longer one earns its weight.  ``credit[s]`` is the partial bonus of an unfinished
+    phrase: ``w * m / n`` after ``m`` of its ``n`` units (the largest over the phrases
+    that ``s`` is a proper prefix of); it is taken back when the match is abandoned.
+    ``goto[s, col[u]]`` is the transition on unit ``u`` (column 0: any unit no phrase
+    uses)."""
     children: List[Dict[int, int]] = [{}]
-    inc = [0.0]
-    term = [False]
+    credit = [0.0]
+    own = [0.0]
     for spellings, weight, lead in phrases:
         for units in spellings:
-            if len(units) <= lead:
+            n = len(units) - lead
+            if n <= 0:
                 continue
-            share = weight / (len(units) - lead)
             node = 0
             for i, u in enumerate(units):
-                s = share if i >= lead else 0.0      # leading boundary units earn nothing
                 nxt = children[node].get(u)
                 if nxt is None:
                     nxt = len(children)
                     children[node][u] = nxt
                     children.append({})
-                    inc.append(s)
-                    term.append(False)
-                else:
-                    inc[nxt] = max(inc[nxt], s)
+                    credit.append(0.0)
+                    own.append(0.0)
                 node = nxt
-            term[node] = True
-    n = len(children)
-    cum = np.zeros(n)
-    fail = np.zeros(n, np.int64)
+                m = i + 1 - lead           # leading boundary units earn nothing
+                if 0 < m < n:
+                    credit[node] = max(credit[node], weight * m / n)
+            own[node] = max(own[node], weight)
+    n_states = len(children)
+    fail = [0] * n_states
+    out = np.array(own, np.float64)
     queue = [0]
     head = 0
-    while head < len(queue):
+    while head < len(queue):          # breadth first: a state's failure target comes first
         v = queue[head]
         head += 1
         for u, c in children[v].items():
-            cum[c] = cum[v] + inc[c]
             if v != 0:
                 f = fail[v]
                 while f != 0 and u not in children[f]:
                     f = fail[f]
                 fail[c] = children[f].get(u, 0)
-                if fail[c] == c:
-                    fail[c] = 0
+            out[c] += out[fail[c]]
             queue.append(c)
-    parent = np.full(n, -1, np.int64)
-    for v in range(n):
-        for c in children[v].values():
-            parent[c] = v
-    # the full transition table over the units the phrases use (column 0: any other unit)
     used = sorted({u for ch in children for u in ch})
     col = np.zeros(n_units, np.int64)
     for i, u in enumerate(used):
         col[u] = i + 1
-    if n * (len(used) + 1) > (1 << 26):
-        raise ValueError(f"{_FN}: argument 'hotwords': the hotwords make an automaton of {n} "
-                         f"states over {len(used)} tokens, too large for its table (at most "
-                         f"{1 << 26} entries); use fewer or shorter hotwords")
-    goto = np.zeros((n, len(used) + 1), np.int32)
-    for v in queue:            # breadth first: a node's failure target comes before it
+    if n_states * (len(used) + 1) > (1 << 26):
+        raise ValueError(f"{_FN}: argument 'hotwords': the hotwords make an automaton of "
+                         f"{n_states} states over {len(used)} units, too large for its table "
+                         f"(at most {1 << 26} entries); use fewer or shorter hotwords")
+    goto = np.zeros((n_states, len(used) + 1), np.int32)
+    for v in queue:
         if v:
             goto[v] = goto[fail[v]]
         for u, c in children[v].items():
             goto[v, col[u]] = c
-    return col, goto, parent, cum, np.array(term, np.bool_)
+    return col, goto, np.array(credit, np.float64), out
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -344,7 +345,8 @@ class CTCDecoder:
                  word_score: float, unk_score: float, sil_score: float, log_add: bool,
                  lexicon: Optional[List[Tuple[str, List[List[int]]]]],
                  lm_tables: Optional[_LMTables], py_lm: Optional[CTCDecoderLM],
-                 hotwords: List[Tuple[List[List[int]], float, int]]):
+                 hotwords: List[Tuple[List[List[int]], float, int]],
+                 lm_units: Optional[Tuple[List[str], np.ndarray]] = None):
         self.tokens = tokens
         self.token_index = token_index
         self.blank = blank
@@ -366,11 +368,17 @@ class CTCDecoder:
         tables = lm_tables if lm_tables is not None else _no_lm_tables()
         self._lm = tables
         has_lm = lm_tables is not None
+        # the search's units (lexicon words then unk_word, or tokens) as the LM knows them:
+        # by name for an ARPA LM, by index for a Python LM (see build_decoder's lm_dict)
+        units = words if lexicon is not None else tokens
+        if lm_units is None:
+            lm_names, self._py_units = list(units), np.arange(len(units), dtype=np.int64)
+        else:
+            lm_names, self._py_units = lm_units
         if lexicon is not None:
-            unit_words = words                         # lexicon words, then unk_word
-            unit_lm = np.array([tables.word_index.get(w, tables.unk) for w in unit_words]
-                               if has_lm else np.zeros(len(unit_words)), np.int64)
-            if has_lm and unk_word not in tables.word_index:
+            unit_lm = np.array([tables.word_index.get(w, tables.unk) for w in lm_names]
+                               if has_lm else np.zeros(len(words)), np.int64)
+            if has_lm and lm_names[-1] not in tables.word_index:
                 unit_lm[len(words) - 1] = tables.unk
             word_scores = [0.0] * len(lexicon)
             if has_lm:
@@ -383,11 +391,11 @@ class CTCDecoder:
                 word_scores = [float(x) for x in p]
             elif py_lm is not None:
                 from ._beam_python import lm_word_scores
-                word_scores = lm_word_scores(py_lm, len(lexicon))
+                word_scores = lm_word_scores(py_lm, self._py_units[:len(lexicon)])
             self._trie = _build_lexicon_trie(lexicon, word_scores)
             self._unk_unit = len(words) - 1
         else:
-            unit_lm = np.array([tables.word_index.get(t, tables.unk) for t in tokens]
+            unit_lm = np.array([tables.word_index.get(t, tables.unk) for t in lm_names]
                                if has_lm else np.zeros(n_cls), np.int64)
             z = np.zeros(2, np.int64)
             self._trie = (z, np.zeros(0, np.int64), np.zeros(0, np.int64), z.copy(),
@@ -403,8 +411,8 @@ class CTCDecoder:
             if lexicon is None:       # the search starts in silence
                 self._hw_init = int(self._hw[1][0, self._hw[0][sil]])
         else:
-            self._hw = (np.zeros(n_cls, np.int64), np.zeros((1, 1), np.int32),
-                        np.full(1, -1, np.int64), np.zeros(1), np.zeros(1, np.bool_))
+            self._hw = (np.zeros(max(n_cls, len(words)), np.int64), np.zeros((1, 1), np.int32),
+                        np.zeros(1), np.zeros(1))
         self._has_hw = bool(hotwords)
 
     # ---------------------------------------------------------------- decoding
@@ -425,6 +433,8 @@ class CTCDecoder:
         if em.dtype != np.float32 and em.dtype != np.float64:
             em = em.astype(np.float32)
         em = np.ascontiguousarray(em)      # float32 stays float32: no float64 copy of a batch
+        # classes past the tokens (a padded vocabulary) are never emitted, as in torchaudio
+        n_tok = len(self.tokens)
         B, T, C = em.shape
         if lengths is None:
             lens = np.full(B, T, np.int64)
@@ -432,7 +442,7 @@ class CTCDecoder:
             lens = np.ascontiguousarray(lengths, dtype=np.int64).reshape(B)
         nan = np.zeros(B, np.bool_)
         for b in range(B):
-            if lens[b] > 0 and np.isnan(em[b, :lens[b]]).any():
+            if lens[b] > 0 and np.isnan(em[b, :lens[b], :n_tok]).any():
                 nan[b] = True
         todo = np.flatnonzero(~nan).astype(np.int64)
         if self.py_lm is not None:
@@ -452,7 +462,7 @@ class CTCDecoder:
         pi = np.array([self.beam_size, self.beam_size_token, self.blank, self.sil,
                        self._unk_unit, self.lexicon is not None, self.log_add, self._has_lm,
                        self.nbest, self._trie[6], tables.eos, tables.start, self._has_hw,
-                       tables.n_words, self._hw_init], np.int64)
+                       tables.n_words, self._hw_init, len(self.tokens)], np.int64)
         return pf, pi
 
     def _decode_numba(self, em, lens, todo):
@@ -474,7 +484,7 @@ class CTCDecoder:
         cells = int(lens[todo].sum()) * self.beam_size
         args = (em, lens, pf, pi, ch_start, ch_token, ch_node, lab_start, lab_word, smear,
                 self._unit_lm, tables.keys, tables.probs, tables.nexts, tables.bo, tables.parent,
-                hw[0], hw[1], hw[2], hw[3], hw[4],
+                hw[0], hw[1], hw[2], hw[3],
                 out_n, out_score, out_path, out_words, out_nwords)
         run_batch(_k.decode_batch, order, cells, _PARALLEL_MIN_CELLS, args)
         res: Dict[int, List[CTCHypothesis]] = {}
@@ -541,16 +551,18 @@ _INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64
 
 
 def check_emissions(shape: Tuple[int, ...], dtype: str, n_tokens: int) -> None:
-    """The decoder's ``emissions`` argument: a ``(B, T, C)`` float array, ``C = len(tokens)``."""
+    """The decoder's ``emissions`` argument: a ``(B, T, C)`` float array with
+    ``C >= len(tokens)`` (classes past the tokens are never emitted, as in torchaudio)."""
     if dtype not in _FLOATS:
         raise TypeError(f"{_FN}: argument 'emissions' must be a float array (float16, bfloat16, "
                         f"float32 or float64), got {dtype}")
     if len(shape) != 3:
         raise ValueError(f"{_FN}: argument 'emissions' must be 3-D (B, T, C), got shape "
                          f"{tuple(shape)}")
-    if shape[2] != n_tokens:
-        raise ValueError(f"{_FN}: argument 'emissions' must have C = len(tokens) = {n_tokens} "
-                         f"classes in its last dimension, got shape {tuple(shape)}")
+    if shape[2] < n_tokens:
+        raise ValueError(f"{_FN}: argument 'emissions' must have at least C = len(tokens) = "
+                         f"{n_tokens} classes in its last dimension (more are allowed: the "
+                         f"classes past the tokens are never emitted), got shape {tuple(shape)}")
 
 
 def check_lengths(lengths: Optional[np.ndarray], dtype: Optional[str], batch: int, frames: int
@@ -577,29 +589,37 @@ def check_lengths(lengths: Optional[np.ndarray], dtype: Optional[str], batch: in
 
 # --------------------------------------------------------------------------- building
 
+def _read_dictionary(path: str, arg: str, what: str) -> Tuple[List[str], Dict[str, int]]:
+    """A flashlight ``Dictionary`` file: one entry per line, several entries on a line
+    sharing an index; (index -> first entry, entry -> index)."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            lines = _lines(f.read())
+    except (FileNotFoundError, IsADirectoryError):
+        raise ValueError(f"{_FN}: argument '{arg}' must be a list of {what}s or a {what}s "
+                         f"file, got {path!r}, which does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{_FN}: argument '{arg}': {path!r} is not UTF-8 text ({e.reason} at "
+                         f"byte {e.start})") from None
+    out: List[str] = []
+    index: Dict[str, int] = {}
+    for lineno, line in enumerate(lines, 1):
+        fields = _fields(line)
+        if not fields:
+            continue
+        for fld in fields:     # several entries on a line share an id (flashlight)
+            if fld in index:
+                raise ValueError(f"{_FN}: {path}:{lineno}: {what} {fld!r} is listed twice")
+            index[fld] = len(out)
+        out.append(fields[0])
+    if not out:
+        raise ValueError(f"{_FN}: {what}s file {path!r} lists no {what}")
+    return out, index
+
+
 def _read_tokens(tokens: Any) -> Tuple[List[str], Dict[str, int]]:
     if isinstance(tokens, (str, os.PathLike)):
-        path = os.fspath(tokens)
-        try:
-            with open(path, "r", encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (FileNotFoundError, IsADirectoryError):
-            raise ValueError(f"{_FN}: argument 'tokens' must be a list of tokens or a tokens "
-                             f"file, got {path!r}, which does not exist") from None
-        out: List[str] = []
-        index: Dict[str, int] = {}
-        for lineno, line in enumerate(lines, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            for fld in fields:     # several tokens on a line share an id (flashlight)
-                if fld in index:
-                    raise ValueError(f"{_FN}: {path}:{lineno}: token {fld!r} is listed twice")
-                index[fld] = len(out)
-            out.append(fields[0])
-        if not out:
-            raise ValueError(f"{_FN}: tokens file {path!r} lists no token")
-        return out, index
+        return _read_dictionary(os.fspath(tokens), "tokens", "token")
     if isinstance(tokens, (bytes, dict)) or not isinstance(tokens, Sequence):
         raise TypeError(f"{_FN}: argument 'tokens' must be a list of str or a tokens file path, "
                         f"got {type(tokens).__name__}")
@@ -702,6 +722,35 @@ def _hotword_units(hotwords: Any, hotword_weight: float, token_index: Dict[str, 
     return out
 
 
+def _lm_units(lm_dict: Any, words: List[str], tokens: List[str], unk_word: str
+              ) -> Optional[Tuple[List[str], np.ndarray]]:
+    """torchaudio's ``lm_dict``: the LM's own word list (a flashlight dictionary file, one
+    word per line, in the LM's index order).  With a lexicon a Python LM sees each word as
+    its index in ``lm_dict``, and every lexicon word and ``unk_word`` must be listed
+    there; without one a Python LM sees token ids and an n-gram LM scores token ``i`` as
+    the word on ``lm_dict``'s line ``i``.  Returns (each unit's word for an n-gram LM,
+    each unit's index for a Python LM), or None without ``lm_dict``."""
+    if lm_dict is None:
+        return None
+    if not isinstance(lm_dict, (str, os.PathLike)):
+        raise TypeError(f"{_FN}: argument 'lm_dict' must be None or a file path (the LM's "
+                        f"words, one per line), got {type(lm_dict).__name__}")
+    path = os.fspath(lm_dict)
+    entries, index = _read_dictionary(path, "lm_dict", "word")
+    if words:
+        ids = []
+        for w in words:
+            if w not in index:
+                what = "unk_word" if len(ids) == len(words) - 1 else "the lexicon word"
+                raise ValueError(f"{_FN}: argument 'lm_dict': {what} {w!r} is not listed in "
+                                 f"{path!r} (it must list every lexicon word and unk_word, "
+                                 "as torchaudio requires)")
+            ids.append(index[w])
+        return [entries[i] for i in ids], np.array(ids, np.int64)
+    names = [entries[i] if i < len(entries) else unk_word for i in range(len(tokens))]
+    return names, np.arange(len(tokens), dtype=np.int64)
+
+
 def _looks_like_arpa(path: str) -> bool:
     try:
         with open(path, "rb") as f:
@@ -719,7 +768,8 @@ def build_decoder(tokens: Any, lexicon: Any = None, lm: Any = None, *, nbest: in
                   beam_threshold: float = 50, lm_weight: float = 2, word_score: float = 0,
                   unk_score: float = float("-inf"), sil_score: float = 0, log_add: bool = False,
                   blank_token: str = "-", sil_token: str = "|", unk_word: str = "<unk>",
-                  hotwords: Any = None, hotword_weight: float = 10.0) -> CTCDecoder:
+                  hotwords: Any = None, hotword_weight: float = 10.0,
+                  lm_dict: Any = None) -> CTCDecoder:
     """Check the arguments of ``ctc_decoder`` and build a framework-free
     [`CTCDecoder`][duoloss.core.decoding.CTCDecoder] (see the frontends' ``ctc_decoder``
     for the arguments).
@@ -771,6 +821,10 @@ def build_decoder(tokens: Any, lexicon: Any = None, lm: Any = None, *, nbest: in
                                      f"the blank token {blank_token!r}")
     # the hotwords first: compiling an LM's tables below takes seconds for a large LM
     hw = _hotword_units(hotwords, hotword_weight, token_index, sil, blank, lex_entries)
+    words: List[str] = []
+    if lex_entries is not None:
+        words = [w for w, _ in lex_entries] + [unk_word]
+    lm_units = _lm_units(lm_dict, words, tok_list, unk_word)
     tables = None
     py_lm = None
     if lm is None:
@@ -785,18 +839,18 @@ def build_decoder(tokens: Any, lexicon: Any = None, lm: Any = None, *, nbest: in
             tables = compile_lm(read_arpa(path))
         else:
             from ._beam_python import kenlm_model
-            py_lm = kenlm_model(path, tok_list if lex_entries is None
-                                else [w for w, _ in lex_entries] + [unk_word])
+            units = words or tok_list
+            if lm_units is not None:     # the Python-LM index of each unit -> its LM word
+                units = dict(zip(lm_units[1].tolist(), lm_units[0]))
+            py_lm = kenlm_model(path, units)
     elif isinstance(lm, CTCDecoderLM) or all(hasattr(lm, a) for a in ("start", "score", "finish")):
         py_lm = lm
     else:
         raise TypeError(f"{_FN}: argument 'lm' must be None, an ARPA file path, an ArpaLM or a "
                         f"CTCDecoderLM, got {type(lm).__name__}")
-    words: List[str] = []
-    if lex_entries is not None:
-        words = [w for w, _ in lex_entries] + [unk_word]
     return CTCDecoder(tokens=tok_list, token_index=token_index, blank=blank, sil=sil, words=words,
                       unk_word=unk_word, nbest=nbest, beam_size=beam_size, beam_size_token=k_tok,
                       beam_threshold=beam_threshold, lm_weight=lm_weight, word_score=word_score,
                       unk_score=unk_score, sil_score=sil_score, log_add=bool(log_add),
-                      lexicon=lex_entries, lm_tables=tables, py_lm=py_lm, hotwords=hw)
+                      lexicon=lex_entries, lm_tables=tables, py_lm=py_lm, hotwords=hw,
+                      lm_units=lm_units)

@@ -1,6 +1,8 @@
 """Lexicon files in flashlight's format (torchaudio's ``ctc_decoder(lexicon=...)``).
 
-One word per line followed by its spelling in tokens, fields separated by spaces or tabs::
+One word per line followed by its spelling in tokens, fields separated by spaces or tabs
+(only those: a word or token may contain any other character, a no-break space included;
+a UTF-8 byte-order mark at the start is skipped)::
 
     hello h e l l o |
     hello h e l o |        # a second spelling of the same word
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import os
 from typing import Dict, List, Mapping, Sequence, Tuple, Union
+
+from ._text import ASCII_SPACE, fields as _fields, lines as _lines
 
 __all__ = ["read_lexicon"]
 
@@ -68,7 +72,7 @@ def read_lexicon(path: Union[str, "os.PathLike[str]"],
     spath = os.fspath(path)
     try:
         with open(spath, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            lines = _lines(f.read())
     except FileNotFoundError:
         raise ValueError(f"read_lexicon: lexicon file {spath!r} does not exist") from None
     except IsADirectoryError:
@@ -78,12 +82,12 @@ def read_lexicon(path: Union[str, "os.PathLike[str]"],
                          f"({e.reason} at byte {e.start})") from None
     entries: Dict[str, List[List[int]]] = {}
     for lineno, line in enumerate(lines, 1):
-        fields = line.split()
+        fields = _fields(line)
         if not fields:
             continue
         if len(fields) < 2:
             raise ValueError(f"read_lexicon: {spath}:{lineno}: a lexicon line must be a word "
-                             f"followed by its spelling in tokens, got {line.strip()!r}")
+                             f"followed by its spelling in tokens, got {line.strip(ASCII_SPACE)!r}")
         spelling = []
         for tok in fields[1:]:
             tid = index.get(tok)
