@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from duoloss.core import _validate as _v
 
-__all__ = ["beam_search", "check_ints", "greedy_search", "multiblank_moves", "resolve_blank"]
+__all__ = ["beam_search", "check_extra", "check_ints", "check_model_args", "greedy_search",
+           "multiblank_moves", "resolve_blank", "resolve_classes"]
 
 NEG_INF = float("-inf")
 
@@ -46,6 +47,59 @@ def check_ints(fn, arg, values, lo, *, distinct=True, positive_one=False):
     if positive_one and not any(d > 0 for d in values):
         raise ValueError(f"{fn}: argument '{arg}' must hold a positive duration, got {list(values)}")
     return [int(d) for d in values]
+
+
+def check_model_args(fn, enc_shape, lengths_shape, lengths, predict, join):
+    """The framework-free checks of a search's arguments: ``encoder_out`` ``(N, T, ...)``,
+    ``encoder_lengths`` ``(N,)`` in ``[0, T]`` (``lengths``: its values on the host, or None
+    when they are not known yet), ``predict`` and ``join`` callable."""
+    if len(enc_shape) < 2:
+        raise ValueError(f"{fn}: argument 'encoder_out' must be (N, T, ...), "
+                         f"got shape {_v.shape_str(enc_shape)}")
+    n, t_max = enc_shape[0], enc_shape[1]
+    if tuple(lengths_shape) != (n,):
+        raise ValueError(f"{fn}: argument 'encoder_lengths' must be shape ({n},), "
+                         f"got shape {_v.shape_str(tuple(lengths_shape))}")
+    if lengths is not None:
+        _v.check_lengths(fn, "encoder_lengths", lengths, t_max, "the number of frames T")
+    for name, f in (("predict", predict), ("join", join)):
+        if not callable(f):
+            raise TypeError(f"{fn}: argument '{name}' must be callable, got {type(f).__name__}")
+
+
+def check_extra(fn, kind, extra):
+    """TDT's ``durations`` or multi-blank's ``big_blank_durations``, checked before the
+    model runs (``[]`` for RNN-T)."""
+    if kind == "tdt":
+        return check_ints(fn, "durations", extra, 0, positive_one=True)
+    if kind == "multiblank":
+        return check_ints(fn, "big_blank_durations", extra, 1, distinct=False)
+    return []
+
+
+def resolve_classes(fn, kind, n_out, blank, extra, start_token):
+    """``(blank, start, extra)`` once the joiner's width ``n_out`` is known (None: no frame):
+    the blank and the start token as indices in ``[0, V)``, and for multi-blank ``extra``
+    turned into each class's move (`multiblank_moves`)."""
+    n_cls = n_out
+    if kind == "tdt" and n_out is not None:
+        if n_out <= len(extra):
+            raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
+                             f"D = {len(extra)} durations, got {n_out}")
+        n_cls = n_out - len(extra)
+    blank, start = resolve_blank(fn, blank, start_token, n_cls)
+    if kind == "multiblank":
+        extra = multiblank_moves(fn, extra, blank, n_cls)
+    return blank, start, list(extra)
+
+
+def known_start(fn, blank, start_token):
+    """The predictor's first token when it is known before the class count ``V`` (a given
+    ``start_token``, or a non-negative ``blank``), else None; types checked."""
+    _v.check_int_type(fn, "blank", blank)
+    if start_token is not None:
+        return _v.check_int_scalar(fn, "start_token", start_token, 0)
+    return int(blank) if blank >= 0 else None
 
 
 def resolve_blank(fn, blank, start_token, n_cls):
@@ -99,15 +153,17 @@ def _decide(o, kind, logits, sym, blank, n_tok, max_sym, durations):
 
 
 def greedy_search(o, kind, encoder_out, lengths, predict, join, blank, max_sym, durations,
-                  start):
+                  start, first=None):
     """Batched greedy decoding.  ``encoder_out`` ``(N, T, ...)``, ``lengths`` ``(N,)``
     (int, in ``[0, T]``), ``blank`` a non-negative class index, ``durations``: TDT's
     durations, or multi-blank's per-class moves; ``start`` the predictor's first token.
+    ``first``: the result of ``predict`` on ``start`` for the ``N`` rows, when the caller
+    has it already.
     Returns ``(tokens (N, T * max_sym), lengths (N,), frames (N, T * max_sym))``."""
     n, t_max = encoder_out.shape[0], encoder_out.shape[1]
     cap = t_max * max_sym
     n_tok = None
-    pred, state = predict(o.full((n,), start, "int"), None)
+    pred, state = first or predict(o.full((n,), start, "int"), None)
     carry = dict(t=o.full((n,), 0, "int"), u=o.full((n,), 0, "int"), sym=o.full((n,), 0, "int"),
                  tokens=o.full((n, cap), -1, "int"), frames=o.full((n, cap), -1, "int"),
                  pred=pred, state=state)
@@ -164,12 +220,13 @@ def _first_true(o, mask):
 
 
 def beam_search(o, kind, encoder_out, lengths, predict, join, blank, beam, max_sym,
-                durations, start, float_like):
+                durations, start, float_like, first=None):
     """Batched frame-synchronous beam search (icefall's modified beam search for RNN-T:
     one move per frame; TDT: the moves above, up to ``max_sym`` rounds per frame).
     Hypotheses with the same tokens on the same frame are merged by log-add.  Returns
     ``(tokens (N, beam, L), lengths (N, beam), scores (N, beam), frames (N, beam, L))``,
-    best first; unused slots have score ``-inf``, length 0 and ``-1`` tokens."""
+    best first; unused slots have score ``-inf``, length 0 and ``-1`` tokens.  ``first``:
+    the result of ``predict`` on ``start`` for the ``N * beam`` rows, when the caller has it."""
     b, t_max = encoder_out.shape[0], encoder_out.shape[1]
     h = beam
     bh = b * h
@@ -185,7 +242,7 @@ def beam_search(o, kind, encoder_out, lengths, predict, join, blank, beam, max_s
     durs = o.const_int(durs_list)                                        # (D,)
     utt = o.arange(bh) // h                                              # row -> utterance
     len_row = lengths[utt]
-    pred, state = predict(o.full((bh,), start, "int"), None)
+    pred, state = first or predict(o.full((bh,), start, "int"), None)
     first = (o.arange(bh) % h) == 0
     carry = dict(score=o.where(first, o.zeros_float((bh,), float_like), NEG_INF),
                  th=o.full((bh,), 0, "int"), ln=o.full((bh,), 0, "int"),

@@ -7,7 +7,9 @@ static) and on any backend.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -152,53 +154,87 @@ class _JaxSearchOps:
 def _check_common(fn, encoder_out, encoder_lengths, predict, join):
     encoder_out = as_array(fn, "encoder_out", encoder_out)
     _v.check_dtype(fn, "encoder_out", encoder_out.dtype, _v.FLOAT_DTYPES, "a floating")
-    if encoder_out.ndim < 2:
-        raise ValueError(f"{fn}: argument 'encoder_out' must be (N, T, ...), "
-                         f"got shape {_v.shape_str(tuple(encoder_out.shape))}")
-    n, t_max = encoder_out.shape[0], encoder_out.shape[1]
     il = as_int_array(fn, "encoder_lengths", encoder_lengths)
     _v.check_dtype(fn, "encoder_lengths", il.dtype, _v.INT_DTYPES, "an integer")
-    if tuple(il.shape) != (n,):
-        raise ValueError(f"{fn}: argument 'encoder_lengths' must be shape ({n},), "
-                         f"got shape {_v.shape_str(tuple(il.shape))}")
-    if is_concrete(il):
-        _v.check_lengths(fn, "encoder_lengths", np.asarray(il), t_max, "the number of frames T")
-    for name, f in (("predict", predict), ("join", join)):
-        if not callable(f):
-            raise TypeError(f"{fn}: argument '{name}' must be callable, got {type(f).__name__}")
-    return encoder_out, jnp.clip(il.astype(index_dtype()), 0, t_max)
+    _search.check_model_args(fn, tuple(encoder_out.shape), tuple(il.shape),
+                             np.asarray(il) if is_concrete(il) else None, predict, join)
+    return encoder_out, jnp.clip(il.astype(index_dtype()), 0, encoder_out.shape[1])
 
 
-def _probe(fn, encoder_out, predict, join):
-    """``(V', dtype)`` of the joiner's logits, by abstract evaluation (no computation)."""
-    if encoder_out.shape[1] == 0 or encoder_out.shape[0] == 0:
-        return None, None
-    frame = jax.ShapeDtypeStruct((1,) + tuple(encoder_out.shape[2:]), encoder_out.dtype)
-    out = jax.eval_shape(lambda f: join(f, predict(jnp.zeros((1,), index_dtype()), None)[0]),
-                         frame)
-    if not hasattr(out, "shape") or len(out.shape) != 2 or out.shape[0] != 1:
+# ------------------------------------------------------------------------- the model, staged
+class _Staged(NamedTuple):
+    """One of the model's calls as a jaxpr whose closed-over arrays are its first inputs."""
+
+    jaxpr: Any        # jax.extend.core.Jaxpr (no constants inside: they are ``consts``)
+    in_tree: Any
+    out_tree: Any
+
+    def bind(self, consts):
+        """The call as a function of its arguments, with ``consts`` for the closed-over arrays."""
+        def call(*args):
+            flat, tree = jax.tree.flatten(args)
+            if tree != self.in_tree:
+                raise TypeError(f"predict/join called with arguments of structure {tree}, "
+                                f"traced with {self.in_tree}")
+            flat = [a if a.dtype == v.aval.dtype else a.astype(v.aval.dtype)  # (int32 top_k picks)
+                    for a, v in zip(flat, self.jaxpr.invars)]
+            return jax.tree.unflatten(self.out_tree, jax.core.eval_jaxpr(self.jaxpr, consts, *flat))
+        return call
+
+
+def _stage(f, *specs):
+    """``(staged, consts, output shapes)`` of ``f(*specs)``, traced once (nothing runs): the
+    arrays ``f`` reads from its enclosing scope come out as ``consts``, current values."""
+    # (a new function each time: jax's trace cache, keyed by the function, would hand back
+    # the constants of an earlier trace)
+    closed, shapes = jax.make_jaxpr(lambda *a: f(*a), return_shape=True)(*specs)
+    staged = _Staged(closed.jaxpr, jax.tree.structure(specs), jax.tree.structure(shapes))
+    return staged, list(closed.consts), shapes
+
+
+class _Model(NamedTuple):
+    """``predict``'s first call (state None), its later calls, and ``join``, staged for
+    ``rows`` rows: the compiled search takes the three constant lists as arguments."""
+
+    first: _Staged
+    step: _Staged
+    join: _Staged
+    key: tuple        # the three jaxprs' text and structures (what the compiled search bakes in)
+
+    def callables(self, consts):
+        first, step, join = (s.bind(c) for s, c in zip(self, consts))
+
+        def predict(tokens, state):
+            return first(tokens) if state is None else step(tokens, state)
+
+        return predict, join
+
+
+def _stage_model(fn, predict, join, encoder_out, rows):
+    """The model staged for ``rows`` rows, its constants, and the joiner's ``(V', dtype)``."""
+    tok = jax.ShapeDtypeStruct((rows,), index_dtype())
+    frame = jax.ShapeDtypeStruct((rows,) + tuple(encoder_out.shape[2:]), encoder_out.dtype)
+    first, c_first, (pred, state) = _stage(lambda t: predict(t, None), tok)
+    step, c_step, _ = (first, c_first, None) if state is None else _stage(predict, tok, state)
+    joint, c_join, out = _stage(join, frame, pred)
+    if not hasattr(out, "shape") or len(out.shape) != 2 or out.shape[0] != rows:
         got = _v.shape_str(tuple(out.shape)) if hasattr(out, "shape") else type(out).__name__
-        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for N = 1")
-    return int(out.shape[1]), out.dtype
+        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for "
+                         f"N = {rows}")
+    key = tuple((str(s.jaxpr), s.in_tree, s.out_tree) for s in (first, step, joint))
+    return _Model(first, step, joint, key), (c_first, c_step, c_join), int(out.shape[1]), out.dtype
 
 
 def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
             max_symbols_per_frame, start_token):
     encoder_out, lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
-    n_out, _ = _probe(fn, encoder_out, predict, join)
-    n_cls = n_out
-    if kind == "tdt":
-        extra = _search.check_ints(fn, "durations", extra, 0, positive_one=True)
-        if n_out is not None and n_out <= len(extra):
-            raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
-                             f"D = {len(extra)} durations, got {n_out}")
-        n_cls = None if n_out is None else n_out - len(extra)
-    blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
-    if kind == "multiblank":
-        extra = _search.multiblank_moves(fn, extra, blank, n_cls)
-    return _compiled(_greedy_run, encoder_out, lengths, kind=kind, predict=predict, join=join,
-                     blank=blank, max_sym=max_sym, extra=tuple(extra or ()), start=start)
+    extra = _search.check_extra(fn, kind, extra)
+    staged = _staged_or_none(fn, predict, join, encoder_out, encoder_out.shape[0])
+    blank, start, extra = _search.resolve_classes(fn, kind, staged and staged[2], blank, extra,
+                                                  start_token)
+    return _run(_greedy_run, staged, encoder_out, lengths, predict, join, kind=kind, blank=blank,
+                max_sym=max_sym, extra=tuple(extra), start=start)
 
 
 def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, durations, beam,
@@ -206,50 +242,71 @@ def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, duration
     encoder_out, lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
     beam = _v.check_int_scalar(fn, "beam", beam, 1)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
-    n_out, dtype = _probe(fn, encoder_out, predict, join)
-    n_cls = n_out
-    if kind == "tdt":
-        durations = _search.check_ints(fn, "durations", durations, 0, positive_one=True)
-        if n_out is not None and n_out <= len(durations):
-            raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
-                             f"D = {len(durations)} durations, got {n_out}")
-        n_cls = None if n_out is None else n_out - len(durations)
-    blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
-    score_dtype = jnp.promote_types(dtype or encoder_out.dtype, jnp.float32)
-    return _compiled(_beam_run, encoder_out, lengths, kind=kind, predict=predict, join=join,
-                     blank=blank, beam=beam, max_sym=max_sym,
-                     durations=tuple(durations or ()), start=start,
-                     score_dtype=np.dtype(score_dtype).name)
+    durations = _search.check_extra(fn, kind, durations)
+    staged = _staged_or_none(fn, predict, join, encoder_out, encoder_out.shape[0] * beam)
+    blank, start, durations = _search.resolve_classes(fn, kind, staged and staged[2], blank,
+                                                      durations, start_token)
+    dtype = staged[3] if staged else encoder_out.dtype
+    score_dtype = np.dtype(jnp.promote_types(dtype, jnp.float32)).name
+    return _run(_beam_run, staged, encoder_out, lengths, predict, join, kind=kind, blank=blank,
+                beam=beam, max_sym=max_sym, durations=tuple(durations), start=start,
+                score_dtype=score_dtype)
 
 
-def _greedy_run(encoder_out, lengths, *, kind, predict, join, blank, max_sym, extra, start):
+def _staged_or_none(fn, predict, join, encoder_out, rows):
+    """`_stage_model`, or None when there is no frame to decode (nothing to learn V from)."""
+    if encoder_out.shape[0] == 0 or encoder_out.shape[1] == 0:
+        return None
+    return _stage_model(fn, predict, join, encoder_out, rows)
+
+
+def _greedy_run(encoder_out, lengths, predict, join, *, kind, blank, max_sym, extra, start):
     return _search.greedy_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
                                  blank, max_sym, list(extra), start)
 
 
-def _beam_run(encoder_out, lengths, *, kind, predict, join, blank, beam, max_sym, durations,
+def _beam_run(encoder_out, lengths, predict, join, *, kind, blank, beam, max_sym, durations,
               start, score_dtype):
     like = jnp.zeros((), score_dtype)
     return _search.beam_search(_JaxSearchOps(), kind, encoder_out, lengths, predict, join,
                                blank, beam, max_sym, list(durations), start, like)
 
 
-_JITTED: dict = {}
+#: Compiled searches kept, most recent first: each holds its model's jaxprs (no arrays: the
+#: model's constants are arguments), so what it keeps alive is bounded by this count.
+_CACHE_SIZE = 16
+_COMPILED: "OrderedDict[tuple, Callable]" = OrderedDict()
+_COMPILED_LOCK = threading.Lock()
 
 
-def _compiled(run, encoder_out, lengths, **static):
-    """``run`` under one ``jax.jit`` whose cache is keyed by the static arguments (the
-    model's callables by identity): a second call with the same ``predict``/``join`` and
-    shapes reuses the compiled search.  Callables that cannot be hashed run unjitted
-    (still ``lax`` loops)."""
-    try:
-        hash(tuple(static.values()))
-    except TypeError:
-        return run(encoder_out, lengths, **static)
-    fn = _JITTED.get(run)
+def _run(run, staged, encoder_out, lengths, predict, join, **static):
+    """``run`` compiled once per model structure and shapes, the model's arrays as arguments.
+
+    The model's callables are staged on every call (`_stage_model`), so the arrays they
+    read from their enclosing scope are this call's, never a copy from an earlier call;
+    the compiled search is shared by every call whose staged model prints the same (the
+    same callables or rebuilt ones) and holds no reference to the callables or their arrays.
+    Without a frame there is nothing to compile: the search runs as it is."""
+    if staged is None:
+        return run(encoder_out, lengths, predict, join, **static)
+    model, consts = staged[0], staged[1]
+    key = (run, tuple(sorted(static.items())), model.key, jax.config.jax_enable_x64,
+           jax.typeof(encoder_out), jax.typeof(lengths))
+    with _COMPILED_LOCK:
+        fn = _COMPILED.get(key)
+        if fn is not None:
+            _COMPILED.move_to_end(key)
     if fn is None:
-        fn = _JITTED[run] = jax.jit(run, static_argnames=tuple(static))
-    return fn(encoder_out, lengths, **static)
+        def compiled(encoder_out, lengths, consts):
+            return run(encoder_out, lengths, *model.callables(consts), **static)
+
+        fn = jax.jit(compiled)
+        with _COMPILED_LOCK:
+            fn = _COMPILED.setdefault(key, fn)
+            _COMPILED.move_to_end(key)
+            while len(_COMPILED) > _CACHE_SIZE:
+                _COMPILED.popitem(last=False)
+    return fn(encoder_out, lengths, consts)
 
 
 _PROTOCOL = """

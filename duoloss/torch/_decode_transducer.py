@@ -165,57 +165,75 @@ def _check_common(fn, encoder_out, encoder_lengths, predict, join):
     check_not_torchscript(fn)
     check_tensor(fn, "encoder_out", encoder_out)
     _v.check_dtype(fn, "encoder_out", encoder_out.dtype, _v.FLOAT_DTYPES, "a floating")
-    if encoder_out.dim() < 2:
-        raise ValueError(f"{fn}: argument 'encoder_out' must be (N, T, ...), "
-                         f"got shape {_v.shape_str(tuple(encoder_out.shape))}")
-    n, t_max = encoder_out.shape[0], encoder_out.shape[1]
     host = int_array(fn, "encoder_lengths", encoder_lengths)
     _v.check_dtype(fn, "encoder_lengths", host.dtype, _v.INT_DTYPES, "an integer")
-    if host.shape != (n,):
-        raise ValueError(f"{fn}: argument 'encoder_lengths' must be shape ({n},), "
-                         f"got shape {_v.shape_str(host.shape)}")
-    _v.check_lengths(fn, "encoder_lengths", host, t_max, "the number of frames T")
-    for name, f in (("predict", predict), ("join", join)):
-        if not callable(f):
-            raise TypeError(f"{fn}: argument '{name}' must be callable, got {type(f).__name__}")
+    _search.check_model_args(fn, tuple(encoder_out.shape), host.shape, host, predict, join)
     return torch.as_tensor(host.astype("int64"), device=encoder_out.device)
 
 
-def _probe(fn, encoder_out, predict, join):
-    """``(V', dtype)``: the logits' last size and dtype, from one predictor and joiner call
-    on the first frame (``(None, None)`` when there is no frame)."""
-    n = encoder_out.shape[0]
-    if encoder_out.shape[1] == 0 or n == 0:
-        return None, None
-    tok = torch.zeros(min(n, 1), dtype=torch.int64, device=encoder_out.device)
-    out, _ = predict(tok, None)
-    logits = join(encoder_out[:1, 0], out)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != 1:
-        got = _v.shape_str(tuple(logits.shape)) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for N = 1")
+def _width(fn, logits, rows):
+    """``(V', dtype)`` of the joiner's logits for ``rows`` rows, checked."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
+        got = (_v.shape_str(tuple(logits.shape)) if isinstance(logits, torch.Tensor)
+               else type(logits).__name__)
+        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for "
+                         f"N = {rows}")
     return int(logits.shape[1]), logits.dtype
+
+
+def _first_call(fn, kind, encoder_out, rows, predict, join, blank, extra, start_token):
+    """The model's first calls, as documented: ``predict(start_token for every row, None)``,
+    then ``join`` on one row of the first frame for the class count ``V``.
+
+    Returns ``(blank, start, extra, dtype, first)``: `_search.resolve_classes`'s values,
+    the logits' dtype and ``first = (predictor_out, state)`` for the search to start from
+    (None without a frame).  When the start token depends on ``V`` (a negative ``blank``
+    and no ``start_token``), one row of token 0 learns ``V`` first; so does a first call
+    that fails, to tell a bad ``blank``/``start_token`` from an error of the model."""
+    n = encoder_out.shape[0]
+    if n == 0 or encoder_out.shape[1] == 0:
+        return _search.resolve_classes(fn, kind, None, blank, extra, start_token) + (None, None)
+    start = _search.known_start(fn, blank, start_token)
+    first = None
+    if start is not None:
+        try:
+            first = predict(torch.full((rows,), start, dtype=torch.int64,
+                                       device=encoder_out.device), None)
+        except Exception:
+            _search.resolve_classes(fn, kind, _width_from_zero(fn, encoder_out, predict, join)[0],
+                                    blank, extra, start_token)
+            raise  # (blank and start_token are valid: the model's own error)
+        n_out, dtype = _width(fn, join(encoder_out[:1, 0], _take_tree(first[0], slice(0, 1))), 1)
+    else:
+        n_out, dtype = _width_from_zero(fn, encoder_out, predict, join)
+    blank, start, extra = _search.resolve_classes(fn, kind, n_out, blank, extra, start_token)
+    if first is None:
+        first = predict(torch.full((rows,), start, dtype=torch.int64, device=encoder_out.device),
+                        None)
+    return blank, start, extra, dtype, first
+
+
+def _width_from_zero(fn, encoder_out, predict, join):
+    """`_width` of the logits for one row from the predictor's output on token 0."""
+    out, _ = predict(torch.zeros(1, dtype=torch.int64, device=encoder_out.device), None)
+    return _width(fn, join(encoder_out[:1, 0], out), 1)
+
+
+def _take_tree(tree, rows):
+    return _tree_map(lambda a: a[rows], tree)
 
 
 def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,
             max_symbols_per_frame, start_token):
     lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
+    extra = _search.check_extra(fn, kind, extra)
     with torch.no_grad():
-        n_out, _ = _probe(fn, encoder_out, predict, join)
-        if kind == "tdt":
-            extra = _search.check_ints(fn, "durations", extra, 0, positive_one=True)
-            if n_out is not None and n_out <= len(extra):
-                raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
-                                 f"D = {len(extra)} durations, got {n_out}")
-            n_cls = None if n_out is None else n_out - len(extra)
-        else:
-            n_cls = n_out
-        blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
-        if kind == "multiblank":
-            extra = _search.multiblank_moves(fn, extra, blank, n_cls)
+        blank, start, extra, _, first = _first_call(fn, kind, encoder_out, encoder_out.shape[0],
+                                                    predict, join, blank, extra, start_token)
         o = _TorchSearchOps(encoder_out.device)
         return _search.greedy_search(o, kind, encoder_out, lengths, predict, join, blank,
-                                     max_sym, extra, start)
+                                     max_sym, extra, start, first)
 
 
 _PROTOCOL = """
@@ -381,21 +399,16 @@ def _beam(fn, kind, encoder_out, encoder_lengths, predict, join, blank, duration
     lengths = _check_common(fn, encoder_out, encoder_lengths, predict, join)
     beam = _v.check_int_scalar(fn, "beam", beam, 1)
     max_sym = _v.check_int_scalar(fn, "max_symbols_per_frame", max_symbols_per_frame, 1)
+    durations = _search.check_extra(fn, kind, durations)
     with torch.no_grad():
-        n_out, dtype = _probe(fn, encoder_out, predict, join)
-        n_cls = n_out
-        if kind == "tdt":
-            durations = _search.check_ints(fn, "durations", durations, 0, positive_one=True)
-            if n_out is not None and n_out <= len(durations):
-                raise ValueError(f"{fn}: 'join' must return V + D logits with V > 0 for "
-                                 f"D = {len(durations)} durations, got {n_out}")
-            n_cls = None if n_out is None else n_out - len(durations)
-        blank, start = _search.resolve_blank(fn, blank, start_token, n_cls)
+        blank, start, durations, dtype, first = _first_call(
+            fn, kind, encoder_out, encoder_out.shape[0] * beam, predict, join, blank, durations,
+            start_token)
         o = _TorchSearchOps(encoder_out.device)
         like = torch.zeros((), dtype=torch.promote_types(dtype or encoder_out.dtype, torch.float32),
                            device=encoder_out.device)
         return _search.beam_search(o, kind, encoder_out, lengths, predict, join, blank, beam,
-                                   max_sym, durations, start, like)
+                                   max_sym, durations, start, like, first)
 
 
 _BEAM_DOC = """
