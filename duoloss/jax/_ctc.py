@@ -14,7 +14,7 @@ from duoloss._xp import JaxOps
 from duoloss._xp import ctc as _xp_ctc
 
 from ._adapter import apply_kernel
-from ._xla import check_impl, use_device
+from ._pallas import backend_for, check_impl, is_pallas
 from ._xla.ctc import ctc_losses as _device_ctc_losses
 from ._args import (as_array, as_int_array, check_bool, is_concrete, is_half, padded_targets,
                     per_sequence)
@@ -72,7 +72,13 @@ def _ctc_losses(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     check_impl(fn, impl)
     log_probs, targets, input_lengths, target_lengths, batched = _prepare_ctc(
         fn, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
-    if use_device(fn, impl, log_probs):
+    backend = backend_for(fn, impl, log_probs, dtype=log_probs.dtype)
+    if is_pallas(backend):
+        from ._pallas.ctc import ctc_losses as _pallas_ctc_losses
+        losses = _pallas_ctc_losses(log_probs, targets, input_lengths, target_lengths,
+                                    int(blank), bool(zero_infinity), backend)
+        return _reduce_losses(losses, reduction, target_lengths), target_lengths, batched
+    if backend == "xla":
         losses = _device_ctc_losses(log_probs, targets, input_lengths, target_lengths,
                                     int(blank), bool(zero_infinity))
         return _reduce_losses(losses, reduction, target_lengths), target_lengths, batched
