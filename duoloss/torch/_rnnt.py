@@ -299,7 +299,7 @@ def _boundary(logits, targets, il, tl, blank):
 
 
 def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=0.0,
-             delay_penalty=0.0, device=False):
+             delay_penalty=0.0):
     """``(px (N, U, T + 1), py (N, U + 1, T), boundary (N, 4))`` in the core's layout."""
     n, t_max, u1, n_cls = logits.shape
     u_max = u1 - 1
@@ -307,7 +307,7 @@ def _lattice(logits, targets, il, tl, blank, fused_log_softmax, fastemit_lambda=
         logits = logits.float()
     tg, boundary = _boundary(logits, targets, il, tl, blank)
     idx = tg.clamp(0, n_cls - 1)
-    if fused_log_softmax and _joiner.supported(logits) and not device:
+    if fused_log_softmax and _joiner.supported(logits):
         px, py, _ = _LatticeLogProbs.apply(logits, tg, il, tl, blank)
         if fastemit_lambda > 0:
             px = _ScaleGrad.apply(px, 1.0 + float(fastemit_lambda))
@@ -437,16 +437,21 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
     blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
     n = logits.shape[0]
     x = logits
+    bound = -1.0
     if clamp > 0:
         bound = float(clamp) / max(n, 1) if reduction == "mean" else float(clamp)
+    if device:
+        # the fused kernels: the logits read as they are, the clamp in the gradient's pass
+        return rnnt_device_tail(x, targets, il, tl, blank, reduction, bound,
+                                bool(fused_log_softmax), float(fastemit_lambda),
+                                float(delay_penalty))
+    if clamp > 0:
         x = _ClampGrad.apply(x, bound)
     if not device and _fusable(x, reduction, fused_log_softmax, fastemit_lambda, delay_penalty):
         tg, boundary = _boundary(x, targets, il, tl, blank)
         return _FusedRNNT.apply(x, tg, il, tl, boundary, blank, reduction == "mean")
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
-                                float(fastemit_lambda), float(delay_penalty), device)
-    if device:
-        return rnnt_device_tail(px, py, boundary, reduction, float(fastemit_lambda))
+                                float(fastemit_lambda), float(delay_penalty))
     # reduced in the core (float64 weights, a correctly rounded sum), as in JAX
     losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary),
                           weights=_weights(reduction, n), rnnt_type="regular")

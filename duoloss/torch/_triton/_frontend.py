@@ -73,11 +73,16 @@ def reduce_batch(losses: torch.Tensor, reduction) -> torch.Tensor:
     return total.to(losses.dtype)
 
 
-def rnnt_device_tail(px, py, boundary, reduction, fastemit_lambda: float) -> torch.Tensor:
-    """`duoloss.torch.rnnt_loss` after its lattice: the recursion on the
-    device, NeMo's FastEmit report, the batch reduction."""
-    losses = _ops.transducer(px, py, boundary, False)
-    if fastemit_lambda > 0:
-        # NeMo reports (1 + lambda) * NLL; its gradient is the FastEmit one of px
-        losses = losses + fastemit_lambda * losses.detach()
-    return reduce_batch(losses, reduction)
+def rnnt_device_tail(logits, targets, il, tl, blank: int, reduction: str, bound: float,
+                     fused_log_softmax: bool, fastemit_lambda: float,
+                     delay_penalty: float) -> torch.Tensor:
+    """`duoloss.torch.rnnt_loss` after its validation: the fused device kernels of
+    `duoloss.torch._triton._rnnt_ops` on the logits as they are (no ``log_softmax``
+    copy, no lattice gathered in torch operations); ``bound > 0`` clamps the
+    gradient w.r.t. the logits (already divided by ``N`` for ``'mean'``)."""
+    from . import _rnnt_ops
+    if targets.device != logits.device:
+        targets = _ops.int_to(targets, logits.device)
+    return _rnnt_ops.rnnt(logits, targets, il, tl, blank=blank, reduction=reduction,
+                          fused=fused_log_softmax, lam=fastemit_lambda, delay=delay_penalty,
+                          bound=bound)
