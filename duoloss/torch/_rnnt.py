@@ -253,8 +253,20 @@ class _LogProbGather(torch.autograd.Function):
         return out, None, None
 
 
-def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
-    """All checks before any computation; returns (blank, il, tl) as int64 tensors.
+def _on_device(x, checked: np.ndarray, dev) -> torch.Tensor:
+    """Checked lengths as a tensor on ``dev``: the caller's own 1-D integer tensor
+    when it already lives there (the device kernels read any integer dtype: no copy,
+    no host round trip), else the checked host values copied over (`int_to`)."""
+    if (isinstance(x, torch.Tensor) and x.device == dev and x.dim() == 1
+            and not x.is_floating_point() and x.dtype != torch.bool):
+        return x
+    return int_to(checked.astype(np.int64, copy=False), dev).reshape(-1)
+
+
+def _validate(fn, logits, targets, logit_lengths, target_lengths, blank, device=False):
+    """All checks before any computation; returns (blank, il, tl) as int64 tensors
+    (with ``device``: integer tensors on the logits' device, the caller's own when
+    they are already there).
 
     Values are read and checked whenever they are concrete (eager, torch.func
     without vmap over the ints); while torch.compile traces only shapes/dtypes.
@@ -268,6 +280,8 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank):
         il = int_array(fn, "logit_lengths", logit_lengths)
         tl = int_array(fn, "target_lengths", target_lengths)
         blank = check_rnnt_args(fn, logits, to_numpy(targets), il, tl, blank)
+        if device:
+            return blank, _on_device(logit_lengths, il, dev), _on_device(target_lengths, tl, dev)
         il = int_to(il.astype(np.int64, copy=False), dev).reshape(-1)
         tl = int_to(tl.astype(np.int64, copy=False), dev).reshape(-1)
         return blank, il, tl
@@ -434,7 +448,8 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
     fn = "rnnt_loss"
     check_rnnt_options(fn, reduction, clamp, fused_log_softmax, fastemit_lambda, delay_penalty)
     device = resolve_impl(fn, impl, logits)
-    blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank)
+    blank, il, tl = _validate(fn, logits, targets, logit_lengths, target_lengths, blank,
+                              device)
     n = logits.shape[0]
     x = logits
     bound = -1.0
