@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import core as jax_core
 from jax.experimental import pallas as pl
 
 from .._adapter import _gradient
@@ -247,16 +248,29 @@ def _beta_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, ok
     lax.fori_loop(length, t_max, rest, 0)
 
 
-def _alpha_call(lp, ext, skip, il, tl, *, form, interpret):
+def _out(shape, dtype, axes):
+    """An output's ``ShapeDtypeStruct``, varying over the ``shard_map`` axes ``axes``
+    (inside ``shard_map`` with ``check_vma=True`` a ``pallas_call`` must say so)."""
+    if not axes:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    mat = getattr(jax_core, "ManualAxisType", None)
+    if mat is not None:
+        try:
+            return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat(varying=axes))
+        except TypeError:  # pragma: no cover - another JAX spelling
+            pass
+    return jax.ShapeDtypeStruct(shape, dtype, vma=frozenset(axes))  # pragma: no cover
+
+
+def _alpha_call(lp, ext, skip, il, tl, *, form, interpret, axes=frozenset()):
     t_max, n, _ = lp.shape
     w = ext.shape[1]
     if form == "tpu":
-        return _alpha_call_tpu(lp, ext, skip, il, tl, interpret=interpret)
+        return _alpha_call_tpu(lp, ext, skip, il, tl, interpret=interpret, axes=axes)
     kernel = functools.partial(_alpha_kernel_gpu, w=w, interpret=interpret)
     a, z = pl.pallas_call(
         kernel, grid=(n,),
-        out_shape=(jax.ShapeDtypeStruct((t_max, n, w + 2), lp.dtype),
-                   jax.ShapeDtypeStruct((n,), lp.dtype)),
+        out_shape=(_out((t_max, n, w + 2), lp.dtype, axes), _out((n,), lp.dtype, axes)),
         name="duoloss_ctc_alpha",
         **pallas_call_options("pallas-interpret" if interpret else "pallas-gpu",
                               num_warps=NUM_WARPS))(lp, ext, _pad_skip(skip), il, tl)
@@ -268,16 +282,15 @@ def _pad_skip(skip):
     return jnp.concatenate([skip, jnp.zeros((skip.shape[0], 2), skip.dtype)], axis=1)
 
 
-def _beta_call(lp, ext, skip, il, tl, a, z, ok, *, form, interpret):
+def _beta_call(lp, ext, skip, il, tl, a, z, ok, *, form, interpret, axes=frozenset()):
     t_max, n, _ = lp.shape
     w = ext.shape[1]
     if form == "tpu":
-        return _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, interpret=interpret)
+        return _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, interpret=interpret, axes=axes)
     kernel = functools.partial(_beta_kernel_gpu, w=w, t_max=t_max, interpret=interpret)
     g, _ = pl.pallas_call(
         kernel, grid=(n,),
-        out_shape=(jax.ShapeDtypeStruct((t_max, n, w), lp.dtype),
-                   jax.ShapeDtypeStruct((n, 2, w + 2), lp.dtype)),
+        out_shape=(_out((t_max, n, w), lp.dtype, axes), _out((n, 2, w + 2), lp.dtype, axes)),
         name="duoloss_ctc_beta",
         **pallas_call_options("pallas-interpret" if interpret else "pallas-gpu",
                               num_warps=NUM_WARPS))(lp, ext, _pad_skip(skip), il, tl, a, z, ok)
@@ -293,14 +306,18 @@ def _ctc_core(lp, ext, skip, il, tl, ok, zero_infinity, form, interpret):
 
 
 def _ctc_fwd(lp, ext, skip, il, tl, ok, zero_infinity, form, interpret):
-    a, z = _alpha(lp, ext, skip, il, tl, form, interpret)
+    # (stop_gradient: see _ctc_bwd)
+    a, z = _alpha(lax.stop_gradient(lp), ext, skip, il, tl, form, interpret)
     loss = _finish(z, ok != 0, zero_infinity)
     return loss, (lp, ext, skip, il, tl, ok, a, z)
 
 
 def _ctc_bwd(zero_infinity, form, interpret, res, g):
     lp, ext, skip, il, tl, ok, a, z = res
-    gs = _beta(lp, ext, skip, il, tl, a, z, ok, form, interpret)       # (T, N, W)
+    # the kernels are not differentiated: a second derivative reaches _gradient's
+    # rule (NotImplementedError, as on the host path) instead of pallas_call's JVP
+    sg = lax.stop_gradient
+    gs = _beta(sg(lp), ext, skip, il, tl, sg(a), sg(z), ok, form, interpret)   # (T, N, W)
     grad = _scatter_states(gs, ext, lp.shape[2])
     return (_gradient(_NAME, 1, grad, lp, g.astype(lp.dtype)),
             None, None, None, None, None)
@@ -357,7 +374,7 @@ def _alpha(lp, ext, skip, il, tl, form, interpret):
     @jax.custom_batching.custom_vmap
     def call(lp, ext, skip, il, tl):
         axes = varying_axes(lp, ext, skip, il, tl)
-        a, z = _alpha_call(lp, ext, skip, il, tl, form=form, interpret=interpret)
+        a, z = _alpha_call(lp, ext, skip, il, tl, form=form, interpret=interpret, axes=axes)
         return mark_varying(a, axes), mark_varying(z, axes)
 
     @call.def_vmap
@@ -373,7 +390,8 @@ def _beta(lp, ext, skip, il, tl, a, z, ok, form, interpret):
     @jax.custom_batching.custom_vmap
     def call(lp, ext, skip, il, tl, a, z, ok):
         axes = varying_axes(lp, ext, skip, il, tl, a, z, ok)
-        g = _beta_call(lp, ext, skip, il, tl, a, z, ok, form=form, interpret=interpret)
+        g = _beta_call(lp, ext, skip, il, tl, a, z, ok, form=form, interpret=interpret,
+                       axes=axes)
         return mark_varying(g, axes)
 
     @call.def_vmap
@@ -513,7 +531,7 @@ def _tpu_params():
     return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
 
 
-def _alpha_call_tpu(lp, ext, skip, il, tl, *, interpret):
+def _alpha_call_tpu(lp, ext, skip, il, tl, *, interpret, axes=frozenset()):
     from jax.experimental.pallas import tpu as pltpu
     t_max, n, _ = lp.shape
     w = ext.shape[1]
@@ -527,14 +545,13 @@ def _alpha_call_tpu(lp, ext, skip, il, tl, *, interpret):
     opts = {"interpret": True} if interpret else {"compiler_params": _tpu_params()}
     a, z = pl.pallas_call(
         kernel, grid=grid, in_specs=[frame, row, lane, lane], out_specs=[frame, lane],
-        out_shape=(jax.ShapeDtypeStruct((tp, n_p, w), jnp.float32),
-                   jax.ShapeDtypeStruct((n_p, 128), jnp.float32)),
+        out_shape=(_out((tp, n_p, w), jnp.float32, axes), _out((n_p, 128), jnp.float32, axes)),
         scratch_shapes=[pltpu.VMEM((_SUB, w), jnp.float32)],
         name="duoloss_ctc_alpha_tpu", **opts)(lpx, skip_p, il_l, tl_l)
     return a[:t_max, :n], z[:n, 0]
 
 
-def _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, *, interpret):
+def _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, *, interpret, axes=frozenset()):
     from jax.experimental.pallas import tpu as pltpu
     t_max, n, _ = lp.shape
     w = ext.shape[1]
@@ -551,7 +568,7 @@ def _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, *, interpret):
     g = pl.pallas_call(
         kernel, grid=grid, in_specs=[frame, row, lane, lane, lane, lane, frame],
         out_specs=frame,
-        out_shape=jax.ShapeDtypeStruct((tp, n_p, w), jnp.float32),
+        out_shape=_out((tp, n_p, w), jnp.float32, axes),
         scratch_shapes=[pltpu.VMEM((_SUB, w), jnp.float32)],
         name="duoloss_ctc_beta_tpu", **opts)(lpx, skip_p, il_l, tl_l, z_l, ok_l, a)
     return g[:t_max, :n]
