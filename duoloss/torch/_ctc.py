@@ -16,7 +16,7 @@ from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, 
                        reduction_weights, to_numpy, torchscript_error)
 from ._args import check_bool, check_tensor, int_lengths, padded_targets_traced
 from ._private import transforms_active
-from ._triton import check_impl, ctc_device, resolve_impl
+from ._triton import check_impl, ctc_device, int_to, resolve_impl
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -162,7 +162,10 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
         tg = tg.reshape(1, -1)
     padded = check_ctc_values(fn, tg, il, tl, lp.shape[0], lp.shape[2], blank, concatenated)
     if device:
-        out = ctc_device(lp, padded, il, tl, int(blank), reduction, bool(zero_infinity))
+        tg_d, il_d, tl_d, s_cap, concat = _device_ints(
+            lp, targets, input_lengths, target_lengths, padded, il, tl, batched, concatenated)
+        out = ctc_device(lp, tg_d, il_d, tl_d, int(blank), reduction, bool(zero_infinity),
+                         s_cap, concat)
         return out[0] if (not batched and reduction == "none") else out
     weights = reduction_weights(reduction, tl)
     lp, padded, blank = _gathered(lp, padded, tl, int(blank))
@@ -171,6 +174,31 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
         (lp, padded, il, tl),
         weights=weights, blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
+
+
+def _on_device(x, device) -> bool:
+    return isinstance(x, torch.Tensor) and x.device == device
+
+
+def _device_ints(lp, targets, input_lengths, target_lengths, padded, il, tl, batched,
+                 concatenated):
+    """``(targets, input_lengths, target_lengths)`` for the device kernel, all
+    validated, then ``s_cap`` and ``concat`` (see `ctc_device`): the caller's own
+    tensors when all three already lie on ``lp``'s device (read by the kernel as
+    they are: no conversion, no copy), else the host arrays in one upload."""
+    dev = lp.device
+    if (_on_device(targets, dev) and _on_device(input_lengths, dev)
+            and _on_device(target_lengths, dev) and not transforms_active()):
+        il_d = input_lengths if input_lengths.dim() == 1 else input_lengths.reshape(-1)
+        tl_d = target_lengths if target_lengths.dim() == 1 else target_lengths.reshape(-1)
+        if batched and not concatenated:
+            return targets, il_d, tl_d, targets.shape[1], False
+        # concatenated, or one unbatched (S,) row: each start summed in the kernel
+        s_cap = targets.shape[0] if not batched else max(map(int, tl), default=0)
+        return targets, il_d, tl_d, s_cap, True
+    n, s = padded.shape
+    packed = int_to(np.concatenate([il, tl, padded.reshape(-1)]), dev)
+    return packed[2 * n:].view(n, s), packed[:n], packed[n:2 * n], s, False
 
 
 def _int64(a: np.ndarray) -> np.ndarray:

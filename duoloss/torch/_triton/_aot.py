@@ -47,12 +47,13 @@ def record(fn: Callable[[], object]) -> List[tuple]:
 # ------------------------------------------------------------- the launchers
 def ctc_launches(n: int, t: int, c: int, s: int, dtype: torch.dtype, want_grad: bool,
                  zero_infinity: bool = False) -> List[tuple]:
-    """Launches of the CTC operator for ``(N, T, C, S)`` (the gathered lattice
-    ``(T, N, S + 1)``; ``c`` only documents the size: the kernel sees ``S + 1``)."""
-    lp = torch.empty((t, n, s + 1), dtype=dtype, device=_META)
+    """Launches of the CTC operator for ``log_probs`` ``(T, N, C)`` and padded
+    targets ``(N, S)`` (reduction ``'mean'``)."""
+    lp = torch.empty((t, n, c), dtype=dtype, device=_META)
     tg = torch.empty((n, s), dtype=torch.int64, device=_META)
     il = torch.empty((n,), dtype=torch.int64, device=_META)
-    return record(lambda: _ops._ctc_impl(lp, tg, il, il, zero_infinity, want_grad))
+    return record(lambda: _ops._ctc_impl(lp, tg, il, il, 0, zero_infinity, 2, True, n, s,
+                                         False, False, want_grad))
 
 
 def transducer_launches(n: int, t: int, u: int, dtype: torch.dtype, want_grad: bool,

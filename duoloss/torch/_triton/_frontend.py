@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from duoloss._xp import ctc as _xp_ctc
-from duoloss._xp import TorchOps
-
-from .._weights import reduction_weights
 from . import _ops
 
 __all__ = ["ctc_device", "reduce_batch", "reduce_weighted", "rnnt_device_tail"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_XP = TorchOps()  # duoloss._xp's array vocabulary for torch
 
 
 def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
@@ -31,35 +26,25 @@ def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
 
 
 def ctc_device(lp: torch.Tensor, targets, input_lengths, target_lengths, blank: int,
-               reduction: str, zero_infinity: bool) -> torch.Tensor:
-    """CTC on the device: ``lp`` ``(T, N, C)``, ``targets`` ``(N, S)`` padded
-    (numpy array or tensor), lengths ``(N,)`` (numpy or tensors), all already
-    validated (or, while traced, shape-checked only: an invalid label or length
-    then gives that sequence a NaN loss, as on the host path).
+               reduction: str, zero_infinity: bool, s_cap=None,
+               concat: bool = False) -> torch.Tensor:
+    """CTC on the device, reduced: ``lp`` ``(T, N, C)`` as given (float64, float32,
+    bfloat16 or float16: halves are read as they are and accumulated in float32,
+    the loss returned in their dtype, or float32 under autocast as the host path);
+    ``targets`` padded ``(N, S)`` (or, with ``concat``, 1-D concatenated, ``s_cap``
+    bounding the target lengths), lengths ``(N,)``: integer tensors on ``lp``'s
+    device, read by the kernel in their own dtype, all already validated (or,
+    while traced, shape-checked only: an invalid label or length then gives that
+    sequence a NaN loss, as on the host path).
 
-    The blank and each sequence's labels are gathered to ``(T, N, S + 1)`` on the
-    device; autograd scatters the kernel's gradient back (zero on every class
-    the target does not use and on frames past ``T_b``).
+    One kernel launch computes the losses, the reduction's weights and the
+    weighted gradient ``(T, N, C)`` (`duoloss.torch._triton._ctc_kernels`); the
+    backward scales it by the cotangent.
     """
-    dev = lp.device
-    out_dtype = None
-    if lp.dtype in _HALF:  # as the host path: computed in float32, loss in the input's dtype
-        out_dtype = torch.float32 if torch.is_autocast_enabled(dev.type) else lp.dtype
-        lp = lp.float()
-    tg = _ops.int_to(targets, dev)
-    il = _ops.int_to(input_lengths, dev).reshape(-1)
-    tl = _ops.int_to(target_lengths, dev).reshape(-1)
-    # the host path's gather plan (duoloss._xp.ctc): column 0 the blank, column
-    # 1 + i label i; column_targets name each label by the column of its first
-    # occurrence (equal labels, equal columns: the kernel's skip rule compares
-    # them), -1 for an invalid label (that sequence's loss is NaN)
-    columns, column_targets = _xp_ctc.gather_plan(_XP, tg, tl, lp.shape[2], blank)
-    bad = (column_targets < 0).any(dim=1)
-    gathered = _xp_ctc.gathered(_XP, lp, columns)
-    losses = _ops.ctc(gathered, column_targets, torch.where(bad, -1, il), tl,
-                      bool(zero_infinity))
-    out = reduce_weighted(losses, reduction_weights(reduction, tl))
-    return out if out_dtype is None else out.to(out_dtype)
+    out_f32 = lp.dtype in _HALF and torch.is_autocast_enabled(lp.device.type)
+    return _ops.ctc(lp, targets, input_lengths, target_lengths, bool(zero_infinity),
+                    blank=int(blank), reduction=reduction, s_cap=s_cap, concat=concat,
+                    out_f32=out_f32)
 
 
 def reduce_batch(losses: torch.Tensor, reduction) -> torch.Tensor:

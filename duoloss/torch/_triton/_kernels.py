@@ -1,4 +1,4 @@
-"""Triton kernels of the torch device path: CTC and the transducer recursion.
+"""Triton kernels of the torch device path: the transducer recursion (CTC: `_ctc_kernels`).
 
 Both are forward-backward recursions in log space, one program per sequence,
 a loop over the levels of the lattice (frames for CTC, anti-diagonals or frames
@@ -21,6 +21,9 @@ import triton.language as tl
 
 #: Whether the kernels were defined under the Triton interpreter (CPU tensors).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# the CTC kernel lives in a module of its own; looked up here by the launchers
+from ._ctc_kernels import ctc_kernel  # noqa: E402,F401
 
 
 @triton.jit
@@ -54,104 +57,6 @@ def _lse3(a, b, c):
     m = tl.maximum(tl.maximum(a, b), c)
     ms = tl.where(m == float("-inf"), 0.0, m)
     return ms + tl.log(tl.exp(a - ms) + tl.exp(b - ms) + tl.exp(c - ms))
-
-
-@triton.jit
-def _ctc_skip(tg_b, k, n_states):
-    """Whether state ``k`` (odd: label ``(k - 1) // 2``) may be entered from ``k - 2``:
-    a label state whose label differs from the previous label (``tg_b``: the
-    sequence's targets)."""
-    odd = (k % 2) == 1
-    i = (k - 1) // 2
-    m = odd & (k >= 3) & (k < n_states)
-    cur = tl.load(tg_b + i, mask=m, other=0)
-    prev = tl.load(tg_b + i - 1, mask=m, other=0)
-    return m & (cur != prev)
-
-
-@triton.jit(do_not_specialize=["stride_lt", "stride_ln", "stride_tb", "stride_gt",
-                                "stride_gn", "T_MAX", "zero_inf"])
-def ctc_kernel(lp_ptr, stride_lt, stride_ln,
-               tg_ptr, stride_tb, il_ptr, tl_ptr,
-               alpha_ptr, beta_ptr, loss_ptr,
-               grad_ptr, stride_gt, stride_gn,
-               T_MAX, zero_inf, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    """CTC over the gathered ``(T, N, S + 1)`` lattice (column 0 the blank, column
-    ``1 + i`` label ``i``; classes contiguous) for sequence ``b = program_id(0)``.
-
-    ``alpha``/``beta`` scratch ``(N, T, BLOCK)``; ``loss`` ``(N,)``; ``grad``
-    (zeros on entry, classes contiguous) receives ``d loss_b / d lp[t, b, column]``
-    for ``t < T_b``.  Lengths must already be in range (the wrapper clamps invalid
-    rows); ``zero_inf`` nonzero: an infinite loss is reported as 0.  Every
-    per-sequence and per-frame base is 64-bit (no tensor is limited to 2**31
-    elements); lengths and strides are not specialised (a new ``T`` or ``S`` of
-    the same ``BLOCK`` reuses the compiled kernel).
-    """
-    b = tl.program_id(0).to(tl.int64)
-    t_b = tl.load(il_ptr + b)
-    s_b = tl.load(tl_ptr + b)
-    n_states = 2 * s_b + 1
-    k = tl.arange(0, BLOCK)
-    live = k < n_states
-    col = tl.where((k % 2) == 1, (k + 1) // 2, 0)
-    tg_b = tg_ptr + b * stride_tb
-    skip = _ctc_skip(tg_b, k, n_states)
-    neg = tl.full((BLOCK,), float("-inf"), lp_ptr.dtype.element_ty)
-    lp_b = lp_ptr + b * stride_ln
-    a_seq = alpha_ptr + b * T_MAX * BLOCK
-    b_seq = beta_ptr + b * T_MAX * BLOCK
-    # forward: alpha[t, k] includes the emission of frame t
-    if t_b > 0:
-        e = tl.load(lp_b + col, mask=live, other=float("-inf"))
-        alpha = tl.where(k < 2, e, neg)
-        tl.store(a_seq + k, alpha)
-    for t in range(1, t_b):
-        tl.debug_barrier()
-        prev = a_seq + (t - 1) * BLOCK + k
-        a0 = tl.load(prev)
-        a1 = tl.load(prev - 1, mask=k >= 1, other=float("-inf"))
-        a2 = tl.load(prev - 2, mask=skip, other=float("-inf"))
-        e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf"))
-        alpha = tl.where(live, e + _lse3(a0, a1, a2), neg)
-        tl.store(a_seq + t * BLOCK + k, alpha)
-    tl.debug_barrier()
-    # log Z from the last frame's two final states
-    fin = live & (k >= n_states - 2) & ((k * 0 + t_b) > 0)
-    a_fin = tl.load(a_seq + (t_b - 1) * BLOCK + k, mask=fin, other=float("-inf"))
-    m = _max(a_fin)
-    ms = tl.where(m == float("-inf"), 0.0, m)
-    logz = ms + tl.log(_sum(tl.exp(a_fin - ms)))
-    logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
-    loss = -logz
-    loss = tl.where((zero_inf != 0) & (loss == float("inf")), 0.0, loss)
-    tl.store(loss_ptr + b, loss)
-    if WANT_GRAD:
-        # backward: beta[t, k] excludes the emission of frame t
-        skip2 = _ctc_skip(tg_b, k + 2, n_states)
-        # as a vector (scalar masks trip the interpreter); NaN stays NaN
-        logz_v = tl.full((BLOCK,), 0.0, lp_ptr.dtype.element_ty) + logz
-        feasible = logz_v != float("-inf")
-        g_b = grad_ptr + b * stride_gn
-        odd = (k % 2) == 1
-        for i in range(0, t_b):
-            t = t_b - 1 - i
-            if i == 0:
-                beta = tl.where(live & (k >= n_states - 2), 0.0, neg)
-            else:
-                tl.debug_barrier()
-                nxt = b_seq + (t + 1) * BLOCK + k
-                e0 = tl.load(nxt)
-                e1 = tl.load(nxt + 1, mask=(k + 1) < n_states, other=float("-inf"))
-                e2 = tl.load(nxt + 2, mask=skip2, other=float("-inf"))
-                beta = tl.where(live, _lse3(e0, e1, e2), neg)
-            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf"))
-            # the row the previous frame reads: emission + beta
-            tl.store(b_seq + t * BLOCK + k, tl.where(live, e + beta, neg))
-            alpha = tl.load(a_seq + t * BLOCK + k)
-            post = tl.where(live & feasible, tl.exp(alpha + beta - logz), 0.0)
-            g_t = g_b + t * stride_gt
-            tl.store(g_t + col, -post, mask=live & odd)
-            tl.store(g_t, -_sum(tl.where(odd, 0.0, post)))
 
 
 @triton.jit(do_not_specialize=["stride_xb", "W_X", "stride_yb", "W_Y", "T_X", "N_LEV"])

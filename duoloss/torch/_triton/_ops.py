@@ -92,48 +92,97 @@ def _launch_device(t: torch.Tensor):
 
 
 # --------------------------------------------------------------------------- CTC
+#: ``C`` up to which the CTC kernel writes the gradient's zeros itself (above it the
+#: gradient starts as one ``zeros`` fill and the kernel writes only the classes
+#: each target uses).
+CTC_ZERO_ROWS_MAX_C = 1024
+#: ``BLOCK`` up to which the CTC kernel shifts its rows in registers
+#: (``tl.gather``, one warp) instead of through scratch with a barrier per frame.
+CTC_GATHER_MAX_BLOCK = 64
+
+
+def ctc_config(block: int, n_cls: int):
+    """``(GATHER, ZERO_ROWS, num_warps)`` of a CTC launch (``benchmarks.host_ops``'s
+    sweep overrides the module knobs above)."""
+    gather = block <= CTC_GATHER_MAX_BLOCK
+    nw = 1 if gather else warps(block, 4 if block <= 512 else 2)
+    return gather, n_cls <= CTC_ZERO_ROWS_MAX_C, nw
+
+
 @torch.library.custom_op("duoloss::triton_ctc", mutates_args=())
 def ctc_op(lp: torch.Tensor, targets: torch.Tensor, il: torch.Tensor, tl: torch.Tensor,
-           zero_infinity: bool, want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(losses (N,), grad)``: ``grad`` ``(T, N, S + 1)`` = ``d loss_b / d lp`` (or
-    ``(0,)`` without ``want_grad``).  Rows with lengths out of range: NaN."""
-    return _ctc_impl(lp, targets, il, tl, zero_infinity, want_grad)
+           blank: int, zero_infinity: bool, weights: int, reduce: bool, n_div: int,
+           s_cap: int, concat: bool, out_f32: bool,
+           want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out, grad)`` of CTC on ``lp`` ``(T, N, C)``; see `_ctc_impl`."""
+    return _ctc_impl(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div,
+                     s_cap, concat, out_f32, want_grad)
 
 
-def _ctc_impl(lp, targets, il, tl, zero_infinity, want_grad):
-    t_max, n, s1 = lp.shape
-    s = s1 - 1
-    ok = (il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s)
-    il_k = torch.where(ok, il, 0).contiguous()
-    tl_k = torch.where(ok, tl, 0).contiguous()
-    tg = targets.contiguous()
-    if lp.stride(2) != 1 and s1 > 1:  # the kernel reads classes contiguously
+def _ctc_out_dtype(lp, out_f32):
+    return torch.float32 if out_f32 else lp.dtype
+
+
+def _ctc_impl(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div, s_cap,
+              concat, out_f32, want_grad):
+    """One launch of the CTC kernel (`duoloss.torch._triton._ctc_kernels`).
+
+    ``targets``: padded ``(N, S)`` or, with ``concat``, 1-D concatenated; lengths
+    ``(N,)``; all integer tensors of any integer dtype on ``lp``'s device, read as
+    they are.  ``s_cap``: a bound of the target lengths (``S`` when padded).
+    ``weights`` 0/1/2: none, 'sum', 'mean' (over ``n_div`` sequences).  Returns
+    ``out``: the ``(N,)`` losses (``weights`` 0), the reduced scalar (``reduce``),
+    or the ``(N,)`` weighted losses in float64; and ``grad`` ``(T, N, C)`` =
+    ``w_b d loss_b / d lp`` in ``lp``'s dtype (``(0,)`` without ``want_grad``).
+    Rows with lengths or labels out of range: NaN (loss and gradient).
+    """
+    t_max, n, n_cls = lp.shape
+    if lp.stride(2) != 1 and n_cls > 1:  # the kernel reads classes contiguously
         lp = lp.contiguous()
-    block = _block(2 * s + 1)
-    losses = lp.new_empty((n,))
-    grad = lp.new_zeros(lp.shape) if want_grad else lp.new_empty((0,))
+    if targets.dim() and targets.stride(-1) != 1 and targets.shape[-1] > 1:
+        targets = targets.contiguous()
+    il = il if il.stride(0) == 1 or n <= 1 else il.contiguous()
+    tl = tl if tl.stride(0) == 1 or n <= 1 else tl.contiguous()
+    out_dtype = _ctc_out_dtype(lp, out_f32)
+    acc = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
+    block = _block(2 * s_cap + 1)
+    gather, zero_rows, nw = ctc_config(block, n_cls)
+    out = lp.new_empty((n,), dtype=out_dtype if weights == 0 else torch.float64)
+    if not want_grad:
+        grad = lp.new_empty((0,))
+    elif zero_rows:
+        grad = lp.new_empty(lp.shape)
+    else:
+        grad = lp.new_zeros(lp.shape)
     if n:
         rows = max(t_max, 1)
-        alpha = lp.new_empty((n, rows, block))
-        beta = lp.new_empty((n, rows, block)) if want_grad else alpha
+        scratch = lp.new_empty((n * (rows + 2) * block,), dtype=acc)
         g = grad if want_grad else lp
         with _launch_device(lp):
             launch(_kernels().ctc_kernel, (n,), (
-                _ptr(lp), lp.stride(0), lp.stride(1),
-                _ptr(tg), tg.stride(0) if tg.dim() == 2 and s else 0, il_k, tl_k,
-                alpha, beta, losses,
-                _ptr(g), g.stride(0), g.stride(1), rows, int(bool(zero_infinity))),
-                dict(WANT_GRAD=bool(want_grad), BLOCK=block,
-                     num_warps=warps(block, 4 if block <= 512 else 2)))
-    losses = torch.where(ok, losses, float("nan"))
-    if want_grad:
-        grad = torch.where(ok[None, :, None], grad, float("nan"))
-    return losses, grad
+                _ptr(lp), lp.stride(0), lp.stride(1), n_cls, blank,
+                _ptr(targets), targets.stride(0) if targets.dim() == 2 else 0, il, tl,
+                s_cap, rows, scratch, out, _ptr(g), g.stride(0), g.stride(1),
+                max(n_div, 1), int(bool(zero_infinity))),
+                dict(CONCAT=bool(concat), MODE=int(weights), WANT_GRAD=bool(want_grad),
+                     ZERO_ROWS=zero_rows, GATHER=gather, BLOCK=block,
+                     BLOCK_C=min(_block(n_cls), 128 * nw), num_warps=nw))
+    if weights and reduce:
+        out = out.sum()
+        if out_dtype != torch.float64:
+            out = out.to(out_dtype)
+    return out, grad
 
 
 @ctc_op.register_fake
-def _ctc_fake(lp, targets, il, tl, zero_infinity, want_grad):
-    return lp.new_empty((lp.shape[1],)), lp.new_empty(lp.shape if want_grad else (0,))
+def _ctc_fake(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div, s_cap,
+              concat, out_f32, want_grad):
+    if weights and reduce:
+        out = lp.new_empty((), dtype=_ctc_out_dtype(lp, out_f32))
+    else:
+        out = lp.new_empty((lp.shape[1],),
+                           dtype=torch.float64 if weights else _ctc_out_dtype(lp, out_f32))
+    return out, lp.new_empty(lp.shape if want_grad else (0,))
 
 
 def _ctc_setup(ctx, inputs, output):
@@ -151,21 +200,38 @@ def _no_grad_error(name: str) -> RuntimeError:
         f"batched call")
 
 
+def _ctc_cotangent(g, grad):
+    """The cotangent shaped to scale the saved ``(T, N, C)`` gradient."""
+    g = g.to(grad.dtype)
+    return g if g.dim() == 0 else g.view(1, -1, 1)
+
+
 def _ctc_backward(ctx, g, _unused):
     if not ctx.want_grad:
         raise _no_grad_error("ctc_loss")
     (grad,) = ctx.saved_tensors
-    return grad * g.to(grad.dtype)[None, :, None], None, None, None, None, None
+    return (grad * _ctc_cotangent(g, grad),) + (None,) * 12
 
 
 torch.library.register_autograd("duoloss::triton_ctc", _ctc_backward, setup_context=_ctc_setup)
 
 
+def _ctc_vmap_rule(info, in_dims, apply, lp, targets, il, tl, blank, zero_infinity, weights,
+                   reduce, n_div, s_cap, concat, out_f32, want_grad):
+    """`_vmap` for CTC: the folded call unreduced (weighted per sequence when
+    reducing), each vmapped row reduced after."""
+    outs, dims = _vmap(info, in_dims, (lp, targets, il, tl), (1, 0, 0, 0), 1, want_grad,
+                       lambda *t: apply(*t, blank, zero_infinity, weights, False, n_div,
+                                        s_cap, concat, out_f32, want_grad))
+    if weights and reduce:
+        outs = (outs[0].sum(1).to(_ctc_out_dtype(lp, out_f32)),) + tuple(outs[1:])
+    return tuple(outs), tuple(dims)
+
+
 @ctc_op.register_vmap
-def _ctc_vmap(info, in_dims, lp, targets, il, tl, zero_infinity, want_grad):
+def _ctc_vmap(info, in_dims, *args):
     # torch.compile of a torch.func.vmap (eager vmap goes through _CTC.vmap)
-    return _vmap(info, in_dims, (lp, targets, il, tl), (1, 0, 0, 0), 1, want_grad,
-                 lambda *t: ctc_op(*t, zero_infinity, want_grad))
+    return _ctc_vmap_rule(info, in_dims, ctc_op, *args)
 
 
 class _GradScale(torch.autograd.Function):
@@ -212,24 +278,23 @@ def _vmap(info, in_dims, tensors, batch_axes, n_grads: int, want_grad: bool, app
 
 class _CTC(torch.autograd.Function):
     @staticmethod
-    def forward(lp, targets, il, tl, zero_infinity, want_grad):
-        return ctc_op(lp, targets, il, tl, zero_infinity, want_grad)
+    def forward(lp, targets, il, tl, *static):
+        return _ctc_impl(lp, targets, il, tl, *static)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # (no zeros for the gradient output's cotangent)
         ctx.save_for_backward(output[1], inputs[0])
 
     @staticmethod
     def backward(ctx, g, _unused):
         grad, lp = ctx.saved_tensors
-        return (_GradScale.apply(grad, g.to(grad.dtype)[None, :, None], lp),
-                None, None, None, None, None)
+        return (_GradScale.apply(grad, _ctc_cotangent(g, grad), lp),) + (None,) * 12
 
     @staticmethod
-    def vmap(info, in_dims, lp, targets, il, tl, zero_infinity, want_grad):
-        return _vmap(info, in_dims, (lp, targets, il, tl), (1, 0, 0, 0), 1, want_grad,
-                     lambda *t: _CTC.apply(*t, zero_infinity, want_grad))
+    def vmap(info, in_dims, *args):
+        return _ctc_vmap_rule(info, in_dims, _CTC.apply, *args)
 
 
 def _want(*xs) -> bool:
@@ -241,11 +306,20 @@ def _want(*xs) -> bool:
     return any(_requires_grad(x) for x in xs)
 
 
-def ctc(lp, targets, il, tl, zero_infinity: bool) -> torch.Tensor:
-    want = _want(lp)
+_WEIGHTS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def ctc(lp, targets, il, tl, zero_infinity: bool, blank: int = 0, reduction: str = "none",
+        s_cap=None, concat: bool = False, out_f32: bool = False) -> torch.Tensor:
+    """The CTC loss of ``lp`` ``(T, N, C)``, reduced (``reduction``) in the
+    kernel's launch: differentiable w.r.t. ``lp``; see `_ctc_impl`."""
+    if s_cap is None:
+        s_cap = targets.shape[1]
+    static = (int(blank), bool(zero_infinity), _WEIGHTS[reduction], reduction != "none",
+              lp.shape[1], int(s_cap), bool(concat), bool(out_f32), _want(lp))
     if torch.compiler.is_compiling():
-        return ctc_op(lp, targets, il, tl, zero_infinity, want)[0]
-    return _CTC.apply(lp, targets, il, tl, zero_infinity, want)[0]
+        return ctc_op(lp, targets, il, tl, *static)[0]
+    return _CTC.apply(lp, targets, il, tl, *static)[0]
 
 
 # ----------------------------------------------------------------- transducer
