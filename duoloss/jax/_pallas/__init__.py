@@ -21,7 +21,7 @@ Where a call runs is decided at trace time, from its inputs: a concrete
 ``jit``, ``vmap``, ``shard_map``, ``grad``) or a numpy array on the default
 backend's (``jax.default_backend()``): a ``jit`` whose inputs are committed to
 another platform than the default one, or a ``jax.export`` for another
-platform, should name the path with ``impl='xla'`` or ``'pallas'``.
+platform, should trace inside `lowering_for` (``with lowering_for("tpu"):``).
 
 `pallas_call_options` gives the keyword arguments of ``pl.pallas_call`` for a
 Pallas backend (the Triton compiler parameters on a GPU, none on a TPU, the
@@ -39,7 +39,7 @@ import numpy as np
 from duoloss.core._validate import IMPLS, check_impl as _check_impl
 
 __all__ = ["BACKENDS", "backend_for", "check_impl", "interpret_as", "interpret_target",
-           "is_pallas", "pallas_call_options", "pallas_target"]
+           "is_pallas", "lowering_for", "pallas_call_options", "pallas_target"]
 
 #: What `backend_for` returns.
 BACKENDS = ("host", "xla", "pallas-gpu", "pallas-tpu", "pallas-interpret")
@@ -72,9 +72,32 @@ def _concrete_platforms(arrays) -> list:
     return out
 
 
+# A platform named by `lowering_for` (trace for it whatever the inputs' placement).
+_TARGET: list = []
+
+
+@contextlib.contextmanager
+def lowering_for(platform: str) -> Iterator[None]:
+    """Within the block, calls are traced as if they ran on ``platform`` (``'cuda'``,
+    ``'rocm'``, ``'tpu'`` or ``'cpu'``) whatever their inputs' placement: for
+    ``jax.export(..., platforms=[platform])`` from another machine, or a ``jit``
+    whose inputs live on another platform than the default backend's."""
+    if platform not in ("cuda", "rocm", "tpu", "cpu"):
+        raise ValueError(f"lowering_for: argument 'platform' must be 'cuda', 'rocm', 'tpu' "
+                         f"or 'cpu', got {platform!r}")
+    _TARGET.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET.pop()
+
+
 def _platform(arrays) -> str:
-    """The platform the call runs on: that of the first concrete ``jax.Array``'s
-    devices, else the default backend's (traced values, numpy arrays)."""
+    """The platform the call runs on: `lowering_for`'s, else that of the first
+    concrete ``jax.Array``'s devices, else the default backend's (traced values,
+    numpy arrays)."""
+    if _TARGET:
+        return _TARGET[-1]
     plats = _concrete_platforms(arrays)
     plat = plats[0] if plats else jax.default_backend()
     if plat in ("cuda", "rocm"):
@@ -87,6 +110,8 @@ def _platform(arrays) -> str:
 def _on_accelerator(arrays) -> bool:
     """``impl='auto'``'s test: an input committed to an accelerator, or a traced
     input while the default backend is one (numpy arrays: host memory)."""
+    if _TARGET:
+        return _TARGET[-1] != "cpu"
     for x in arrays:
         if isinstance(x, jax.core.Tracer):
             if jax.default_backend() in _ACCELERATORS:
