@@ -23,6 +23,8 @@ from ._adapter import apply_kernel
 from ._args import (as_array, as_int_array, check_bool, index_dtype, is_concrete, is_half,
                     reduce_losses)
 from ._callback import pure_callback
+from ._pallas import backend_for, is_pallas
+from ._pallas.transducer import transducer_losses as _pallas_transducer_losses
 from ._xla import check_impl, use_device
 from ._xla.transducer import transducer_losses as _device_transducer_losses
 from ._xla.align import rnnt_tokens, transducer_viterbi_regular
@@ -226,10 +228,12 @@ def rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
         scaled by ``1 + fastemit_lambda``, reported loss ``(1 + lambda) * NLL``.
       delay_penalty: k2's delay penalty ``delay_penalty * ((T_b - 1) / 2 - t)``
         added to each label emission on frame ``t``.
-      impl: ``'auto'`` (default: the XLA device path when ``logits`` live on a
-        GPU/TPU, else the host core), ``'device'`` (the lattice recursion in XLA
-        anywhere, no callback) or ``'host'`` (the numba core through one
-        callback); see the Devices page.
+      impl: ``'auto'`` (default: ``'device'`` when ``logits`` live on a GPU/TPU,
+        else the host core), ``'device'`` (the lattice recursion on the device, no
+        callback: the Pallas kernel on a CUDA GPU or a TPU, the XLA scan
+        elsewhere), ``'pallas'`` (the Pallas kernel; interpreted on a CPU: slow,
+        for tests), ``'xla'`` (the ``lax.scan`` recursion on any platform) or
+        ``'host'`` (the numba core through one callback); see the Devices page.
 
     Returns:
       The reduced loss, or ``(N,)`` losses for ``reduction='none'``.
@@ -261,7 +265,11 @@ def rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
         x = _clamp_grad(x, float(clamp) / max(n, 1) if reduction == "mean" else float(clamp))
     px, py, boundary = _lattice(x, targets, il, tl, blank, bool(fused_log_softmax),
                                 float(fastemit_lambda), float(delay_penalty))
-    if use_device(fn, impl, logits):
+    path = backend_for(fn, impl, logits, dtype=px.dtype)
+    if is_pallas(path):   # the Pallas kernel (duoloss/jax/_pallas/transducer.py)
+        losses = reduce_losses(_pallas_transducer_losses(px, py, boundary, "regular",
+                                                         backend=path), reduction)
+    elif path == "xla":   # the lax.scan recursion (duoloss/jax/_xla/transducer.py)
         losses = reduce_losses(_device_transducer_losses(px, py, boundary, "regular"), reduction)
     else:  # reduced in the core (float64 weights, a correctly rounded sum), as in torch
         losses = apply_kernel(TRANSDUCER_KERNEL, (px, py, boundary), reduction=reduction,

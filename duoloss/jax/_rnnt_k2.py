@@ -26,7 +26,8 @@ from duoloss.core.losses import rnnt_k2 as _k
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 
 from ._adapter import _call, apply_kernel, scale_by_cotangent
-from ._xla import check_impl, use_device
+from ._pallas import backend_for, check_impl, is_pallas
+from ._pallas.transducer import transducer_losses as _pallas_transducer_losses
 from ._xla.transducer import transducer_losses as _device_transducer_losses
 from ._args import as_array, check_bool, is_concrete, reduce_losses
 
@@ -149,13 +150,18 @@ def _occ_bwd(static, res, cts):
 _losses_and_occupation.defvjp(_occ_fwd, _occ_bwd)
 
 
-def _recursion(px, py, boundary, rnnt_type, return_grad, device=False):
+def _recursion(px, py, boundary, rnnt_type, return_grad, path="host"):
     kind = "regular" if rnnt_type == "regular" else "modified"
-    if device:  # the recursion in XLA (duoloss.jax._xla), no callback
+    if path != "host":  # on the device (duoloss.jax._pallas, ._xla), no callback
+        if is_pallas(path):
+            def losses_of(a, b):
+                return _pallas_transducer_losses(a, b, boundary, kind, backend=path)
+        else:
+            def losses_of(a, b):
+                return _device_transducer_losses(a, b, boundary, kind)
         if not return_grad:
-            return _device_transducer_losses(px, py, boundary, kind), None
-        losses, vjp = jax.vjp(lambda a, b: _device_transducer_losses(a, b, boundary, kind),
-                              px, py)
+            return losses_of(px, py), None
+        losses, vjp = jax.vjp(losses_of, px, py)
         gx, gy = vjp(jnp.ones_like(losses))
         return losses, (jax.lax.stop_gradient(-gx), jax.lax.stop_gradient(-gy))
     if not return_grad:
@@ -166,12 +172,12 @@ def _recursion(px, py, boundary, rnnt_type, return_grad, device=False):
 
 
 def _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
-                  device=False):
+                  path="host"):
     """The reduced loss of the lattice ``(px, py)`` (``(loss, (px_grad, py_grad))``
     with ``return_grad``), shared by the simple, smoothed and pruned losses."""
     check_bool(fn, "return_grad", return_grad, numpy_bool=False)
     px = _finish_px(px, py, boundary, rnnt_type, float(delay_penalty))
-    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad, device)
+    losses, grads = _recursion(px, py, boundary, rnnt_type, return_grad, path)
     loss = reduce_losses(losses, reduction, k2_mean=True)
     return (loss, grads) if return_grad else loss
 
@@ -186,8 +192,8 @@ def rnnt_loss_simple(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, terminati
 
     ``return_grad=True`` gives ``(loss, (px_grad, py_grad))`` from the same single
     host callback; the occupations are constants for differentiation (as in k2).
-    ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` (the recursion in XLA, no
-    callback), as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` | ``'pallas'`` | ``'xla'`` (the
+    recursion on the device, no callback), as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
 
     Examples:
         >>> import numpy as np
@@ -203,7 +209,7 @@ def rnnt_loss_simple(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, terminati
     px, py, boundary = _simple_logprobs(fn, lm, am, symbols, termination_symbol, rnnt_type,
                                         boundary, delay_penalty, reduction)
     return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
-                         use_device(fn, impl, lm, am))
+                         backend_for(fn, impl, lm, am, dtype=px.dtype))
 
 
 def rnnt_loss_smoothed(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termination_symbol: int,
@@ -214,7 +220,8 @@ def rnnt_loss_smoothed(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termina
                        ) -> jax.Array | tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """k2's smoothed simple loss; see [`duoloss.torch.rnnt_loss_smoothed`][duoloss.torch.rnnt_loss_smoothed].
 
-    ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` | ``'pallas'`` | ``'xla'``, as in
+    [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
 
     Examples:
         >>> import numpy as np
@@ -232,7 +239,7 @@ def rnnt_loss_smoothed(lm: ArrayLike, am: ArrayLike, symbols: ArrayLike, termina
                                         boundary, delay_penalty, reduction,
                                         (lm_only_scale, am_only_scale))
     return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, return_grad,
-                         use_device(fn, impl, lm, am))
+                         backend_for(fn, impl, lm, am, dtype=px.dtype))
 
 
 def _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol, boundary, rnnt_type,
@@ -277,7 +284,8 @@ def rnnt_loss_pruned(logits: ArrayLike, symbols: ArrayLike, ranges: ArrayLike,
                      reduction: Optional[str] = "mean", *, impl: str = "auto") -> jax.Array:
     """RNN-T loss on the kept lattice; see [`duoloss.torch.rnnt_loss_pruned`][duoloss.torch.rnnt_loss_pruned].
 
-    ``impl``: ``'auto'`` | ``'host'`` | ``'device'``, as in [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
+    ``impl``: ``'auto'`` | ``'host'`` | ``'device'`` | ``'pallas'`` | ``'xla'``, as in
+    [`duoloss.jax.rnnt_loss`][duoloss.jax.rnnt_loss].
 
     Examples:
         >>> import numpy as np
@@ -295,7 +303,7 @@ def rnnt_loss_pruned(logits: ArrayLike, symbols: ArrayLike, ranges: ArrayLike,
     px, py, boundary = _pruned_logprobs(fn, logits, symbols, ranges, termination_symbol,
                                         boundary, rnnt_type, delay_penalty, reduction)
     return _lattice_loss(fn, px, py, boundary, rnnt_type, delay_penalty, reduction, False,
-                         use_device(fn, impl, logits))
+                         backend_for(fn, impl, logits, dtype=px.dtype))
 
 
 def get_rnnt_prune_ranges(px_grad: ArrayLike, py_grad: ArrayLike, boundary: ArrayLike, s_range: int

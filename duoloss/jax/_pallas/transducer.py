@@ -49,6 +49,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .._adapter import _gradient
+from .._sharding import mark_varying, varying_axes
 from . import pallas_call_options, pallas_target
 
 __all__ = ["transducer_losses"]
@@ -279,10 +280,25 @@ def _kernel(em_ref, bl_ref, geo_ref, alpha_ref, *grad_refs, rows, levels, want):
     jax.lax.fori_loop(0, levels, backward, (rows.neg, rows.neg, rows.neg))
 
 
+def _struct(shape, dtype, axes):
+    """An output's type; inside ``shard_map`` (``check_vma=True``) a ``pallas_call``'s
+    outputs must name the mesh axes they vary over (``manual_axis_type``, spelled
+    ``vma`` before JAX 0.10)."""
+    if not axes:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    from jax._src import core as jax_core
+    manual = getattr(jax_core, "ManualAxisType", None)
+    if manual is None:  # pragma: no cover - older JAX
+        return jax.ShapeDtypeStruct(shape, dtype, vma=frozenset(axes))
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=manual(varying=frozenset(axes)))
+
+
 def _call(em, bl, geo, kind, backend, form, interpret, want):
     """The kernel over the batch: ``alpha`` and, with ``want``, ``(occ_em, occ_bl)``."""
     n, levels, lanes = em.shape
     dtype = em.dtype
+    axes = varying_axes(em, bl, geo)            # shard_map's mesh axes (none outside)
+    em, bl, geo = (mark_varying(a, axes) for a in (em, bl, geo))
     if form == "tpu":
         from jax.experimental.pallas import tpu as pltpu
         rows_cls = _TpuRows
@@ -293,13 +309,13 @@ def _call(em, bl, geo, kind, backend, form, interpret, want):
         a_w = lanes + 2
         geo_spec = pl.BlockSpec((None, 4), lambda b: (b, 0))
     row_spec = pl.BlockSpec((None, levels, lanes), lambda b: (b, 0, 0))
-    out_shape = [jax.ShapeDtypeStruct((n, levels, a_w), dtype)]
+    out_shape = [_struct((n, levels, a_w), dtype, axes)]
     out_specs = [pl.BlockSpec((None, levels, a_w), lambda b: (b, 0, 0))]
     if want:
-        out_shape += [jax.ShapeDtypeStruct((n, levels, lanes), dtype)] * 2
+        out_shape += [_struct((n, levels, lanes), dtype, axes)] * 2
         out_specs += [row_spec] * 2
         if form == "gpu":
-            out_shape.append(jax.ShapeDtypeStruct((n, 2, lanes + 2), dtype))
+            out_shape.append(_struct((n, 2, lanes + 2), dtype, axes))
             out_specs.append(pl.BlockSpec((None, 2, lanes + 2), lambda b: (b, 0, 0)))
 
     def kernel(em_ref, bl_ref, geo_ref, alpha_ref, *grad_refs):
