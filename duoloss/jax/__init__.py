@@ -1,5 +1,6 @@
 """duoloss for JAX: each loss as a ``custom_vjp`` over host callbacks into the core."""
 from ._decode_ctc import CTCDecoderLM
+from ._decode_ctc import CTCDecoderLMState
 from ._decode_ctc import ctc_decoder
 from ._align import asg_align
 from ._align import asg_viterbi
@@ -35,6 +36,7 @@ from duoloss.core.losses.graph_loss import pack_graphs
 
 __all__ = [
     "CTCDecoderLM",
+    "CTCDecoderLMState",
     "ctc_decoder",
     "do_rnnt_pruning",
     "get_rnnt_logprobs",

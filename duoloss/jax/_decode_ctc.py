@@ -16,19 +16,19 @@ import numpy as np
 from duoloss.core._validate import dtype_name
 from duoloss.core.decoding import ctc_beam as _cb
 from duoloss.core.decoding.arpa import ArpaLM
-from duoloss.core.decoding.ctc_beam import CTCDecoderLM, CTCHypothesis
+from duoloss.core.decoding.ctc_beam import CTCDecoderLM, CTCDecoderLMState, CTCHypothesis
 
 from ._callback import _writeable
 from ._callback import pure_callback
 
-__all__ = ["CTCDecoder", "CTCDecoderLM", "ctc_decoder"]
+__all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "ctc_decoder"]
 
 
 def _concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-class CTCDecoder:
+class CTCDecoder(_cb.DecoderFrontend):
     """A CTC beam-search decoder for JAX emissions; build it with
     [`ctc_decoder`][duoloss.jax.ctc_decoder].
 
@@ -38,19 +38,6 @@ class CTCDecoder:
     ``jax.jit`` use ``decoder.padded(emissions, lengths)`` (fixed-shape arrays, one host
     callback).
     """
-
-    def __init__(self, core: _cb.CTCDecoder) -> None:
-        self.core = core
-
-    @property
-    def tokens(self) -> List[str]:
-        """The tokens, id -> token."""
-        return self.core.tokens
-
-    @property
-    def words(self) -> List[str]:
-        """The lexicon's words, id -> word (then ``unk_word``); ``[]`` without a lexicon."""
-        return self.core.words
 
     def _check(self, emissions: Any, lengths: Any) -> Tuple[Any, Optional[Any]]:
         if not hasattr(emissions, "shape") or not hasattr(emissions, "dtype"):
@@ -96,13 +83,8 @@ class CTCDecoder:
                                    if dtype_name(emissions.dtype) in ("float16", "bfloat16")
                                    else emissions))
         lens = None if lengths is None else np.asarray(lengths).astype(np.int64)
-        out = []
-        for hyps in self.core.decode(em, lens):
-            out.append([CTCHypothesis(tokens=jnp.asarray(h.tokens.astype(np.int32)),
-                                      words=h.words, score=h.score,
-                                      timesteps=jnp.asarray(h.timesteps.astype(np.int32)))
-                        for h in hyps])
-        return out
+        as_jnp = lambda x: jnp.asarray(x.astype(np.int32))    # noqa: E731
+        return self._decode(em, lens, as_jnp, as_jnp)
 
     def padded(self, emissions: ArrayLike, lengths: Optional[ArrayLike] = None
                ) -> Tuple[jax.Array, ...]:
@@ -147,10 +129,6 @@ class CTCDecoder:
 
         return tuple(pure_callback(host, specs, emissions, lengths, vmap_method="sequential"))
 
-    def idxs_to_tokens(self, idxs: Union[ArrayLike, Sequence[int]]) -> List[str]:
-        """Map token ids to their tokens (torchaudio's ``idxs_to_tokens``)."""
-        return self.core.idxs_to_tokens([int(i) for i in np.asarray(idxs).reshape(-1)])
-
 
 def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
                 lexicon: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -160,7 +138,8 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
                 unk_score: float = float("-inf"), sil_score: float = 0, log_add: bool = False,
                 blank_token: str = "-", sil_token: str = "|", unk_word: str = "<unk>",
                 hotwords: Optional[Sequence[Union[str, Tuple[str, float]]]] = None,
-                hotword_weight: float = 10.0) -> CTCDecoder:
+                hotword_weight: float = 10.0,
+                lm_dict: Optional[Union[str, "os.PathLike[str]"]] = None) -> CTCDecoder:
     """A CTC beam-search decoder with torchaudio's ``ctc_decoder`` arguments, for JAX.
 
     The same arguments, search and results as [`duoloss.torch.ctc_decoder`][duoloss.torch.ctc_decoder]
@@ -168,7 +147,8 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
     Inside ``jax.jit`` use the decoder's ``padded`` method (one host callback).
 
     Args:
-        tokens: the tokens, id -> token: a list, or a file with one token per line.
+        tokens: the tokens, id -> token: a list, or a file with one token per line (the
+            emissions may have more classes: those past the tokens are never emitted).
         lexicon: a lexicon file (``word t o k e n |`` per line), or None for lexicon-free.
         lm: an ARPA file path (or a KenLM binary when ``kenlm`` is installed), an ``ArpaLM``,
             a ``CTCDecoderLM``, or None.
@@ -186,6 +166,7 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
         unk_word: the word reported for an unknown word.
         hotwords: phrases to boost: each a str or a ``(phrase, weight)`` pair.
         hotword_weight: weight of the hotwords given as plain strings.
+        lm_dict: torchaudio's ``lm_dict`` (the LM's words, one per line), as in torch.
 
     Returns:
         A callable ``decoder(emissions (B, T, C), lengths (B,) or None)`` returning, per
@@ -207,10 +188,4 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
         >>> abs(hyp.score - math.log(0.7 * 0.8)) < 1e-6
         True
     """
-    core = _cb.build_decoder(tokens, lexicon, lm, nbest=nbest, beam_size=beam_size,
-                             beam_size_token=beam_size_token, beam_threshold=beam_threshold,
-                             lm_weight=lm_weight, word_score=word_score, unk_score=unk_score,
-                             sil_score=sil_score, log_add=log_add, blank_token=blank_token,
-                             sil_token=sil_token, unk_word=unk_word, hotwords=hotwords,
-                             hotword_weight=hotword_weight)
-    return CTCDecoder(core)
+    return CTCDecoder(_cb.build_decoder(**locals()))

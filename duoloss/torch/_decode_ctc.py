@@ -10,12 +10,12 @@ import torch
 from duoloss.core._validate import dtype_name
 from duoloss.core.decoding import ctc_beam as _cb
 from duoloss.core.decoding.arpa import ArpaLM
-from duoloss.core.decoding.ctc_beam import CTCDecoderLM, CTCHypothesis
+from duoloss.core.decoding.ctc_beam import CTCDecoderLM, CTCDecoderLMState, CTCHypothesis
 
-__all__ = ["CTCDecoder", "CTCDecoderLM", "ctc_decoder"]
+__all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "ctc_decoder"]
 
 
-class CTCDecoder:
+class CTCDecoder(_cb.DecoderFrontend):
     """A CTC beam-search decoder for torch emissions; build it with
     [`ctc_decoder`][duoloss.torch.ctc_decoder].
 
@@ -24,19 +24,6 @@ class CTCDecoder:
     ``CTCHypothesis(tokens, words, score, timesteps)`` with ``tokens`` a ``LongTensor`` and
     ``timesteps`` an ``IntTensor``, as torchaudio returns them.
     """
-
-    def __init__(self, core: _cb.CTCDecoder) -> None:
-        self.core = core
-
-    @property
-    def tokens(self) -> List[str]:
-        """The tokens, id -> token."""
-        return self.core.tokens
-
-    @property
-    def words(self) -> List[str]:
-        """The lexicon's words, id -> word (then ``unk_word``); ``[]`` without a lexicon."""
-        return self.core.words
 
     def _arrays(self, emissions: torch.Tensor, lengths: Optional[torch.Tensor]
                 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
@@ -69,13 +56,8 @@ class CTCDecoder:
             whose first ``length`` frames contain a NaN.
         """
         em, lens = self._arrays(emissions, lengths)
-        out = []
-        for hyps in self.core.decode(em, lens):
-            out.append([CTCHypothesis(tokens=torch.from_numpy(h.tokens.astype(np.int64)),
-                                      words=h.words, score=h.score,
-                                      timesteps=torch.from_numpy(h.timesteps.astype(np.int32)))
-                        for h in hyps])
-        return out
+        return self._decode(em, lens, lambda x: torch.from_numpy(x.astype(np.int64)),
+                            lambda x: torch.from_numpy(x.astype(np.int32)))
 
     def padded(self, emissions: torch.Tensor, lengths: Optional[torch.Tensor] = None
                ) -> Tuple[torch.Tensor, ...]:
@@ -83,10 +65,6 @@ class CTCDecoder:
         ``(tokens, n_tokens, timesteps, scores, words, n_words)``."""
         em, lens = self._arrays(emissions, lengths)
         return tuple(torch.from_numpy(a) for a in self.core.decode_padded(em, lens))
-
-    def idxs_to_tokens(self, idxs: Union[torch.Tensor, Sequence[int]]) -> List[str]:
-        """Map token ids to their tokens (torchaudio's ``idxs_to_tokens``)."""
-        return self.core.idxs_to_tokens([int(i) for i in idxs])
 
 
 def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
@@ -97,7 +75,8 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
                 unk_score: float = float("-inf"), sil_score: float = 0, log_add: bool = False,
                 blank_token: str = "-", sil_token: str = "|", unk_word: str = "<unk>",
                 hotwords: Optional[Sequence[Union[str, Tuple[str, float]]]] = None,
-                hotword_weight: float = 10.0) -> CTCDecoder:
+                hotword_weight: float = 10.0,
+                lm_dict: Optional[Union[str, "os.PathLike[str]"]] = None) -> CTCDecoder:
     """A CTC beam-search decoder with torchaudio's ``ctc_decoder`` arguments.
 
     The search is that of flashlight-text (torchaudio's backend): lexicon-free, or restricted
@@ -111,7 +90,9 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
 
     Args:
         tokens: the tokens, id -> token: a list, or a file with one token per line (several
-            tokens on a line share the id).  ``len(tokens)`` must be the emissions' ``C``.
+            tokens on a line share the id).  The emissions' ``C`` must be at least
+            ``len(tokens)``; classes past the tokens (a padded vocabulary) are never emitted,
+            as in torchaudio.
         lexicon: a lexicon file (``word t o k e n |`` per line, several spellings per word
             allowed), or None for lexicon-free decoding.
         lm: an ARPA file path (or a KenLM binary when the ``kenlm`` package is installed), an
@@ -135,6 +116,12 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
             matched token while a hypothesis spells it; the partial bonus is taken back when
             the phrase is abandoned, a completed phrase keeps ``weight``.
         hotword_weight: weight of the hotwords given as plain strings.
+        lm_dict: torchaudio's ``lm_dict``: a file of the LM's words, one per line in the LM's
+            index order.  With a lexicon a ``CTCDecoderLM`` sees each word as its index in
+            this file (without ``lm_dict``: its index in the lexicon, ``unk_word`` last), and
+            the file must list every lexicon word and ``unk_word``; without a lexicon a
+            ``CTCDecoderLM`` sees token ids, and an n-gram LM scores token ``i`` as the word
+            on line ``i``.  An ARPA LM with a lexicon looks words up by name either way.
 
     Returns:
         A callable ``decoder(emissions (B, T, C), lengths (B,) or None)`` returning, per
@@ -144,8 +131,8 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
     Raises:
         ValueError: naming ``ctc_decoder`` and the argument (and the file and line) for an
             unknown blank or silence token, a malformed lexicon or ARPA file, a word spelled with
-            a token not in ``tokens``, bad numbers; at call time for emissions whose class count
-            differs from ``tokens`` and negative or too-long lengths.
+            a token not in ``tokens``, bad numbers; at call time for emissions with fewer classes
+            than ``tokens`` and negative or too-long lengths.
         TypeError: for arguments of the wrong type.
 
     Examples:
@@ -162,10 +149,4 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
         >>> abs(hyp.score - math.log(0.7 * 0.8)) < 1e-6
         True
     """
-    core = _cb.build_decoder(tokens, lexicon, lm, nbest=nbest, beam_size=beam_size,
-                             beam_size_token=beam_size_token, beam_threshold=beam_threshold,
-                             lm_weight=lm_weight, word_score=word_score, unk_score=unk_score,
-                             sil_score=sil_score, log_add=log_add, blank_token=blank_token,
-                             sil_token=sil_token, unk_word=unk_word, hotwords=hotwords,
-                             hotword_weight=hotword_weight)
-    return CTCDecoder(core)
+    return CTCDecoder(_cb.build_decoder(**locals()))

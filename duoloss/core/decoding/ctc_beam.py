@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union)
+from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple)
 
 import numpy as np
 
@@ -38,8 +38,8 @@ from .arpa import ArpaLM, read_arpa
 from .lexicon import read_lexicon
 from ._text import fields as _fields, lines as _lines
 
-__all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "CTCHypothesis", "build_decoder",
-           "check_emissions", "check_lengths", "compile_lm"]
+__all__ = ["CTCDecoder", "CTCDecoderLM", "CTCDecoderLMState", "CTCHypothesis", "DecoderFrontend",
+           "build_decoder", "check_emissions", "check_lengths", "compile_lm"]
 
 _FN = "ctc_decoder"
 _PARALLEL_MIN_CELLS = 20_000     # frames x beam below which one thread decodes the batch
@@ -70,6 +70,12 @@ class CTCDecoderLMState:
 
     States form a tree: ``child(i)`` returns (creating it once) the state reached by unit
     ``i``, so that two hypotheses with the same history hold the same state object.
+
+    Examples:
+        >>> from duoloss.torch import CTCDecoderLMState
+        >>> root = CTCDecoderLMState()
+        >>> root.child(3) is root.child(3), root.child(3) is root.child(4)
+        (True, False)
     """
 
     def __init__(self) -> None:
@@ -542,6 +548,36 @@ class CTCDecoder:
     def idxs_to_tokens(self, idxs: Sequence[int]) -> List[str]:
         """The token strings of token ids."""
         return [self.tokens[int(i)] for i in idxs]
+
+
+class DecoderFrontend:
+    """What the torch and JAX ``CTCDecoder`` share (framework-free): the core decoder, its
+    tokens and words, token lookup and the conversion of hypotheses."""
+
+    def __init__(self, core: CTCDecoder) -> None:
+        self.core = core
+
+    @property
+    def tokens(self) -> List[str]:
+        """The tokens, id -> token."""
+        return self.core.tokens
+
+    @property
+    def words(self) -> List[str]:
+        """The lexicon's words, id -> word (then ``unk_word``); ``[]`` without a lexicon."""
+        return self.core.words
+
+    def idxs_to_tokens(self, idxs: Any) -> List[str]:
+        """Map token ids to their tokens (torchaudio's ``idxs_to_tokens``)."""
+        flat = np.asarray(idxs.tolist() if hasattr(idxs, "tolist") else list(idxs)).reshape(-1)
+        return self.core.idxs_to_tokens(flat.tolist())
+
+    def _decode(self, em: np.ndarray, lens: Optional[np.ndarray], tokens_as: Any,
+                times_as: Any) -> List[List[CTCHypothesis]]:
+        """The core's hypotheses with ``tokens`` and ``timesteps`` converted."""
+        return [[CTCHypothesis(tokens=tokens_as(h.tokens), words=h.words, score=h.score,
+                               timesteps=times_as(h.timesteps)) for h in hyps]
+                for hyps in self.core.decode(em, lens)]
 
 
 # --------------------------------------------------------------------------- call checks
