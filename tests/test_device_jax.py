@@ -332,6 +332,8 @@ def test_auto_takes_the_device_path_under_an_accelerator_backend(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not use_device("f", "auto", lp)                   # committed to the CPU
     text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="auto"))(lp))
+    assert "callback" not in text and "pallas_call" in text    # CTC: the Pallas kernel
+    text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="xla"))(lp))
     assert "callback" not in text and "scan" in text
 
 
