@@ -111,9 +111,11 @@ def ctc_loss(log_probs: ArrayLike, targets: ArrayLike, input_lengths: ArrayLike,
       blank: index of the blank class.
       reduction: ``'none'``, ``'sum'`` or ``'mean'`` (loss / clamp(target length, 1), then mean).
       zero_infinity: infeasible sequences get loss 0 and zero gradient.
-      impl: ``'auto'`` (default: the XLA device path when ``log_probs`` lives on a
-        GPU/TPU, else the host core), ``'device'`` (the XLA path anywhere: a
-        ``lax.scan`` forward-backward, no callback) or ``'host'`` (the numba core
+      impl: ``'auto'`` (default: the device path when ``log_probs`` lives on a
+        GPU/TPU, else the host core), ``'device'`` (the Pallas kernel where it lowers,
+        CUDA GPUs and TPUs, else the XLA scan; no callback), ``'xla'`` (the
+        ``lax.scan`` forward-backward anywhere), ``'pallas'`` (the Pallas kernel
+        anywhere: interpreted on CPU, for tests) or ``'host'`` (the numba core
         through one callback); see the Devices page.
 
     Returns:
@@ -176,7 +178,8 @@ def optax_ctc_loss(logits: ArrayLike, logit_paddings: ArrayLike, labels: ArrayLi
       blank_id: index of the blank class.
       log_epsilon: accepted for signature compatibility; unused (duoloss is exact
         in log space and needs no stand-in for ``log(0)``).
-      impl: ``'auto'``, ``'device'`` or ``'host'``, as in [`ctc_loss`][duoloss.jax.ctc_loss].
+      impl: ``'auto'``, ``'device'``, ``'xla'``, ``'pallas'`` or ``'host'``, as in
+        [`ctc_loss`][duoloss.jax.ctc_loss].
 
     Returns:
       ``(B,)`` losses; equal to optax's for every feasible sequence.  Like
