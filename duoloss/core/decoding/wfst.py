@@ -284,9 +284,11 @@ def _kth_smallest(v, k):
 
 
 @numba.njit(**HELPER)
-def _grow_tokens(cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark):
-    return (_grow(n_state, cap), _grow(n_score, cap), _grow(n_pred, cap),
-            _grow(n_prev, cap), _grow(n_arc, cap), _grow(heap, cap), _grow(mark, cap))
+def _grow_tokens(tk):
+    """The token store ``tk`` with twice the room."""
+    cap = 2 * tk[0].shape[0]
+    return (_grow(tk[0], cap), _grow(tk[1], cap), _grow(tk[2], cap), _grow(tk[3], cap),
+            _grow(tk[4], cap), _grow(tk[5], cap), _grow(tk[6], cap))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -327,217 +329,194 @@ def _heap_pop(heap, size, key, rank):
     return top, size
 
 
+@numba.njit(inline="always")
+def _relax(tk, n_next, slot, d, v, pred, prev, a):
+    """Offer state ``d`` the score ``v`` (through arc ``a``, from epsilon predecessor
+    ``pred`` or previous-frame record ``prev``) in the token store ``tk = (state, score,
+    pred, prev, arc, heap, mark)``: a new token, or a better way to an existing one.
+    Returns (tk, n_next, the token's index, whether it is new)."""
+    j = slot[d]
+    new = j < 0
+    if new:
+        j = n_next
+        slot[d] = j
+        tk[0][j] = d
+        tk[1][j] = v
+        n_next += 1
+    elif not (v > tk[1][j]):
+        return tk, n_next, j, False
+    tk[1][j] = v
+    tk[2][j] = pred
+    tk[3][j] = prev
+    tk[4][j] = a
+    if n_next == tk[0].shape[0]:
+        tk = _grow_tokens(tk)
+    return tk, n_next, j, new
+
+
 @numba.njit(**HELPER)
-def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, accept, has_eps,
-                beam_all, max_active_all, slot, out_arcs, b, stats):
-    """Search one utterance; write its arcs to ``out_arcs[b]``.  Returns
-    ``(score, path length)``; length ``-1`` when no path survives.  Every frame but the
-    last is pruned (beam, then max_active)."""
-    # tokens of the frame being built ("next"): state, score, local eps predecessor,
-    # record of the previous frame, arc
-    cap = 256
-    n_state = np.empty(cap, np.int64)
-    n_score = np.empty(cap, np.float64)
-    n_pred = np.empty(cap, np.int64)
-    n_prev = np.empty(cap, np.int64)
-    n_arc = np.empty(cap, np.int64)
-    heap = np.empty(cap, np.int64)
-    mark = np.zeros(cap, np.int64)
-    # surviving tokens of the current frame
-    c_state = np.empty(cap, np.int64)
-    c_score = np.empty(cap, np.float64)
-    c_rec = np.empty(cap, np.int64)
-    n_cur = 0
-    # traceback records
-    rcap = 1024
-    r_prev = np.empty(rcap, np.int64)
-    r_arc = np.empty(rcap, np.int64)
-    n_rec = 0
-    peak = 0
-    gain_max = 0.0
-    for s in range(gain.shape[0]):
-        if gain[s] > gain_max:
-            gain_max = gain[s]
-    for t in range(-1, T):
-        n_next = 0
-        best = -np.inf
-        # the last frame is not pruned: every accept state reached then stays a candidate
-        beam = beam_all if t < T - 1 else np.inf
-        max_active = max_active_all if t < T - 1 else 0
-        if t < 0:
-            for i in range(starts.shape[0]):
-                s = starts[i]
-                if slot[s] >= 0:
-                    continue
-                slot[s] = n_next
-                n_state[n_next] = s
-                n_score[n_next] = 0.0
-                n_pred[n_next] = -1
-                n_prev[n_next] = -1
-                n_arc[n_next] = -1
-                n_next += 1
-                if n_next == cap:
-                    cap *= 2
-                    n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
-                        cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
-            if n_next > 0:
-                best = 0.0
-        else:
-            row = em[t]
-            # a first lower bound on the frame's best: the best token's best move (so that
-            # moves that the final cut would drop are skipped from the start)
-            kb = 0
-            for k in range(1, n_cur):
-                if c_score[k] > c_score[kb]:
-                    kb = k
-            s = c_state[kb]
-            for a in range(eps_end[s], ptr[s + 1]):
-                v = c_score[kb] + weight[a] + row[ilabel[a]]
-                if v > best:
-                    best = v
-            for k in range(n_cur):
-                s = c_state[k]
-                base = c_score[k]
-                for a in range(eps_end[s], ptr[s + 1]):
-                    v = base + weight[a] + row[ilabel[a]]
-                    # skip a move whose state (and what its epsilon arcs can add) the cut drops
-                    if not (v + gain_max >= best - beam) or v == -np.inf:
-                        continue
-                    d = dst[a]
-                    if not (v + gain[d] >= best - beam):
-                        continue
-                    j = slot[d]
-                    if j < 0:
-                        j = n_next
-                        slot[d] = j
-                        n_state[j] = d
-                        n_score[j] = v
-                        n_pred[j] = -1
-                        n_prev[j] = c_rec[k]
-                        n_arc[j] = a
-                        n_next += 1
-                        if n_next == cap:
-                            cap *= 2
-                            n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
-                                cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
-                    elif v > n_score[j]:
-                        n_score[j] = v
-                        n_pred[j] = -1
-                        n_prev[j] = c_rec[k]
-                        n_arc[j] = a
-                    if v > best:
-                        best = v
-        # epsilon closure: states in topological order of the epsilon arcs, each once
-        if has_eps and n_next > 0:
-            hsize = 0
-            for j in range(n_next):
-                s = n_state[j]
-                if eps_end[s] > ptr[s]:     # only states with epsilon arcs need a visit
-                    hsize = _heap_push(heap, hsize, n_state, rank, j)
-            while hsize > 0:
-                j, hsize = _heap_pop(heap, hsize, n_state, rank)
-                s = n_state[j]
-                base = n_score[j]
-                for a in range(ptr[s], eps_end[s]):
-                    v = base + weight[a]
-                    d = dst[a]
-                    if not (v + gain[d] >= best - beam) or v == -np.inf:
-                        continue
-                    i = slot[d]
-                    if i < 0:
-                        i = n_next
-                        slot[d] = i
-                        n_state[i] = d
-                        n_score[i] = v
-                        n_pred[i] = j
-                        n_prev[i] = -1
-                        n_arc[i] = a
-                        n_next += 1
-                        if n_next == cap:
-                            cap *= 2
-                            n_state, n_score, n_pred, n_prev, n_arc, heap, mark = _grow_tokens(
-                                cap, n_state, n_score, n_pred, n_prev, n_arc, heap, mark)
-                        if eps_end[d] > ptr[d]:
-                            hsize = _heap_push(heap, hsize, n_state, rank, i)
-                    elif v > n_score[i]:
-                        n_score[i] = v
-                        n_pred[i] = j
-                        n_prev[i] = -1
-                        n_arc[i] = a
-                    if v > best:
-                        best = v
-        # prune: within beam of the best, then the max_active best
-        for j in range(n_next):
-            slot[n_state[j]] = -1
-        n_keep = 0
-        for j in range(n_next):
-            mark[j] = 0
-            if n_score[j] >= best - beam and n_score[j] > -np.inf:
-                heap[n_keep] = j
-                n_keep += 1
-        if max_active > 0 and n_keep > max_active:
-            # the max_active best: a cutoff from a partial sort, ties by creation order
-            vals = np.empty(n_keep, np.float64)
-            for i in range(n_keep):
-                vals[i] = n_score[heap[i]]
-            cut = _kth_smallest(vals.copy(), n_keep - max_active)
-            above = 0
-            for i in range(n_keep):
-                if vals[i] > cut:
-                    above += 1
-            ties = max_active - above
-            m = 0
-            for i in range(n_keep):
-                v = vals[i]
-                if v > cut or (v == cut and ties > 0):
-                    if v == cut:
-                        ties -= 1
-                    heap[m] = heap[i]
-                    m += 1
-            n_keep = m
-        if n_keep == 0:
-            stats[b, 0] = max(stats[b, 0], peak)
-            return -np.inf, -1
-        if n_keep > peak and t < T - 1:
-            peak = n_keep
-        # survivors and their epsilon ancestors get records
+def _start_tokens(starts, slot, tk):
+    """Frame -1: a token of score 0 per start state.  Returns (tk, n_next, best)."""
+    n_next = 0
+    for i in range(starts.shape[0]):
+        if slot[starts[i]] < 0:
+            tk, n_next, _, _ = _relax(tk, n_next, slot, starts[i], 0.0, -1, -1, -1)
+    return tk, n_next, (0.0 if n_next > 0 else -np.inf)
+
+
+@numba.njit(**HELPER)
+def _emit(row, cur, n_cur, g, gain_max, beam, slot, tk):
+    """Frame ``t``: every surviving token ``cur = (state, score, record)`` follows each of
+    its frame-consuming arcs (graph ``g``); moves the cut would drop are skipped.  Returns
+    (tk, n_next, best)."""
+    ptr, eps_end, dst, ilabel, weight, gain = g
+    c_state, c_score, c_rec = cur
+    # a first lower bound on the frame's best: the best token's best move (so that moves
+    # that the final cut would drop are skipped from the start)
+    best = -np.inf
+    kb = 0
+    for k in range(1, n_cur):
+        if c_score[k] > c_score[kb]:
+            kb = k
+    s = c_state[kb]
+    for a in range(eps_end[s], ptr[s + 1]):
+        v = c_score[kb] + weight[a] + row[ilabel[a]]
+        if v > best:
+            best = v
+    n_next = 0
+    for k in range(n_cur):
+        s = c_state[k]
+        base = c_score[k]
+        for a in range(eps_end[s], ptr[s + 1]):
+            v = base + weight[a] + row[ilabel[a]]
+            # skip a move whose state (and what its epsilon arcs can add) the cut drops
+            if not (v + gain_max >= best - beam) or v == -np.inf:
+                continue
+            d = dst[a]
+            if not (v + gain[d] >= best - beam):
+                continue
+            tk, n_next, _, _ = _relax(tk, n_next, slot, d, v, -1, c_rec[k], a)
+            if v > best:
+                best = v
+    return tk, n_next, best
+
+
+@numba.njit(**HELPER)
+def _eps_closure(tk, n_next, best, beam, g, rank, slot):
+    """Follow the input-epsilon arcs from the frame's tokens, states in topological order
+    of the epsilon arcs (a heap on ``rank``), each once.  Returns (tk, n_next, best)."""
+    ptr, eps_end, dst, _, weight, gain = g
+    hsize = 0
+    for j in range(n_next):
+        s = tk[0][j]
+        if eps_end[s] > ptr[s]:     # only states with epsilon arcs need a visit
+            hsize = _heap_push(tk[5], hsize, tk[0], rank, j)
+    while hsize > 0:
+        j, hsize = _heap_pop(tk[5], hsize, tk[0], rank)
+        s = tk[0][j]
+        base = tk[1][j]
+        for a in range(ptr[s], eps_end[s]):
+            v = base + weight[a]
+            d = dst[a]
+            if not (v + gain[d] >= best - beam) or v == -np.inf:
+                continue
+            tk, n_next, i, new = _relax(tk, n_next, slot, d, v, j, -1, a)
+            if new and eps_end[d] > ptr[d]:
+                hsize = _heap_push(tk[5], hsize, tk[0], rank, i)
+            if v > best:
+                best = v
+    return tk, n_next, best
+
+
+@numba.njit(**HELPER)
+def _prune(tk, n_next, best, beam, max_active, slot):
+    """Keep the tokens within ``beam`` of the best, then the ``max_active`` best (ties by
+    creation order); their indices go to ``tk``'s heap array.  Clears the slots.  Returns
+    the number kept."""
+    n_state, n_score, heap, mark = tk[0], tk[1], tk[5], tk[6]
+    for j in range(n_next):
+        slot[n_state[j]] = -1
+    n_keep = 0
+    for j in range(n_next):
+        mark[j] = 0
+        if n_score[j] >= best - beam and n_score[j] > -np.inf:
+            heap[n_keep] = j
+            n_keep += 1
+    if max_active > 0 and n_keep > max_active:
+        # the max_active best: a cutoff from a partial sort, ties by creation order
+        vals = np.empty(n_keep, np.float64)
         for i in range(n_keep):
-            j = heap[i]
-            while j >= 0 and mark[j] == 0:
-                mark[j] = 1
-                j = n_pred[j]
-        n_new = 0
-        for j in range(n_next):
-            if mark[j] == 1:
-                n_new += 1
-        if n_rec + n_new > rcap:
-            while n_rec + n_new > rcap:
-                rcap *= 2
-            r_prev = _grow(r_prev, rcap)
-            r_arc = _grow(r_arc, rcap)
-        # record ids first (an ancestor may have been created after its child)
-        for j in range(n_next):
-            if mark[j] == 1:
-                mark[j] = n_rec + 1    # record id + 1
-                n_rec += 1
-        for j in range(n_next):
-            if mark[j] > 0:
-                r = mark[j] - 1
-                r_arc[r] = n_arc[j]
-                r_prev[r] = n_prev[j] if n_pred[j] < 0 else mark[n_pred[j]] - 1
-        if n_keep > c_state.shape[0]:
-            c_state = np.empty(cap, np.int64)
-            c_score = np.empty(cap, np.float64)
-            c_rec = np.empty(cap, np.int64)
+            vals[i] = n_score[heap[i]]
+        cut = _kth_smallest(vals.copy(), n_keep - max_active)
+        above = 0
         for i in range(n_keep):
-            j = heap[i]
-            c_state[i] = n_state[j]
-            c_score[i] = n_score[j]
-            c_rec[i] = mark[j] - 1
-        n_cur = n_keep
-    stats[b, 0] = peak
-    stats[b, 1] = n_rec
-    # best accepting token
+            if vals[i] > cut:
+                above += 1
+        ties = max_active - above
+        m = 0
+        for i in range(n_keep):
+            v = vals[i]
+            if v > cut or (v == cut and ties > 0):
+                if v == cut:
+                    ties -= 1
+                heap[m] = heap[i]
+                m += 1
+        n_keep = m
+    return n_keep
+
+
+@numba.njit(**HELPER)
+def _record(tk, n_next, n_keep, r_prev, r_arc, n_rec):
+    """Traceback records for the survivors and their epsilon ancestors (``tk``'s mark
+    array gets each token's record id + 1).  Returns (r_prev, r_arc, n_rec)."""
+    n_pred, n_prev, n_arc, heap, mark = tk[2], tk[3], tk[4], tk[5], tk[6]
+    for i in range(n_keep):
+        j = heap[i]
+        while j >= 0 and mark[j] == 0:
+            mark[j] = 1
+            j = n_pred[j]
+    n_new = 0
+    for j in range(n_next):
+        if mark[j] == 1:
+            n_new += 1
+    if n_rec + n_new > r_prev.shape[0]:
+        rcap = r_prev.shape[0]
+        while n_rec + n_new > rcap:
+            rcap *= 2
+        r_prev = _grow(r_prev, rcap)
+        r_arc = _grow(r_arc, rcap)
+    # record ids first (an ancestor may have been created after its child)
+    for j in range(n_next):
+        if mark[j] == 1:
+            mark[j] = n_rec + 1    # record id + 1
+            n_rec += 1
+    for j in range(n_next):
+        if mark[j] > 0:
+            r = mark[j] - 1
+            r_arc[r] = n_arc[j]
+            r_prev[r] = n_prev[j] if n_pred[j] < 0 else mark[n_pred[j]] - 1
+    return r_prev, r_arc, n_rec
+
+
+@numba.njit(**HELPER)
+def _survivors(tk, n_keep, cur):
+    """The kept tokens become the current frame's ``(state, score, record)``."""
+    if n_keep > cur[0].shape[0]:
+        cap = tk[0].shape[0]
+        cur = (np.empty(cap, np.int64), np.empty(cap, np.float64), np.empty(cap, np.int64))
+    for i in range(n_keep):
+        j = tk[5][i]
+        cur[0][i] = tk[0][j]
+        cur[1][i] = tk[1][j]
+        cur[2][i] = tk[6][j] - 1
+    return cur
+
+
+@numba.njit(**HELPER)
+def _trace_back(cur, n_cur, accept, r_prev, r_arc, out_arcs, b):
+    """The best accepting token's arcs into ``out_arcs[b]``: (score, path length), or
+    (-inf, -1) when no token accepts."""
+    c_state, c_score, c_rec = cur
     kb = -1
     bs = -np.inf
     for k in range(n_cur):
@@ -546,7 +525,6 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
             kb = k
     if kb < 0:
         return -np.inf, -1
-    # trace back
     m = 0
     r = c_rec[kb]
     while r >= 0:
@@ -561,6 +539,56 @@ def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, ac
             out_arcs[b, i] = r_arc[r]
         r = r_prev[r]
     return bs, m
+
+
+@numba.njit(**HELPER)
+def _decode_one(em, T, ptr, eps_end, dst, ilabel, weight, rank, gain, starts, accept, has_eps,
+                beam_all, max_active_all, slot, out_arcs, b, stats):
+    """Search one utterance; write its arcs to ``out_arcs[b]``.  Returns
+    ``(score, path length)``; length ``-1`` when no path survives.  Every frame but the
+    last is pruned (beam, then max_active).
+
+    Per frame: ``_emit`` (frame-consuming arcs), ``_eps_closure``, ``_prune``, ``_record``
+    (traceback records), ``_survivors``; at the end ``_trace_back``."""
+    g = (ptr, eps_end, dst, ilabel, weight, gain)
+    # tokens of the frame being built: state, score, local eps predecessor, record of the
+    # previous frame, arc; a heap / keep list; marks
+    cap = 256
+    tk = (np.empty(cap, np.int64), np.empty(cap, np.float64), np.empty(cap, np.int64),
+          np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64),
+          np.zeros(cap, np.int64))
+    cur = (np.empty(cap, np.int64), np.empty(cap, np.float64), np.empty(cap, np.int64))
+    n_cur = 0
+    r_prev = np.empty(1024, np.int64)
+    r_arc = np.empty(1024, np.int64)
+    n_rec = 0
+    peak = 0
+    gain_max = 0.0
+    for s in range(gain.shape[0]):
+        if gain[s] > gain_max:
+            gain_max = gain[s]
+    for t in range(-1, T):
+        # the last frame is not pruned: every accept state reached then stays a candidate
+        beam = beam_all if t < T - 1 else np.inf
+        max_active = max_active_all if t < T - 1 else 0
+        if t < 0:
+            tk, n_next, best = _start_tokens(starts, slot, tk)
+        else:
+            tk, n_next, best = _emit(em[t], cur, n_cur, g, gain_max, beam, slot, tk)
+        if has_eps and n_next > 0:
+            tk, n_next, best = _eps_closure(tk, n_next, best, beam, g, rank, slot)
+        n_keep = _prune(tk, n_next, best, beam, max_active, slot)
+        if n_keep == 0:
+            stats[b, 0] = max(stats[b, 0], peak)
+            return -np.inf, -1
+        if n_keep > peak and t < T - 1:
+            peak = n_keep
+        r_prev, r_arc, n_rec = _record(tk, n_next, n_keep, r_prev, r_arc, n_rec)
+        cur = _survivors(tk, n_keep, cur)
+        n_cur = n_keep
+    stats[b, 0] = peak
+    stats[b, 1] = n_rec
+    return _trace_back(cur, n_cur, accept, r_prev, r_arc, out_arcs, b)
 
 
 @numba.njit(cache=True, nogil=True)
