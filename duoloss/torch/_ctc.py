@@ -184,21 +184,31 @@ def _device_ints(lp, targets, input_lengths, target_lengths, padded, il, tl, bat
                  concatenated):
     """``(targets, input_lengths, target_lengths)`` for the device kernel, all
     validated, then ``s_cap`` and ``concat`` (see `ctc_device`): the caller's own
-    tensors when all three already lie on ``lp``'s device (read by the kernel as
-    they are: no conversion, no copy), else the host arrays in one upload."""
+    tensors where they already lie on ``lp``'s device (read by the kernel as they
+    are: no conversion, no copy), the rest from the validated host arrays in one
+    upload."""
     dev = lp.device
-    if (_on_device(targets, dev) and _on_device(input_lengths, dev)
-            and _on_device(target_lengths, dev) and not transforms_active()):
+    if transforms_active():  # (a vmap folds padded rows)
+        targets = input_lengths = target_lengths = None
+    up = []
+    if not (_on_device(input_lengths, dev) and _on_device(target_lengths, dev)):
+        up += [il, tl]
+    if not _on_device(targets, dev):
+        up.append(padded.reshape(-1))
+    packed = int_to(np.concatenate(up), dev) if up else None
+    n, s = padded.shape
+    if packed is not None and len(up) != 1:
+        il_d, tl_d = packed[:n], packed[n:2 * n]
+    else:
         il_d = input_lengths if input_lengths.dim() == 1 else input_lengths.reshape(-1)
         tl_d = target_lengths if target_lengths.dim() == 1 else target_lengths.reshape(-1)
-        if batched and not concatenated:
-            return targets, il_d, tl_d, targets.shape[1], False
-        # concatenated, or one unbatched (S,) row: each start summed in the kernel
-        s_cap = targets.shape[0] if not batched else max(map(int, tl), default=0)
-        return targets, il_d, tl_d, s_cap, True
-    n, s = padded.shape
-    packed = int_to(np.concatenate([il, tl, padded.reshape(-1)]), dev)
-    return packed[2 * n:].view(n, s), packed[:n], packed[n:2 * n], s, False
+    if not _on_device(targets, dev):
+        return packed[len(packed) - n * s:].view(n, s), il_d, tl_d, s, False
+    if batched and not concatenated:
+        return targets, il_d, tl_d, targets.shape[1], False
+    # concatenated, or one unbatched (S,) row: each start summed in the kernel
+    s_cap = targets.shape[0] if not batched else max(map(int, tl), default=0)
+    return targets, il_d, tl_d, s_cap, True
 
 
 def _int64(a: np.ndarray) -> np.ndarray:
