@@ -178,3 +178,24 @@ def test_half_inputs_read_as_they_are(dtype):
     assert la.dtype == torch.float32 and z.grad.dtype == dtype
     _, (lm, _) = _both(exact, targets, il, tl, reduction="mean")
     assert la.item() == pytest.approx(lm.item(), rel=1e-5)
+
+
+def test_sweep_configurations_compute_the_same_values(monkeypatch):
+    """Every launch configuration `benchmarks.ctc_device_sweep` may time on a GPU gives
+    the host path's values (here under the interpreter, where warps do not matter)."""
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import ctc_device_sweep
+    from duoloss.torch._triton import _ops
+    lp, targets, il, tl = _batch(torch.float64, seed=5)
+    _, (lh, gh) = _both(lp, targets, il, tl, reduction="none")
+    for name, cfg in ctc_device_sweep._configs(_ops).items():
+        if cfg is not None:
+            monkeypatch.setattr(_ops, "ctc_config", cfg)
+        (ld, gd), _ = _both(lp, targets, il, tl, reduction="none")
+        monkeypatch.undo()
+        _close(ld, lh, torch.float64, name)
+        _close(gd, gh, torch.float64, f"{name} grad")
