@@ -199,3 +199,35 @@ def test_sweep_configurations_compute_the_same_values(monkeypatch):
         monkeypatch.undo()
         _close(ld, lh, torch.float64, name)
         _close(gd, gh, torch.float64, f"{name} grad")
+
+
+def test_validation_reads_once_with_the_same_checks(monkeypatch):
+    """On a GPU, targets and lengths on the device are read for validation in one copy
+    (`duoloss.torch._ctc._read_together`): forced here on CPU tensors, the values and
+    every validation error (type and message) are those of three separate reads."""
+    from duoloss.torch import _ctc
+    lp, targets, il, tl = _batch(torch.float64, seed=6)
+    lp, targets, il, tl = lp[:, :4], targets[:4], il[:4], tl[:4]
+    bad = {"label >= C": (targets.clone().index_fill_(1, torch.tensor([0]), 6), il, tl),
+           "blank in targets": (targets.clone().index_fill_(1, torch.tensor([0]), 0), il, tl),
+           "il > T": (targets, il + 1, tl), "tl > S": (targets, il, tl + 1),
+           "negative tl": (targets, il, tl - 10)}
+
+    def outcomes():
+        res = {"ok": dt.ctc_loss(lp, targets.int(), il.int(), tl.int(), impl="device",
+                                 reduction="none")}
+        for what, (tg, i, n) in bad.items():
+            with pytest.raises((ValueError, TypeError)) as e:
+                dt.ctc_loss(lp, tg, i, n, impl="device")
+            res[what] = (type(e.value), str(e.value))
+        return res
+
+    separate = outcomes()
+    calls = []
+    real = _ctc._read_together
+    monkeypatch.setattr(_ctc, "_read_together_applies", lambda *a: True)
+    monkeypatch.setattr(_ctc, "_read_together", lambda *a: calls.append(1) or real(*a))
+    together = outcomes()
+    assert len(calls) == 1 + len(bad)
+    _close(together.pop("ok"), separate.pop("ok"), torch.float64, "read together")
+    assert together == separate

@@ -148,13 +148,16 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
                           reduction, zero_infinity)
         if out is not None:
             return out
-    il = int_lengths(fn, "input_lengths", input_lengths, log_probs)
-    tl = int_lengths(fn, "target_lengths", target_lengths, log_probs)
+    tg_in, il_in, tl_in = targets, input_lengths, target_lengths
+    if device and _read_together_applies(log_probs, targets, input_lengths, target_lengths):
+        tg_in, il_in, tl_in = _read_together(targets, input_lengths, target_lengths)
+    il = int_lengths(fn, "input_lengths", il_in, log_probs)
+    tl = int_lengths(fn, "target_lengths", tl_in, log_probs)
     batched, concatenated = check_ctc_static(
         fn, tuple(log_probs.shape), log_probs.dtype, tuple(targets.shape), targets.dtype,
         il.shape, il.dtype, tl.shape, tl.dtype, blank, reduction)
     check_bool(fn, "zero_infinity", zero_infinity)
-    tg = to_numpy(targets).astype(np.int64, copy=False)
+    tg = (tg_in if tg_in is not targets else to_numpy(targets)).astype(np.int64, copy=False)
     il = il.astype(np.int64, copy=False).reshape(-1)
     tl = tl.astype(np.int64, copy=False).reshape(-1)
     lp = log_probs if batched else log_probs.unsqueeze(1)
@@ -174,6 +177,30 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
         (lp, padded, il, tl),
         weights=weights, blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
+
+
+def _read_together_applies(log_probs, targets, input_lengths, target_lengths) -> bool:
+    """Whether the validation reads targets and lengths in one copy (`_read_together`):
+    all three integer tensors of one dtype on ``log_probs``' accelerator."""
+    xs = (targets, input_lengths, target_lengths)
+    return (log_probs.device.type != "cpu" and not transforms_active()
+            and all(isinstance(x, torch.Tensor) and x.device == log_probs.device
+                    and x.dtype == targets.dtype for x in xs)
+            and not targets.is_floating_point() and not targets.is_complex()
+            and targets.dtype != torch.bool)
+
+
+def _read_together(targets, input_lengths, target_lengths):
+    """The host values of the three integer tensors, read in one device-to-host copy
+    (one synchronisation, where three reads made three), as numpy arrays of their
+    shapes and dtype."""
+    xs = (targets, input_lengths, target_lengths)
+    flat = torch.cat([x.reshape(-1) for x in xs]).cpu().numpy()
+    out, at = [], 0
+    for x in xs:
+        out.append(flat[at:at + x.numel()].reshape(tuple(x.shape)))
+        at += x.numel()
+    return tuple(out)
 
 
 def _on_device(x, device) -> bool:
