@@ -822,7 +822,7 @@ def _decode_cases():
         # the call: emissions and lengths
         Case(fn, "emissions", "int32 emissions", _set(emissions=lambda d: d["emissions"].astype(i32)), TypeError, expect="got int32"),
         Case(fn, "emissions", "2-D emissions", _set(emissions=lambda d: d["emissions"][0].copy()), expect="got shape (6, 5)"),
-        Case(fn, "emissions", "C != len(tokens)", _set(emissions=np.zeros((N, T, C + 1), f32)), expect="C = len(tokens) = 5"),
+        Case(fn, "emissions", "C < len(tokens)", _set(emissions=np.zeros((N, T, C - 1), f32)), expect="at least C = len(tokens) = 5"),
         Case(fn, "lengths", "float lengths", _set(lengths=np.array([6.0, 5.0], f32)), TypeError, expect="got float32"),
         Case(fn, "lengths", "(N+1,) lengths", _set(lengths=np.array([6, 5, 4], i32)), expect="got (3,)"),
         Case(fn, "lengths", "length > T", _set(lengths=np.array([7, 5], i32)), expect="got 7 at index 0"),

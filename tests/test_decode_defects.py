@@ -54,6 +54,17 @@ def _write(tmp_path, name, text):
     return str(path)
 
 
+class _ZeroLM(CTCDecoderLM):
+    def start(self, start_with_nothing):
+        return 0
+
+    def score(self, state, usr_token_idx):
+        return state, 0.0
+
+    def finish(self, state):
+        return state, 0.0
+
+
 # ------------------------------------------------------------------ 2. hotword output links
 
 def _occurrences(seq, phrase):
@@ -78,8 +89,9 @@ def test_hotword_completed_inside_a_longer_unfinished_one_earns_its_weight(tmp_p
     assert h.score == pytest.approx(5 * math.log(0.9) + 10.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("python_lm", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_hotword_bonus_is_the_weight_of_every_phrase_spelled(tmp_path, seed):
+def test_hotword_bonus_is_the_weight_of_every_phrase_spelled(tmp_path, seed, python_lm):
     """Exhaustive: every alignment of T = 5 frames over (-, |, a, b, c) with a lexicon of
     one-letter words; a word sequence scores its best alignment + the weight of every
     occurrence of every hotword in it (overlapping and nested ones included).  The search
@@ -98,7 +110,8 @@ def test_hotword_bonus_is_the_weight_of_every_phrase_spelled(tmp_path, seed):
         s = sum(em[0, t, c] for t, c in enumerate(path))
         s += sum(w * _occurrences(words, p.split()) for p, w in phrases)
         best = max(best, s)
-    h = build_decoder(tokens, lexicon, hotwords=phrases, **WIDE).decode(em)[0][0]
+    lm = _ZeroLM() if python_lm else None      # the search's Python twin
+    h = build_decoder(tokens, lexicon, lm, hotwords=phrases, **WIDE).decode(em)[0][0]
     assert h.score == pytest.approx(best, abs=1e-9)
 
 
@@ -147,8 +160,9 @@ def _parses(labs, spellings):
     return set(go(0))
 
 
+@pytest.mark.parametrize("python_lm", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_lexicon_search_equals_exhaustive_enumeration(tmp_path, seed):
+def test_lexicon_search_equals_exhaustive_enumeration(tmp_path, seed, python_lm):
     """Spellings with and without the word separator; every alignment of T = 6 frames over
     (-, |, a, b) is parsed into word sequences; a sequence scores its best alignment.  The
     n-best list (scores, and words where scores are apart) is the enumeration's."""
@@ -165,7 +179,8 @@ def test_lexicon_search_equals_exhaustive_enumeration(tmp_path, seed):
         for words in _parses(labs, spellings):
             best[words] = max(best.get(words, -math.inf), s)
     ranked = sorted(best.items(), key=lambda kv: -kv[1])[:8]
-    hyps = build_decoder(tokens, lexicon, nbest=8, **WIDE).decode(em)[0]
+    lm = _ZeroLM() if python_lm else None
+    hyps = build_decoder(tokens, lexicon, lm, nbest=8, **WIDE).decode(em)[0]
     assert [h.score for h in hyps] == pytest.approx([s for _, s in ranked], abs=1e-9)
     for i, (h, (words, s)) in enumerate(zip(hyps, ranked)):
         apart = all(abs(s - o) > 1e-9 for j, (_, o) in enumerate(ranked) if j != i)
@@ -174,17 +189,6 @@ def test_lexicon_search_equals_exhaustive_enumeration(tmp_path, seed):
 
 
 # ------------------------------------------------------------------ 5. Python LM in float64
-
-class _ZeroLM(CTCDecoderLM):
-    def start(self, start_with_nothing):
-        return 0
-
-    def score(self, state, usr_token_idx):
-        return state, 0.0
-
-    def finish(self, state):
-        return state, 0.0
-
 
 def test_python_lm_sums_float32_emissions_in_float64():
     """T = 400 float32 frames: a Python LM of zero scores changes nothing (the score to
@@ -314,6 +318,14 @@ def test_emissions_with_more_classes_than_tokens(tmp_path):
     with pytest.raises(ValueError, match=r"ctc_decoder: argument 'emissions' must have at "
                                          r"least C = len\(tokens\) = 7"):
         dec(em[:, :, :6])
+    jnp = pytest.importorskip("jax.numpy")
+    import duoloss.jax as dj
+    jdec = dj.ctc_decoder(tokens, lexicon, nbest=3)
+    jem = jnp.asarray(em.numpy())
+    for a, b in zip(jdec(jem), dec(em)):
+        assert [(h.tokens.tolist(), h.words) for h in a] == [(h.tokens.tolist(), h.words) for h in b]
+    tok, n_tok = jdec.padded(jem)[:2]
+    assert int(np.asarray(tok).max()) < 7
 
 
 # ------------------------------------------------------------------ 13. lm_dict

@@ -465,7 +465,8 @@ class CTCDecoder:
         pf = np.array([self.lm_weight, self.word_score, self.unk_score, self.sil_score,
                        self.beam_threshold], np.float64)
         tables = self._lm
-        pi = np.array([self.beam_size, self.beam_size_token, self.blank, self.sil,
+        # a beam past what any search can hold is no limit (and must fit an int64)
+        pi = np.array([min(self.beam_size, 1 << 62), self.beam_size_token, self.blank, self.sil,
                        self._unk_unit, self.lexicon is not None, self.log_add, self._has_lm,
                        self.nbest, self._trie[6], tables.eos, tables.start, self._has_hw,
                        tables.n_words, self._hw_init, len(self.tokens)], np.int64)
