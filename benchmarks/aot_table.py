@@ -3,7 +3,8 @@
 Every kernel variant the launchers produce for a table of representative shapes (CTC
 ``(N, T, C, S) = (32, 500, 50, S)`` with ``S`` up to 4000, i.e. every ``BLOCK`` from 2
 to 8192; RNN-T ``(32, 150, U, 28)`` with ``U`` up to 2000, regular and modified; TDT with
-2 to 8 durations; float32 and float64; with and without gradient) is compiled for sm_80
+2 to 8 durations; ``rnnt_loss``'s fused kernels for ``(U, V)`` up to ``(1000, 8000)``;
+float32 and float64; with and without gradient) is compiled for sm_80
 and sm_90 with the ``ptxas`` inside the Triton wheel (`duoloss.torch._triton._aot`),
 and one row per variant gives registers, spills, stack, shared memory, warps and how many
 pointer offsets are 32- and 64-bit.  The checks that ``tests/test_aot_compile.py`` runs
@@ -28,6 +29,8 @@ from typing import Dict, List, Tuple
 
 CTC_S = (0, 1, 3, 7, 15, 31, 63, 100, 250, 500, 1000, 2000, 4000)
 RNNT_U = (1, 3, 7, 15, 28, 63, 127, 255, 511, 1000, 2000)
+#: rnnt_loss's fused kernels: (U, V) with the class block from 2 to 2048 (chunked above)
+RNNT_LOSS = ((1, 2), (40, 28), (60, 256), (100, 500), (255, 1024), (1000, 8000), (2000, 28))
 TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
                  (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
 TDT_U = (7, 127, 1023)
@@ -42,6 +45,8 @@ CAPABILITIES = (80, 90)
 # with 8 durations, BLOCK 1024 and 2048, float32 and float64, grad and no grad)
 SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
+          ("rnnt_loss", 40, "float32", True, 28), ("rnnt_loss", 100, "float64", True, 500),
+          ("rnnt_loss", 1000, "bfloat16", True, 8000),
           ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)),
           ("tdt", 127, "float32", True, (1, 2, 3, 4, 5, 6, 7, 8)),
           ("tdt", 1023, "float64", True, (1, 2)),
@@ -59,6 +64,7 @@ def cases(subset: bool = False) -> List[tuple]:
         for grad in (True, False):
             out += [("ctc", s, dt, grad, None) for s in CTC_S]
             out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
+            out += [("rnnt_loss", u, dt, grad, v) for u, v in RNNT_LOSS]
             out += [("tdt", u, dt, grad, d) for u in TDT_U for d in TDT_DURATIONS]
             out += [("tdt", u, dt, grad, d) for u, d in TDT_WIDE]
     return out
@@ -74,6 +80,8 @@ def launches(case) -> list:
         return _aot.ctc_launches(32, 500, 50, p, dtype, grad)
     if family == "rnnt":
         return _aot.transducer_launches(32, 150, p, dtype, grad, modified=bool(extra))
+    if family == "rnnt_loss":
+        return _aot.rnnt_loss_launches(16, 150, p, extra, dtype, grad)
     return _aot.tdt_launches(4, 40, p, 28, tuple(extra), dtype, grad)
 
 
@@ -83,6 +91,8 @@ def describe(case) -> str:
         what = f"CTC S={p}"
     elif family == "rnnt":
         what = f"RNN-T U={p}" + (" modified" if extra else "")
+    elif family == "rnnt_loss":
+        what = f"rnnt_loss U={p} V={extra}"
     else:
         what = f"TDT U={p} d={','.join(map(str, extra))}"
     return f"{what} {dt} {'grad' if grad else 'no grad'}"
@@ -109,8 +119,9 @@ def run(subset: bool = False, capabilities=CAPABILITIES, progress=True,
                     r["compile_s"] = time.perf_counter() - t0
                     done[(k, cap)] = r
                 r = done[(k, cap)]
+                names = v["kernel"].arg_names  # (the cell-parallel kernels: BLOCK_V)
                 block = int(v["constexprs"].get(
-                    (v["kernel"].arg_names.index("BLOCK"),), 0))
+                    (names.index("BLOCK" if "BLOCK" in names else "BLOCK_V"),), 0))
                 rows.append({"case": describe(case), "family": case[0], "kernel":
                              v["kernel"].fn.__name__, "variant": k, "sm": cap, "block": block,
                              **{x: r[x] for x in ("regs", "spill_stores", "spill_loads",

@@ -47,6 +47,8 @@ for n, t, u in ((32, 150, 28), (3, 77, 17), (16, 1000, 31)):
     launches += _aot.transducer_launches(n, t, u, torch.float32, True)
 for n, t, u in ((4, 40, 127), (9, 333, 70)):
     launches += _aot.tdt_launches(n, t, u, 28, (0, 1, 2, 4), torch.float32, True)
+for n, t, u in ((32, 150, 40), (3, 77, 50), (16, 1000, 33)):
+    launches += _aot.rnnt_loss_launches(n, t, u, 28, torch.float32, True)
 counts = {}
 for v in _aot.variants(launches, t90).values():
     name = v["kernel"].fn.__name__
@@ -62,6 +64,12 @@ print(json.dumps({"rows": rows, "counts": counts,
                   "tdt_variants": len(_aot.variants(tdt, t90)),
                   "tdt_int_tensors": int_tensors}))
 """
+
+
+#: rnnt_loss's fused kernels (duoloss.torch._triton._rnnt_kernels)
+RNNT_LOSS_KERNELS = {"rnnt_norm_kernel", "rnnt_alpha_beta_kernel", "rnnt_reduce_kernel",
+                     "rnnt_grad_kernel"}
+CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +91,7 @@ def test_every_subset_variant_compiles_for_sm80_and_sm90(table):
         for sm in (80, 90):
             assert (aot_table.describe(case), sm) in seen
     kernels = {r["kernel"] for r in rows}
-    assert kernels == {"ctc_kernel", "transducer_kernel", "tdt_kernel"}
+    assert kernels >= {"ctc_kernel", "transducer_kernel", "tdt_kernel"} | RNNT_LOSS_KERNELS
     for r in rows:
         assert r["regs"] > 0 and r["regs"] <= 255, r
 
@@ -97,6 +105,8 @@ def test_warps_follow_block(table):
     """``num_warps * 32 <= max(BLOCK, 32)`` (no warp recomputes another's values) and
     at least 8 warps from ``BLOCK = 1024``."""
     for r in table["rows"]:
+        if r["kernel"] in CELL_PARALLEL:
+            continue  # (a block of cells x classes per program, not a level per sequence)
         assert r["num_warps"] * 32 <= max(r["block"], 32), r
         if r["block"] >= 1024:
             assert r["num_warps"] >= 8, r
@@ -105,7 +115,8 @@ def test_warps_follow_block(table):
 def test_new_lengths_do_not_compile_anew(table):
     """Shapes of one ``BLOCK`` share one variant per kernel (lengths, batch sizes and
     strides are not specialised)."""
-    assert table["counts"] == {"ctc_kernel": 1, "transducer_kernel": 1, "tdt_kernel": 1}
+    assert table["counts"] == {"ctc_kernel": 1, "transducer_kernel": 1, "tdt_kernel": 1,
+                               **{k: 1 for k in RNNT_LOSS_KERNELS}}
 
 
 def test_durations_are_compile_time_constants(table):

@@ -28,7 +28,7 @@ import torch
 from . import _ops
 
 __all__ = ["compile_variant", "record", "variants", "ctc_launches", "transducer_launches",
-           "tdt_launches"]
+           "tdt_launches", "rnnt_loss_launches"]
 
 _META = torch.device("meta")
 
@@ -64,6 +64,25 @@ def transducer_launches(n: int, t: int, u: int, dtype: torch.dtype, want_grad: b
     py = torch.empty((n, u + 1, t), dtype=dtype, device=_META)
     bd = torch.empty((n, 4), dtype=torch.int64, device=_META)
     return record(lambda: _ops._transducer_impl(px, py, bd, modified, want_grad))
+
+
+def rnnt_loss_launches(n: int, t: int, u: int, v: int, dtype: torch.dtype, want_grad: bool,
+                       reduction: str = "mean") -> List[tuple]:
+    """Launches of ``rnnt_loss``'s fused device path for logits ``(N, T, U + 1, V)``:
+    the forward's (normaliser, recursion, reduction) and, with ``want_grad``, the
+    backward's gradient kernel."""
+    from . import _rnnt_ops
+    x = torch.empty((n, t, u + 1, v), dtype=dtype, device=_META)
+    tg = torch.empty((n, u), dtype=torch.int64, device=_META)
+    il = torch.empty((n,), dtype=torch.int64, device=_META)
+
+    def run():
+        out, work = _rnnt_ops.rnnt_forward_impl(x, tg, il, il, v - 1, reduction, True, 0.0,
+                                                0.0, want_grad)
+        if want_grad:
+            _rnnt_ops.rnnt_grad_impl(x, work, tg, il, il, out, v - 1, reduction, True, 0.0,
+                                     -1.0)
+    return record(run)
 
 
 def tdt_launches(n: int, t: int, u: int, v: int, durations: Tuple[int, ...],

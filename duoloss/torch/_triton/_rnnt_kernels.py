@@ -52,13 +52,20 @@ import triton.language as tl
 #: Whether the kernels were defined under the Triton interpreter (CPU tensors).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# (globals a kernel reads must be constexpr)
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
-# the planes of the workspace (multiples of P = T * (U + 1)) and its scalars
-PLANE_LPB, PLANE_LPY, PLANE_ALPHA, PLANE_BETA, PLANE_LSE = 0, 1, 2, 3, 4
-SLOT_LOGZ, SLOT_LOSS, SLOT_OK = 0, 1, 2          # after the five planes
-N_PLANES, N_SLOTS = 5, 3
+# the planes of the workspace (multiples of P = T * (U + 1)) and its scalars after them
+PLANE_LPB = tl.constexpr(0)
+PLANE_LPY = tl.constexpr(1)
+PLANE_ALPHA = tl.constexpr(2)
+PLANE_BETA = tl.constexpr(3)
+PLANE_LSE = tl.constexpr(4)
+N_PLANES = tl.constexpr(5)
+SLOT_LOGZ = tl.constexpr(0)
+SLOT_LOSS = tl.constexpr(1)
+SLOT_OK = tl.constexpr(2)
 
 
 @triton.jit
@@ -126,7 +133,7 @@ def rnnt_norm_kernel(x_ptr, sx_b, sx_t, sx_u, y_ptr, sy_b, sy_u, il_ptr, tl_ptr,
         v = tl.arange(0, BLOCK_V)
         m = tl.full((ROWS,), float("-inf"), cd)
         s = tl.full((ROWS,), 0, cd)
-        for c in range(0, V, BLOCK_V):
+        for c in range(0, V.to(tl.int64), BLOCK_V):
             cols = c + v
             msk = act[:, None] & (cols < V)[None, :]
             xv = tl.load(xrow[:, None] + cols[None, :], mask=msk,
@@ -142,7 +149,7 @@ def rnnt_norm_kernel(x_ptr, sx_b, sx_t, sx_u, y_ptr, sy_b, sy_u, il_ptr, tl_ptr,
         lse2 = tl.full((ROWS,), 0, cd)
     lab = tl.load(y_ptr + b * sy_b + u * sy_u, mask=act & (u < ub), other=0)
     lab = tl.where((lab >= 0) & (lab < V), lab, 0)  # (an invalid label: NaN loss, any read)
-    xb = tl.load(xrow + blank, mask=act, other=float("-inf")).to(cd)
+    xb = tl.load(xrow + blank.to(tl.int64), mask=act, other=float("-inf")).to(cd)
     xy = tl.load(xrow + lab, mask=act & (u < ub), other=float("-inf")).to(cd)
     if FUSED:
         lpb = tl.where(lse2 == float("-inf"), float("-inf"), xb * LOG2E - lse2)
@@ -158,6 +165,7 @@ def rnnt_norm_kernel(x_ptr, sx_b, sx_t, sx_u, y_ptr, sy_b, sy_u, il_ptr, tl_ptr,
     lpb = tl.where(act, lpb, float("-inf"))
     seq = work_ptr + b * W
     cell = t * U1 + u
+    P = P.to(tl.int64)
     tl.store(seq + (PLANE_LPB * P + cell), lpb, mask=in_grid)
     tl.store(seq + (PLANE_LPY * P + cell), lpy, mask=in_grid)
     if FUSED:
@@ -180,8 +188,10 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
     b = tl.program_id(0).to(tl.int64)
     side = tl.program_id(1)
     U1 = U + 1
-    tb = tl.load(il_ptr + b)
-    ub = tl.load(tl_ptr + b)
+    P = P.to(tl.int64)  # the planes' bases: 64-bit scalars
+    # (32-bit within a sequence: the launcher keeps a workspace row below 2**31 entries)
+    tb = tl.load(il_ptr + b).to(tl.int32)
+    ub = tl.load(tl_ptr + b).to(tl.int32)
     lane = tl.arange(0, BLOCK)
     # the sequence's own check: lengths in range, labels in [0, V) and not the blank
     nbad = tl.full((BLOCK,), 0, tl.int32)
@@ -210,11 +220,10 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
         alpha = tl.where(lane == 0, 0.0, neg)
         tl.store(a_p + lane, alpha, mask=(lane == 0) & some)
         # the emissions of level 1, loaded ahead (see the loop)
-        t = 1 - lane
-        cell = (t >= 0) & (t < tb) & (lane <= ub)
-        eb_n = tl.load(lpb_p + (t - 1) * U1 + lane, mask=cell & (t >= 1), other=float("-inf"))
-        ey_n = tl.load(lpy_p + t * U1 + lane - 1, mask=cell & (lane >= 1),
-                       other=float("-inf"))
+        t1 = 1 - lane
+        c1 = (t1 >= 0) & (t1 < tb) & (lane <= ub)
+        eb_n = tl.load(lpb_p + (t1 - 1) * U1 + lane, mask=c1 & (t1 >= 1), other=float("-inf"))
+        ey_n = tl.load(lpy_p + t1 * U1 + lane - 1, mask=c1 & (lane >= 1), other=float("-inf"))
         for m in range(1, n_lev):
             eb = eb_n
             ey = ey_n
@@ -233,7 +242,7 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
             alpha = tl.where(cell, _lae2(alpha + eb, below + ey), neg)
             tl.store(a_p + t * U1 + lane, alpha, mask=cell)
         fin = (lane == ub) & some
-        e_fin = tl.load(lpb_p + (tb - 1) * U1 + lane, mask=fin, other=0.0)
+        e_fin = tl.load(lpb_p + ((tb - 1).to(tl.int64) * U1 + lane), mask=fin, other=0.0)
         logz = _sum(tl.where(fin, alpha + e_fin, 0.0), 0)
         logz = tl.where(tb > 0, logz, tl.where(ub == 0, 0.0, float("-inf")))
         logz = tl.where(ok_v, logz, float("nan"))
@@ -251,15 +260,15 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
     else:
         b_p = seq + PLANE_BETA * P
         top = tl.minimum(lane + 1, BLOCK - 1)
-        t = n_lev - 1 - lane
+        t_fin = n_lev - 1 - lane
         fin = (lane == ub) & some
-        beta = tl.where(fin, tl.load(lpb_p + t * U1 + lane, mask=fin, other=0.0), neg)
-        tl.store(b_p + t * U1 + lane, beta, mask=fin)
+        beta = tl.where(fin, tl.load(lpb_p + t_fin * U1 + lane, mask=fin, other=0.0), neg)
+        tl.store(b_p + t_fin * U1 + lane, beta, mask=fin)
         # emissions of level n_lev - 2, loaded ahead
-        t = n_lev - 2 - lane
-        cell = (t >= 0) & (t < tb) & (lane <= ub)
-        eb_n = tl.load(lpb_p + t * U1 + lane, mask=cell & (t + 1 < tb), other=float("-inf"))
-        ey_n = tl.load(lpy_p + t * U1 + lane, mask=cell & (lane < ub), other=float("-inf"))
+        t1 = n_lev - 2 - lane
+        c1 = (t1 >= 0) & (t1 < tb) & (lane <= ub)
+        eb_n = tl.load(lpb_p + t1 * U1 + lane, mask=c1 & (t1 + 1 < tb), other=float("-inf"))
+        ey_n = tl.load(lpy_p + t1 * U1 + lane, mask=c1 & (lane < ub), other=float("-inf"))
         for r in range(2, n_lev + 1):
             m = n_lev - r
             eb = eb_n
@@ -279,7 +288,7 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
             tl.store(b_p + t * U1 + lane, beta, mask=cell)
 
 
-@triton.jit(do_not_specialize=["W", "P", "N", "sout", "inv_n"])
+@triton.jit(do_not_specialize=["W", "P", "N", "inv_n"])
 def rnnt_reduce_kernel(work_ptr, W, P, N, out_ptr, inv_n, BLOCK: tl.constexpr):
     """``out[0] = inv_n * sum_b loss_b``, summed in float64 in a fixed order (one
     program: the same bits on every run)."""
@@ -310,13 +319,14 @@ def rnnt_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr,
     b, t, u = _cells(rows, T.to(tl.int64) * U1, U1)
     b = tl.where(in_grid, b, 0)
     cd = work_ptr.dtype.element_ty
+    P = P.to(tl.int64)
     seq = work_ptr + b * W
     scal = seq + N_PLANES * P
-    ok = tl.load(scal + SLOT_OK, mask=in_grid, other=0.0) != 0.0
+    ok = tl.load(scal + (b * 0 + SLOT_OK), mask=in_grid, other=0.0) != 0.0
     tb = tl.load(il_ptr + b, mask=in_grid & ok, other=0)
     ub = tl.load(tl_ptr + b, mask=in_grid & ok, other=0)
     act = in_grid & ok & (t < tb) & (u <= ub)
-    logz = tl.load(scal + SLOT_LOGZ, mask=in_grid, other=0.0)
+    logz = tl.load(scal + (b * 0 + SLOT_LOGZ), mask=in_grid, other=0.0)
     cell = t * U1 + u
     alpha = tl.load(seq + (PLANE_ALPHA * P + cell), mask=act, other=float("-inf"))
     eb = tl.load(seq + (PLANE_LPB * P + cell), mask=act, other=float("-inf"))
@@ -342,7 +352,7 @@ def rnnt_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr,
     grow = g_ptr + b * sg_b + t * sg_t + u * sg_u
     v = tl.arange(0, BLOCK_V)
     bad = in_grid & ~ok
-    for c in range(0, V, BLOCK_V):
+    for c in range(0, V.to(tl.int64), BLOCK_V):
         cols = c + v
         cm = (cols < V)[None, :]
         if FUSED:

@@ -26,7 +26,7 @@ import torch
 from .._ops import fold, second_order_message
 from ._ops import _launch_device, _no_grad_error, _ptr, _want, launch
 
-__all__ = ["kernels_interpreted", "rnnt", "rnnt_forward_impl", "rnnt_grad_impl",
+__all__ = ["check_lattice", "kernels_interpreted", "rnnt", "rnnt_forward_impl", "rnnt_grad_impl",
            "workspace_width"]
 
 
@@ -64,9 +64,21 @@ def workspace_width(t_max: int, u1: int) -> int:
     return 5 * t_max * u1 + 3
 
 
+def check_lattice(fn: str, x) -> None:
+    """``ValueError`` when one sequence's workspace row (`workspace_width`) exceeds the
+    kernels' 32-bit in-sequence offsets (the batch and the logits' total size are not
+    limited: per-sequence bases are 64-bit).  Shapes only: no host synchronisation."""
+    t_max, u1 = x.shape[1], x.shape[2]
+    if workspace_width(t_max, u1) > 2 ** 31 - 1:
+        raise ValueError(f"{fn}: argument 'logits' of shape {tuple(x.shape)} has a lattice "
+                         f"of T * (U + 1) = {t_max * u1} cells per sequence; the device path "
+                         f"supports 5 * T * (U + 1) + 3 <= {2 ** 31 - 1} (use impl='host' or "
+                         f"shorter sequences)")
+
+
 #: Values per program of the two cell-parallel kernels (normaliser, gradient): rows
-#: of ``BLOCK_V`` classes, ``ROWS`` cells; 4 warps (16 values per thread in float32).
-_TILE = 2048
+#: of ``BLOCK_V`` classes, ``ROWS`` cells; 4 warps (4 per thread in float32: at most 114 registers on sm_90 in the AOT table, where 2048 spilled).
+_TILE = 512
 _TILE_WARPS = 4
 #: The largest class block; longer rows are read in chunks (an online max and sum).
 _MAX_BLOCK_V = 2048
@@ -125,7 +137,7 @@ def rnnt_forward_impl(x, targets, il, tl, blank: int, reduction: str, fused: boo
         if reduced:
             inv = 1.0 / max(n, 1) if reduction == "mean" else 1.0
             launch(k.rnnt_reduce_kernel, (1,), (_ptr(work), w, p, n, out, inv),
-                   dict(BLOCK=_pow2(min(max(n, 1), 1024), 16), num_warps=1))
+                   dict(BLOCK=128, num_warps=1))  # (one variant for every N)
     return out, work
 
 
@@ -295,6 +307,7 @@ def rnnt(x, targets, il, tl, *, blank: int, reduction: str, fused: bool, lam: fl
          delay: float, bound: float) -> torch.Tensor:
     """The device path of ``rnnt_loss`` after validation: the reduced loss (or ``(N,)``
     losses) in the compute dtype, differentiable w.r.t. ``x``."""
+    check_lattice("rnnt_loss", x)
     if x.dim() == 4 and x.stride(3) != 1:
         x = x.contiguous()  # the kernels read (and write) the classes contiguously
     want = _want(x)
