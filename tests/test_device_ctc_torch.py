@@ -231,3 +231,29 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
     assert len(calls) == 1 + len(bad)
     _close(together.pop("ok"), separate.pop("ok"), torch.float64, "read together")
     assert together == separate
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_vmap_of_a_reduced_loss(reduction):
+    """Under ``torch.func.vmap`` the kernel weighs each folded sequence by its own
+    row's reduction (``'mean'`` over that row's ``N``) and each row is summed after:
+    the values and gradients of a Python loop, and of the host path."""
+    lp, targets, il, tl = _batch(torch.float64, seed=7)
+    xs = torch.stack([lp[:, :4], lp.flip(0)[:, :4]])       # (M=2, T, N=4, C)
+    tgs = torch.stack([targets[:4], targets[[1, 0, 3, 2]]])
+    ils = torch.tensor([[9, 9, 4, 6], [9, 8, 9, 7]])
+    tls = torch.tensor([[5, 3, 1, 0], [3, 5, 0, 1]])
+
+    def f(z, t, i, n, impl="device"):
+        return dt.ctc_loss(z, t, i, n, impl=impl, reduction=reduction)
+
+    args = (xs, tgs, ils, tls)
+    got = torch.func.vmap(f)(*args)
+    _close(got, torch.stack([f(*a) for a in zip(*args)]), torch.float64, "vmap vs loop")
+    _close(got, torch.func.vmap(lambda *a: f(*a, impl="host"))(*args), torch.float64,
+           "vmap vs host")
+    grads = torch.func.vmap(torch.func.grad(f))(*args)
+    _close(grads, torch.stack([torch.func.grad(f)(*a) for a in zip(*args)]), torch.float64,
+           "vmap(grad) vs loop")
+    _close(grads, torch.func.vmap(torch.func.grad(lambda *a: f(*a, impl="host")))(*args),
+           torch.float64, "vmap(grad) vs host")
