@@ -248,6 +248,44 @@ def test_lexicon_free_lm_memory_is_bounded_by_the_beam():
     assert large - small < 40_000, (small, large)
 
 
+class _ArpaLM(CTCDecoderLM):
+    """An ARPA model as a Python LM over tokens (the search's Python path)."""
+
+    def __init__(self, lm, tokens):
+        self.lm, self.ids = lm, [lm.word_id(t) for t in tokens]
+
+    def start(self, start_with_nothing):
+        return self.lm.begin()
+
+    def score(self, state, usr_token_idx):
+        p, ctx = self.lm.score(state, self.ids[usr_token_idx])
+        return ctx, p
+
+    def finish(self, state):
+        p, ctx = self.lm.score(state, self.lm.eos)
+        return ctx, p
+
+
+def test_collecting_histories_changes_no_result(tmp_path, monkeypatch):
+    """T = 150 lexicon-free frames with a token LM: the kernel collects its history nodes
+    (about 1,400 a frame, collected past 65,536) and the Python path, made to collect every
+    few frames, finds the same hypotheses and scores."""
+    import duoloss.core.decoding._beam_python as bp
+    tokens = ["-", "|"] + [chr(97 + i) for i in range(26)]
+    lines = ["\\data\\", "ngram 1=29", "ngram 2=26", "", "\\1-grams:", "-99\t<s>\t0",
+             "-1.5\t</s>\t0", "-3\t<unk>\t0"]
+    lines += [f"-1.4\t{t}\t-0.2" for t in tokens[2:]]
+    lines += ["", "\\2-grams:"] + [f"-0.3\t{a} {b}" for a, b in zip(tokens[2:], tokens[3:] + ["a"])]
+    arpa = _write(tmp_path, "lm.arpa", "\n".join(lines + ["", "\\end\\", ""]))
+    em = _emissions(np.random.default_rng(2), 150, len(tokens), sharp=2.0)
+    kw = dict(beam_size=50, nbest=5, lm_weight=0.8)
+    ref = build_decoder(tokens, lm=arpa, **kw).decode(em)[0]
+    monkeypatch.setattr(bp, "_GC_MIN", 300)
+    got = build_decoder(tokens, lm=_ArpaLM(read_arpa(arpa), tokens), **kw).decode(em)[0]
+    assert [h.tokens.tolist() for h in got] == [h.tokens.tolist() for h in ref]
+    assert [h.score for h in got] == pytest.approx([h.score for h in ref], abs=1e-9)
+
+
 # ------------------------------------------------------------------ 8. huge beam_size
 
 def test_huge_beam_size_allocates_what_the_search_uses(tmp_path):

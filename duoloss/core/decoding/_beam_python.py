@@ -17,6 +17,8 @@ from .ctc_beam import CTCDecoderLM, CTCDecoderLMState, CTCHypothesis
 
 __all__ = ["decode_python", "kenlm_model", "lm_word_scores"]
 
+_GC_MIN = 1 << 14      # histories before the first collection of unreachable ones
+
 
 def lm_word_scores(lm: Any, units: Any) -> List[float]:
     """Each unit's score after ``lm.start(False)`` (the trie's look-ahead, as torchaudio);
@@ -107,6 +109,25 @@ class _Search:
             self.h_state.append(st)
             self.h_score.append(float(sc))
         return n
+
+    def collect(self, hyps: List[tuple]) -> List[tuple]:
+        """Drop the histories no hypothesis reaches (as the kernel's ``_hist_collect``):
+        memory bounded by the beam.  Returns ``hyps`` with their histories renumbered."""
+        live = {0}
+        for hyp in hyps:
+            n = hyp[1]
+            while n > 0 and n not in live:
+                live.add(n)
+                n = self.h_par[n]
+        new_id: Dict[int, int] = {}
+        for n in sorted(live):          # a parent before its children
+            new_id[n] = len(new_id)
+        self.h_par = [-1 if n == 0 else new_id[self.h_par[n]] for n in sorted(live)]
+        self.h_unit = [self.h_unit[n] for n in sorted(live)]
+        self.h_state = [self.h_state[n] for n in sorted(live)]
+        self.h_score = [self.h_score[n] for n in sorted(live)]
+        self.h_key = {(self.h_par[m], self.h_unit[m]): m for m in range(1, len(self.h_par))}
+        return [(h[0], new_id[h[1]]) + h[2:] for h in hyps]
 
     def hw_step(self, node: int, x: int) -> Tuple[int, float]:
         col, goto, credit, out = self.dec._hw
@@ -207,7 +228,11 @@ def decode_python(dec: Any, em: np.ndarray, lens: np.ndarray, todo: np.ndarray
         hyps = [(0.0, 0, 0, dec.sil, 0, dec._hw_init)]    # (score, hist, lex, tok, blank, hw)
         p_tok = [[dec.sil]]
         p_par = [[-1]]
+        gc_at = _GC_MIN
         for t in range(T):
+            if len(run.h_par) > gc_at:
+                hyps = run.collect(hyps)
+                gc_at = max(_GC_MIN, 2 * len(run.h_par))
             row = em[b, t, :n_tok].astype(np.float64).tolist()
             top = np.argsort(-np.asarray(row), kind="mergesort")[:dec.beam_size_token].tolist()
             if dec.beam_size_token >= n_tok:
