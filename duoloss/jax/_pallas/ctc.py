@@ -277,7 +277,10 @@ def _out(shape, dtype, axes):
             return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mat(varying=axes))
         except TypeError:  # pragma: no cover - another JAX spelling
             pass
-    return jax.ShapeDtypeStruct(shape, dtype, vma=frozenset(axes))  # pragma: no cover
+    try:  # pragma: no cover - JAX versions that spell it vma=
+        return jax.ShapeDtypeStruct(shape, dtype, vma=frozenset(axes))
+    except TypeError:  # pragma: no cover - neither: pallas_call's own error says what to do
+        return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _alpha_call(lp, ext, skip, il, tl, *, form, interpret, axes=frozenset()):
