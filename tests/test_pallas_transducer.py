@@ -32,6 +32,7 @@ from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
 from duoloss.jax._adapter import apply_kernel
 from duoloss.jax._pallas import interpret_as
 from duoloss.jax._pallas.transducer import transducer_losses
+from duoloss.jax._xla.tdt import multiblank_losses, tdt_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = [(np.float32, False), (np.float32, True), (np.float64, True)]
@@ -222,6 +223,101 @@ def test_k2_losses_pallas_equal_host():
             assert_close(got, ref, np.float64, 10.0)
 
 
+# ---------------------------------------------------------------- TDT, multi-blank
+def tdt_case(seed, n_dur, t=8, u=3, v=5):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, t, u + 1, v + n_dur)) * 2
+    tg = rng.integers(0, v - 1, (4, u))          # blank = v - 1 never a label
+    il = np.array([t, t - 2, 0, 4])
+    tl = np.array([u, 1, 0, 2])
+    return x, tg, il, tl
+
+
+def _per_sequence_vg(f, x, impl):
+    """Per-sequence losses and the gradient of their weighted sum, jitted."""
+    fn = jax.jit(jax.value_and_grad(lambda z: _weighted(f(z, impl)), has_aux=False))
+    _, g = fn(x)
+    return jax.jit(lambda z: f(z, impl))(x), g
+
+
+def _vs_host(f, x, dtype):
+    lh, gh = _per_sequence_vg(f, x, "host")
+    lp, gp = _per_sequence_vg(f, x, "pallas")
+    assert lp.dtype == lh.dtype == gp.dtype == dtype
+    assert_close(lp, lh, dtype, 10.0)
+    assert_close(gp, gh, dtype)
+    return lp, gp
+
+
+@pytest.mark.parametrize("dtype,x64,durations,opts", [
+    (np.float64, True, [0, 1, 2], {"sigma": 0.05}),
+    (np.float32, True, [0, 1, 2], {"sigma": 0.05}),
+    (np.float32, False, [1, 2, 3, 4, 5], {"fastemit_lambda": 0.3, "clamp": 0.2}),
+    (np.float64, True, [0, 2], {"omega": 0.3, "sigma": 0.1})],
+    ids=["d012-sigma-f64", "d012-sigma-f32-x64on", "d12345-fastemit-clamp-f32-x64off",
+         "d02-omega-f64"])
+def test_tdt_pallas_equals_host(dtype, x64, durations, opts):
+    with jax.enable_x64(x64):
+        x, tg, il, tl = tdt_case(len(durations), len(durations))
+
+        def f(z, impl):
+            return dj.tdt_loss(z, tg, il, tl, -1, durations, reduction="none", impl=impl,
+                               **opts)
+
+        lp, gp = _vs_host(f, jnp.asarray(x, dtype), dtype)
+        assert np.isfinite(lp).all() and np.abs(gp).sum() > 0
+
+
+def test_multiblank_pallas_equals_host():
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(5)
+        x = jnp.asarray(rng.standard_normal((4, 9, 3, 7)) * 2)
+        tg = rng.integers(0, 4, (4, 2))           # blank 6, big blanks 5 and 4
+        il, tl = np.array([9, 5, 0, 8]), np.array([2, 1, 0, 2])
+
+        def f(z, impl):
+            return dj.multiblank_rnnt_loss(z, tg, il, tl, 6, [2, 4], reduction="none",
+                                           sigma=0.05, fastemit_lambda=0.2, clamp=0.3,
+                                           impl=impl)
+
+        _vs_host(f, x, np.float64)
+
+
+def test_tdt_infeasible_nan_and_no_targets_equal_host():
+    """Durations [2]: an odd ``T_b`` has no path (+inf, zero gradient); a NaN a sequence
+    reads poisons it, one outside its box is never read; no target positions at all."""
+    with jax.enable_x64(True):
+        x, tg, il, tl = tdt_case(11, 1, t=7)
+        il = np.array([7, 4, 0, 6])
+        x[1, 0, 0, 2] = np.nan
+        x[3, 6:] = np.nan
+
+        def f(z, impl):
+            return dj.tdt_loss(z, tg, il, tl, -1, [2], reduction="none", impl=impl)
+
+        lp, gp = _vs_host(f, jnp.asarray(x), np.float64)
+        assert np.isposinf(lp[0]) and np.isnan(lp[1]) and lp[2] == 0 and np.isfinite(lp[3])
+        assert not np.asarray(gp[0]).any() and np.isfinite(gp[3]).all()
+        x0 = jnp.asarray(np.random.default_rng(2).standard_normal((2, 4, 1, 8)))
+
+        def g(z, impl):
+            return dj.tdt_loss(z, np.zeros((2, 0), int), np.array([4, 2]), np.array([0, 0]),
+                               -1, [0, 1, 2], reduction="none", impl=impl)
+
+        _vs_host(g, x0, np.float64)
+
+
+def test_tdt_and_multiblank_tpu_form_equal_host():
+    with jax.enable_x64(False), interpret_as("tpu"):
+        x, tg, il, tl = tdt_case(3, 3)
+
+        def f(z, impl):
+            return dj.tdt_loss(z, tg, il, tl, -1, [0, 1, 2], reduction="none", impl=impl,
+                               omega=0.25)
+
+        _vs_host(f, jnp.asarray(x, np.float32), np.float32)
+
+
 # ---------------------------------------------------------------- transforms, lowering
 def _pallas_grids(jaxpr):
     """The grids of the ``pallas_call`` equations run by ``jaxpr`` (custom_vjp's forward)."""
@@ -269,8 +365,9 @@ def _export_text(f, args, platform):
 @pytest.mark.parametrize("platform,backend,marker", [
     ("tpu", "pallas-tpu", "tpu_custom_call"), ("cuda", "pallas-gpu", "__gpu$xla.gpu.triton")])
 def test_kernels_lower_for_tpu_and_cuda_without_a_callback(platform, backend, marker):
-    """Each transducer kernel (loss only; loss and gradients) lowers on this CPU-only
-    machine: Mosaic for TPU, Triton for CUDA; the module holds no host callback."""
+    """Each kernel (transducer regular and modified, TDT, multi-blank; loss only, loss and
+    gradients) lowers on this CPU-only machine: Mosaic for TPU, Triton for CUDA; the
+    module holds no host callback."""
     for kind in ("regular", "modified"):
         n, s, t = 2, 3, 5
         px = jnp.zeros((n, s, t + 1 if kind == "regular" else t), jnp.float32)
@@ -282,6 +379,16 @@ def test_kernels_lower_for_tpu_and_cuda_without_a_callback(platform, backend, ma
 
         for f in (loss, jax.value_and_grad(lambda a, b: loss(a, b).sum(), (0, 1))):
             targets = _custom_calls(_export_text(f, (px, py), platform))
+            assert marker in targets and not any("callback" in c for c in targets), targets
+    x = jnp.zeros((2, 5, 3, 6 + 3), jnp.float32)
+    tg, il, tl = jnp.asarray([[1, 2], [3, 0]]), jnp.asarray([5, 3]), jnp.asarray([2, 1])
+    for f in (lambda z: tdt_losses(z, tg, il, tl, blank=5, durations=(0, 1, 2), sigma=0.0,
+                                   fastemit_lambda=0.0, clamp=-1.0, omega=0.0, path=backend),
+              lambda z: multiblank_losses(z, tg, il, tl, blank=8, big_blank_durations=(2, 4),
+                                          sigma=0.0, fastemit_lambda=0.0, clamp=-1.0,
+                                          path=backend)):
+        for h in (f, jax.value_and_grad(lambda z, f=f: f(z).sum())):
+            targets = _custom_calls(_export_text(h, (x,), platform))
             assert marker in targets and not any("callback" in c for c in targets), targets
 
 
@@ -323,6 +430,18 @@ sharded = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs
 v, gg = jax.jit(jax.value_and_grad(lambda a, *r: rnnt(a, *r).sum()))(*sharded)
 np.testing.assert_allclose(v, ref.sum(), rtol=1e-6)
 np.testing.assert_allclose(gg, gref, rtol=1e-6, atol=1e-7)
+tdt = lambda a, *r: dj.tdt_loss(a, *r, -1, [0, 1, 2], reduction="none", omega=0.25,
+                                impl="pallas")
+xt = jnp.asarray(rng.standard_normal((4, 5, 3, 4 + 3)), jnp.float32)
+ref, gref = jax.jit(lambda a, *r: (tdt(a, *r), jax.grad(lambda a: tdt(a, *r).sum())(a)))(
+    xt, rt, ril, rtl)
+both_t = lambda a, *r: (tdt(a, *r), jax.grad(lambda a: tdt(a, *r).sum())(a))
+assert "pallas_call" in str(jax.make_jaxpr(jax.shard_map(
+    both_t, mesh=mesh, in_specs=specs, out_specs=(P("d"), specs[0])))(xt, rt, ril, rtl))
+got, g = jax.jit(jax.shard_map(both_t, mesh=mesh, in_specs=specs, out_specs=(P("d"), specs[0]),
+                               check_vma=False))(xt, rt, ril, rtl)
+np.testing.assert_allclose(got, ref, rtol=1e-6)
+np.testing.assert_allclose(g, gref, rtol=1e-6, atol=1e-7)
 print("SHARD OK")
 """
 

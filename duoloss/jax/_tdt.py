@@ -18,7 +18,7 @@ from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_durati
 
 from ._adapter import apply_kernel
 from ._args import as_array, as_int_array, is_concrete, reduce_losses
-from ._xla import check_impl, use_device
+from ._pallas import backend_for, check_impl
 from ._xla.tdt import multiblank_losses as _device_multiblank
 from ._xla.tdt import tdt_losses as _device_tdt
 
@@ -70,10 +70,12 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
       sigma: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss].
       omega: as in [`duoloss.torch.tdt_loss`][duoloss.torch.tdt_loss] (the expectation of NeMo's random choice).
       impl: ``'host'``: the numba core through one callback; ``'device'``:
-        the loss and its gradient in XLA itself (``lax.scan`` recursions, no
-        callback; reduced in XLA, so not bit-identical to the host path);
-        ``'auto'`` (default): the device path for inputs on an accelerator,
-        else the host.
+        the loss and its gradient on the device, no callback (reduced there, so
+        not bit-identical to the host path): the alpha/beta recursions as a Pallas
+        kernel on a CUDA GPU or a TPU, as ``lax.scan`` elsewhere; ``'pallas'``
+        / ``'xla'`` force either (``'pallas'`` on a CPU: interpreted, slow, for
+        tests); ``'auto'`` (default): the device path for inputs on an
+        accelerator, else the host.
 
     Returns:
       The reduced loss, or ``(N,)`` losses.
@@ -107,11 +109,12 @@ def tdt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: ArrayLike,
                                                 target_lengths)
     blank, durs = check_tdt_args(fn, logits, targets, il, tl, blank, durations,
                                  concrete=concrete)
-    if use_device(fn, impl, logits):  # pure XLA (duoloss/jax/_xla/tdt.py), reduced in XLA
+    path = backend_for(fn, impl, logits, dtype=logits.dtype)
+    if path != "host":  # on the device (duoloss/jax/_xla/tdt.py, _pallas/tdt.py), reduced in XLA
         return reduce_losses(_device_tdt(logits, targets, il.reshape(-1), tl.reshape(-1),
                                          blank=blank, durations=durs, sigma=sigma,
                                          fastemit_lambda=fastemit_lambda, clamp=clamp,
-                                         omega=omega), reduction)
+                                         omega=omega, path=path), reduction)
     # the reduction in the core (bit-identical to torch's; weights in the kernel's stores)
     return apply_kernel(TDT_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
                         reduction=reduction, blank=blank, durations=durations_key(durs),
@@ -179,11 +182,12 @@ def multiblank_rnnt_loss(logits: ArrayLike, targets: ArrayLike, logit_lengths: A
                                                 target_lengths)
     blank, big = check_multiblank_args(fn, logits, targets, il, tl, blank, big_blank_durations,
                                        concrete=concrete)
-    if use_device(fn, impl, logits):  # pure XLA (duoloss/jax/_xla/tdt.py), reduced in XLA
+    path = backend_for(fn, impl, logits, dtype=logits.dtype)
+    if path != "host":  # on the device (duoloss/jax/_xla/tdt.py, _pallas/tdt.py), reduced in XLA
         return reduce_losses(_device_multiblank(logits, targets, il.reshape(-1), tl.reshape(-1),
                                                 blank=blank, big_blank_durations=big,
                                                 sigma=sigma, fastemit_lambda=fastemit_lambda,
-                                                clamp=clamp), reduction)
+                                                clamp=clamp, path=path), reduction)
     return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il.reshape(-1), tl.reshape(-1)),
                         reduction=reduction, blank=blank, big_blank_durations=durations_key(big),
                         sigma=float(sigma), fastemit_lambda=float(fastemit_lambda),

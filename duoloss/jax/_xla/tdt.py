@@ -44,10 +44,12 @@ _NAME = "tdt_loss (impl='device')"
 
 
 def tdt_losses(logits, targets, logit_lengths, target_lengths, *, blank, durations, sigma,
-               fastemit_lambda, clamp, omega):
+               fastemit_lambda, clamp, omega, path="xla"):
     """Per-sequence TDT losses ``(N,)`` (``(1 - omega) * tdt + omega * rnnt``, times
     ``1 + fastemit_lambda``), differentiable w.r.t. ``logits`` ``(N, T, U + 1, V + D)``.
-    ``blank`` in ``[0, V)``; arguments already validated."""
+    ``blank`` in ``[0, V)``; arguments already validated.  ``path``: ``'xla'`` (the
+    recursions as ``lax.scan``) or a Pallas answer of `duoloss.jax._pallas.backend_for`
+    (the recursions as a Pallas kernel, `duoloss.jax._pallas.tdt`; the rest as here)."""
     durations = tuple(int(d) for d in durations)
     n_dur = len(durations)
     n_lab = logits.shape[-1] - n_dur
@@ -58,23 +60,24 @@ def tdt_losses(logits, targets, logit_lengths, target_lengths, *, blank, duratio
     rnnt_tab = (((0, -1),), ((blank, 1, -1),))
     common = (n_lab, n_dur, float(fastemit_lambda), float(clamp))
     if omega <= 0.0:
-        return _losses(*args, (tdt_tab, float(sigma), True) + common)
+        return _losses(*args, (tdt_tab, float(sigma), True) + common, path)
     if omega >= 1.0:
-        return _losses(*args, (rnnt_tab, 0.0, False) + common)
+        return _losses(*args, (rnnt_tab, 0.0, False) + common, path)
     return _mixed(*args, (tdt_tab, float(sigma), True) + common,
-                  (rnnt_tab, 0.0, False) + common, omega)
+                  (rnnt_tab, 0.0, False) + common, omega, path)
 
 
 def multiblank_losses(logits, targets, logit_lengths, target_lengths, *, blank,
-                      big_blank_durations, sigma, fastemit_lambda, clamp):
+                      big_blank_durations, sigma, fastemit_lambda, clamp, path="xla"):
     """Per-sequence multi-blank RNN-T losses ``(N,)``, differentiable w.r.t. ``logits``
-    ``(N, T, U + 1, V)``; big blank ``i`` at ``blank - 1 - i``."""
+    ``(N, T, U + 1, V)``; big blank ``i`` at ``blank - 1 - i``; ``path`` as in
+    `tdt_losses`."""
     big = tuple(int(d) for d in big_blank_durations)
     tab = (((0, -1),), ((blank, 1, -1),) + tuple((blank - 1 - i, d, -1)
                                                    for i, d in enumerate(big)))
     return _losses(logits, targets, logit_lengths, target_lengths,
                    (tab, float(sigma), False, logits.shape[-1], 0, float(fastemit_lambda),
-                    float(clamp)))
+                    float(clamp)), path)
 
 
 # ----------------------------------------------------------------- helpers
@@ -236,8 +239,9 @@ def _beta(lab_moves, blk_moves, lab_w, blk_w, term, n, u1, dtype):
     return jax.lax.scan(step, win0, xs, reverse=True)[1]     # (T, N, U1)
 
 
-def _run(x, tg, il, tl, spec, want):
-    """``(losses (N,), grad or None)`` in the work dtype."""
+def _run(x, tg, il, tl, spec, want, path="xla"):
+    """``(losses (N,), grad or None)`` in the work dtype; ``path``: who runs the
+    alpha/beta recursions (see `tdt_losses`)."""
     (lab_moves, blk_moves), _, dur_grad, n_lab, n_dur, lam, clamp = spec
     n, t_max, u1, _ = x.shape
     if n == 0 or t_max == 0:
@@ -250,15 +254,20 @@ def _run(x, tg, il, tl, spec, want):
         loss = jnp.where(valid, jnp.where(tl == 0, 0.0, jnp.inf), jnp.nan).astype(x.dtype)
         return loss, (jnp.zeros_like(x) if want else None)
     valid, tb, ub, inbox, lse, y, lab_w, blk_w, term_w = _prepare(x, tg, il, tl, spec)
-    alpha = _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, x.dtype)
     term = jnp.stack(term_w)                                 # (J, T, N, U1)
     term = _lse_safe(term, 0) if len(term_w) > 1 else term[0]
+    if path == "xla":
+        alpha = _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, x.dtype)
+    else:   # both recursions in one Pallas kernel (beta only with want)
+        from .._pallas.tdt import tables
+        alpha, beta = tables(lab_moves, blk_moves, lab_w, blk_w, term, want, path)
     logz = _lse_safe(jnp.reshape(jnp.transpose(_from(alpha, term), (1, 0, 2)), (n, -1)), 1)
     nll = jnp.where(tb == 0, jnp.where(ub == 0, 0.0, jnp.inf), -logz)
     loss = jnp.where(valid, nll * (1.0 + lam), jnp.nan)
     if not want:
         return loss, None
-    beta = _beta(lab_moves, blk_moves, lab_w, blk_w, term, n, u1, x.dtype)
+    if path == "xla":
+        beta = _beta(lab_moves, blk_moves, lab_w, blk_w, term, n, u1, x.dtype)
     use = valid & (tb > 0) & jnp.isfinite(logz)
     z = jnp.where(use, logz, 0.0)[None, :, None]
     plab = jnp.zeros_like(alpha)
@@ -310,17 +319,17 @@ def _work(x):
     return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _losses(x, tg, il, tl, spec):
-    return _run(_work(x), tg, il, tl, spec, False)[0].astype(x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _losses(x, tg, il, tl, spec, path):
+    return _run(_work(x), tg, il, tl, spec, False, path)[0].astype(x.dtype)
 
 
-def _losses_fwd(x, tg, il, tl, spec):
-    loss, g = _run(_work(x), tg, il, tl, spec, True)
+def _losses_fwd(x, tg, il, tl, spec, path):
+    loss, g = _run(_work(x), tg, il, tl, spec, True, path)
     return loss.astype(x.dtype), (g.astype(x.dtype), x)
 
 
-def _losses_bwd(spec, res, ct):
+def _losses_bwd(spec, path, res, ct):
     g, x = res
     return _gradient(_NAME, 0, g, x, ct.astype(g.dtype)), None, None, None
 
@@ -328,25 +337,25 @@ def _losses_bwd(spec, res, ct):
 _losses.defvjp(_losses_fwd, _losses_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _mixed(x, tg, il, tl, spec_a, spec_b, omega):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _mixed(x, tg, il, tl, spec_a, spec_b, omega, path):
     xw = _work(x)
-    la = _run(xw, tg, il, tl, spec_a, False)[0]
-    lb = _run(xw, tg, il, tl, spec_b, False)[0]
+    la = _run(xw, tg, il, tl, spec_a, False, path)[0]
+    lb = _run(xw, tg, il, tl, spec_b, False, path)[0]
     return ((1.0 - omega) * la + omega * lb).astype(x.dtype)
 
 
-def _mixed_fwd(x, tg, il, tl, spec_a, spec_b, omega):
+def _mixed_fwd(x, tg, il, tl, spec_a, spec_b, omega, path):
     xw = _work(x)
-    la, ga = _run(xw, tg, il, tl, spec_a, True)
-    lb, gb = _run(xw, tg, il, tl, spec_b, True)
+    la, ga = _run(xw, tg, il, tl, spec_a, True, path)
+    lb, gb = _run(xw, tg, il, tl, spec_b, True, path)
     loss = (1.0 - omega) * la + omega * lb
     g = (1.0 - omega) * ga + omega * gb
     g = jnp.where(jnp.isinf(loss)[:, None, None, None], 0.0, g)
     return loss.astype(x.dtype), (g.astype(x.dtype), x)
 
 
-def _mixed_bwd(spec_a, spec_b, omega, res, ct):
+def _mixed_bwd(spec_a, spec_b, omega, path, res, ct):
     g, x = res
     return _gradient(_NAME, 0, g, x, ct.astype(g.dtype)), None, None, None
 
