@@ -44,6 +44,7 @@ CAPABILITIES = (80, 90)
 # are variants that spilled before the kernel's 32-bit in-sequence offsets (BLOCK 128
 # with 8 durations, BLOCK 1024 and 2048, float32 and float64, grad and no grad)
 SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
+          ("ctc", 20, "float64", True, None), ("ctc", 100, "bfloat16", True, None),
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
           ("rnnt_loss", 40, "float32", True, 28), ("rnnt_loss", 100, "float64", True, 500),
           ("rnnt_loss", 1000, "bfloat16", True, 8000),
@@ -59,7 +60,7 @@ def cases(subset: bool = False) -> List[tuple]:
     """``(family, size parameter, dtype name, grad, extra)`` rows of the table."""
     if subset:
         return list(SUBSET)
-    out = []
+    out = [("ctc", s, "bfloat16", True, None) for s in (31, 100, 1000)]
     for dt in ("float32", "float64"):
         for grad in (True, False):
             out += [("ctc", s, dt, grad, None) for s in CTC_S]

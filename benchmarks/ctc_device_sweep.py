@@ -39,17 +39,20 @@ def _configs(ops):
     head = ops.ctc_config
 
     def scratch(pt):
-        return lambda block, n_cls: (False, head(block, n_cls)[1], ops.warps(block, pt))
+        return lambda block, n_cls, dtype: (False, head(block, n_cls, dtype)[1],
+                                            ops.warps(block, pt))
 
     def gather(pt):
-        def cfg(block, n_cls):
+        def cfg(block, n_cls, dtype):
             if block > 256:
-                return head(block, n_cls)
-            return True, head(block, n_cls)[1], 1 if pt is None else ops.warps(block, pt)
+                return head(block, n_cls, dtype)
+            return (True, head(block, n_cls, dtype)[1],
+                    1 if pt is None else ops.warps(block, pt))
         return cfg
 
     def zero(on):
-        return lambda block, n_cls: (head(block, n_cls)[0], on, head(block, n_cls)[2])
+        return lambda block, n_cls, dtype: (head(block, n_cls, dtype)[0], on,
+                                            head(block, n_cls, dtype)[2])
 
     return {"head": None, "scratch pt1": scratch(1), "scratch pt2": scratch(2),
             "scratch pt4": scratch(4), "scratch pt8": scratch(8), "gather w1": gather(None),

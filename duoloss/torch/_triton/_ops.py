@@ -101,11 +101,14 @@ CTC_ZERO_ROWS_MAX_C = 1024
 CTC_GATHER_MAX_BLOCK = 64
 
 
-def ctc_config(block: int, n_cls: int):
-    """``(GATHER, ZERO_ROWS, num_warps)`` of a CTC launch (``benchmarks.host_ops``'s
-    sweep overrides the module knobs above)."""
+def ctc_config(block: int, n_cls: int, dtype: torch.dtype):
+    """``(GATHER, ZERO_ROWS, num_warps)`` of a CTC launch on ``dtype`` log-probabilities
+    (``benchmarks/ctc_device_sweep.py`` times the alternatives on a GPU).  Warps: 4
+    values per thread up to ``BLOCK = 512`` (2 in float64, which spilled on sm_80 at
+    4), 2 above; one warp for the ``tl.gather`` rows."""
     gather = block <= CTC_GATHER_MAX_BLOCK
-    nw = 1 if gather else warps(block, 4 if block <= 512 else 2)
+    per_thread = 2 if block > 512 or dtype == torch.float64 else 4
+    nw = 1 if gather else warps(block, per_thread)
     return gather, n_cls <= CTC_ZERO_ROWS_MAX_C, nw
 
 
@@ -146,7 +149,7 @@ def _ctc_impl(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div,
     out_dtype = _ctc_out_dtype(lp, out_f32)
     acc = torch.float32 if lp.dtype in (torch.float16, torch.bfloat16) else lp.dtype
     block = _block(2 * s_cap + 1)
-    gather, zero_rows, nw = ctc_config(block, n_cls)
+    gather, zero_rows, nw = ctc_config(block, n_cls, lp.dtype)
     out = lp.new_empty((n,), dtype=out_dtype if weights == 0 else torch.float64)
     if not want_grad:
         grad = lp.new_empty((0,))
