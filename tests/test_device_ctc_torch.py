@@ -257,3 +257,17 @@ def test_vmap_of_a_reduced_loss(reduction):
            "vmap(grad) vs loop")
     _close(grads, torch.func.vmap(torch.func.grad(lambda *a: f(*a, impl="host")))(*args),
            torch.float64, "vmap(grad) vs host")
+
+
+def test_concatenated_starts_summed_over_many_chunks():
+    """Concatenated targets with many more sequences than lanes (``BLOCK = 4``, 13
+    sequences): each program sums the earlier target lengths in chunks of ``BLOCK``."""
+    g = torch.Generator().manual_seed(8)
+    n = 13
+    lp = torch.randn(4, n, 3, generator=g, dtype=torch.float64).log_softmax(-1)
+    tl = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1])
+    flat = torch.randint(1, 3, (int(tl.sum()),), generator=g)
+    il = torch.tensor([4, 3, 2, 1, 0, 4, 4, 3, 2, 4, 1, 2, 3])
+    (ld, gd), (lh, gh) = _both(lp, flat, il, tl, reduction="none")
+    _close(ld, lh, torch.float64, "concatenated, 13 sequences")
+    _close(gd, gh, torch.float64, "concatenated grad")
