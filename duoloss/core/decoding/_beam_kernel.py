@@ -410,10 +410,10 @@ def _expand_lexicon(h, S, yi, row, allowed, pf, pi, trie, lm, hw, h_int, h_score
             nc, best = _add(c_score, c_int, nc, best, thr,
                             sc + lm_weight * (np.float64(smear[child]) - lex_max),
                             H, child, n, 0, hwn, h)
-        end = lab_start[child + 1]
-        for q in range(lab_start[child], end + 1 if end == lab_start[child] else end):
-            if q < end:
-                w = lab_word[q]
+        n_lab = lab_start[child + 1] - lab_start[child]
+        for q in range(max(n_lab, 1)):          # each word ending here, else <unk>
+            if q < n_lab:
+                w = lab_word[lab_start[child] + q]
                 bonus = word_score
             elif unk_score > -np.inf:     # no word: an unknown word, if allowed
                 w = unk_word
