@@ -81,7 +81,9 @@ def lowering_for(platform: str) -> Iterator[None]:
     """Within the block, calls are traced as if they ran on ``platform`` (``'cuda'``,
     ``'rocm'``, ``'tpu'`` or ``'cpu'``) whatever their inputs' placement: for
     ``jax.export(..., platforms=[platform])`` from another machine, or a ``jit``
-    whose inputs live on another platform than the default backend's."""
+    whose inputs live on another platform than the default backend's.  Trace-time
+    state, as `interpret_as`: a ``jit`` traced inside the block keeps its kernels
+    when called outside it (use a fresh ``jit`` per platform)."""
     if platform not in ("cuda", "rocm", "tpu", "cpu"):
         raise ValueError(f"lowering_for: argument 'platform' must be 'cuda', 'rocm', 'tpu' "
                          f"or 'cpu', got {platform!r}")
