@@ -95,7 +95,8 @@ class CTCDecoderLM:
 
     Subclass it and implement ``start``, ``score`` and ``finish``; scores are added to the
     hypothesis times ``lm_weight`` (like KenLM's log10 scores).  With a lexicon the units
-    are word ids (the lexicon's words in file order, then ``unk_word``); without, token ids.
+    are word ids (the lexicon's words in file order, then ``unk_word``; with ``lm_dict``,
+    their lines in that file); without, token ids.
     A Python LM runs the search in Python (slower than the compiled n-gram path); ``score``
     is called once per history and unit, ``finish`` once per history that reaches the end.
     States may be any Python objects (``CTCDecoderLMState`` offers torchaudio's ``child``).
