@@ -317,6 +317,10 @@ def test_a_word_holding_a_no_break_space(tmp_path):
         _frames(tokens, "ny|"))[0][0]
     assert h.words == ["new\u00a0york"]
     assert h.score == pytest.approx(3 * math.log(0.9) - 0.1 - 0.5, abs=1e-9)
+    # a hotword naming it
+    hot = build_decoder(tokens, lexicon, hotwords=[("new\u00a0york", 2.0)], **WIDE)
+    assert hot.decode(_frames(tokens, "ny|"))[0][0].score == pytest.approx(
+        3 * math.log(0.9) + 2.0, abs=1e-9)
     # a token with a no-break space in a tokens file
     toks = _write(tmp_path, "tokens.txt", "-\n|\nn\u00a0\ny\n")
     assert build_decoder(toks).tokens == ["-", "|", "n\u00a0", "y"]

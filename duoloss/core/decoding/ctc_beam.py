@@ -734,7 +734,7 @@ def _hotword_units(hotwords: Any, hotword_weight: float, token_index: Dict[str, 
         else:
             raise TypeError(f"{_FN}: argument 'hotwords' must hold str or (str, weight) pairs, "
                             f"got {item!r} at index {i}")
-        words = phrase.split()
+        words = _fields(phrase)     # spaces and tabs only, as the lexicon's fields
         if not words:
             raise ValueError(f"{_FN}: argument 'hotwords' has an empty phrase at index {i}")
         if spell is not None:
