@@ -122,6 +122,22 @@ def test_reductions_and_zero_infinity_equal_host(reduction, zero_infinity):
         assert_close(gpl, gh, np.float64, grad=True)
 
 
+def test_tpu_form_carries_the_rows_across_frame_blocks(monkeypatch):
+    """Frames in blocks of 3 (8 frames: 3 blocks, one padded frame): alpha's carry goes
+    forward through the VMEM scratch, beta's backward through the reversed blocks."""
+    from duoloss.jax._pallas import ctc as pctc
+    monkeypatch.setattr(pctc, "_frame_block", lambda t_max, w: 3)
+    lp, tg, il, tl = case(np.float32, seed=5)
+    f = jax.jit(jax.value_and_grad(_weighted, has_aux=True), static_argnames=("impl",))
+    (_, lh), gh = f(lp, tg, il, tl, impl="host")
+    with interpret_as("tpu"):
+        (_, lpl), gpl = f(lp, tg, il, tl, impl="pallas")
+        calls = _pallas_calls(jax.make_jaxpr(lambda x: f(x, tg, il, tl, impl="pallas"))(lp))
+    assert [tuple(c.params["grid_mapping"].grid) for c in calls] == [(1, 3), (1, 3)]
+    assert_close(lpl, lh, np.float32)
+    assert_close(gpl, gh, np.float32, grad=True)
+
+
 @pytest.mark.parametrize("form", ["gpu", "tpu"])
 def test_zero_frames_batch(form):
     """``T = 0``: no kernel runs; the empty target has loss 0, any other +inf, and the
