@@ -549,7 +549,8 @@ def _tpu_layout(lp, ext, skip, il, tl, extra=()):
 
 def _tpu_params():
     from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"))
+    return pltpu.CompilerParams(dimension_semantics=(
+        getattr(pltpu, "PARALLEL", "parallel"), getattr(pltpu, "ARBITRARY", "arbitrary")))
 
 
 def _alpha_call_tpu(lp, ext, skip, il, tl, *, interpret, axes=frozenset()):
