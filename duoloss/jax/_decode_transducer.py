@@ -2,8 +2,11 @@
 
 The searches are written once for both frameworks in `duoloss._xp.transducer_decode`;
 here they run on `_JaxSearchOps`: ``lax.while_loop``/``fori_loop`` loops, every step plain
-XLA, so each function works under ``jax.jit`` (with ``predict``/``join`` closed over or
-static) and on any backend.
+XLA, so each function works under ``jax.jit`` and on any backend.  Outside a jit, the
+model is staged on every call (`_stage_model`: one step of ``predict`` and ``join`` traced
+to jaxprs whose closed-over arrays are hoisted as arguments) and the compiled search is
+looked up by the staged program (`_run`), never by the callables: the weights are this
+call's, and nothing of the model outlives the call.
 """
 from __future__ import annotations
 
@@ -314,8 +317,13 @@ _PROTOCOL = """
     ``predict(tokens (N,) int, state) -> (predictor_out, state)`` (``state`` is ``None`` on
     the first call, then any pytree of arrays with the ``N`` rows first, kept with the same
     shapes and dtypes) and ``join(encoder_frames (N, ...), predictor_out) -> (N, V[+D])``
-    logits.  Both are traced once into ``lax`` loops (``jax.jit`` the caller with them
-    closed over, e.g. ``jax.jit(lambda e, l: dj.rnnt_greedy_decode(e, l, predict, join))``).
+    logits.  Each call traces one step of each (nothing runs) and passes the arrays they
+    read from their enclosing scope (the model's weights) to the compiled ``lax`` loops as
+    arguments: a model updated between calls decodes with its new weights, and the
+    compiled search (shared by every model that traces to the same program) keeps no
+    reference to the callables or their arrays.  Inside your own ``jax.jit`` make the
+    weights its argument: ``jax.jit(lambda params, e, l: dj.rnnt_greedy_decode(e, l,
+    *make_model(params)))``.
 """
 
 
