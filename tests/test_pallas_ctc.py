@@ -301,9 +301,9 @@ def test_backend_for_on_this_cpu():
             "pallas": "pallas-interpret"}
     for impl, backend in want.items():
         assert backend_for("f", impl, x) == backend
-        assert jax.jit(lambda a, impl=impl: (backend_for("f", impl, a), a)[1]) is not None
-        traced = []
-        jax.make_jaxpr(lambda a, impl=impl: traced.append(backend_for("f", impl, a)) or a)(x)
+        traced: list = []
+        jax.make_jaxpr(lambda a, impl=impl, traced=traced:
+                       traced.append(backend_for("f", impl, a)) or a)(x)
         assert traced == [backend]
     assert backend_for("f", "pallas", np.zeros(2)) == "pallas-interpret"
     assert backend_for("f", "device", x, has_pallas=False) == "xla"
@@ -367,9 +367,9 @@ def test_pallas_call_options_pick_the_triton_lowering():
     assert _pallas.pallas_call_options("pallas-tpu") == {}
     with pytest.raises(ValueError, match="not a Pallas backend"):
         _pallas.pallas_call_options("xla")
-    with pytest.raises(ValueError, match="interpret_as: argument 'target'"):
-        with interpret_as("cpu"):
-            pass
+    with pytest.raises(ValueError, match="interpret_as: argument 'target'"), \
+            interpret_as("cpu"):
+        pass
 
 
 SHARD_SCRIPT = r"""

@@ -117,8 +117,8 @@ def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
     fails here rather than on the GPU.  (On a GPU, XLA compiles the IR with the Triton
     inside jaxlib, not this one.)"""
     triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
     from jax._src.pallas.triton import lowering as tl_lowering
+    from triton.backends.compiler import GPUTarget
     if not hasattr(tl_lowering, "lower_jaxpr_to_triton_module"):  # pragma: no cover
         pytest.skip("this JAX lowers Pallas-Triton differently")
     modules = []
@@ -157,6 +157,6 @@ def test_cpu_export_of_pallas_is_the_interpreter_without_callbacks():
 
 
 def test_lowering_for_rejects_unknown_platforms():
-    with pytest.raises(ValueError, match="lowering_for: argument 'platform'"):
-        with lowering_for("gpu"):
-            pass
+    with pytest.raises(ValueError, match="lowering_for: argument 'platform'"), \
+            lowering_for("gpu"):
+        pass

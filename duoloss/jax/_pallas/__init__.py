@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import numpy as np
 
-from duoloss.core._validate import IMPLS, check_impl as _check_impl
+from duoloss.core._validate import IMPLS
+from duoloss.core._validate import check_impl as _check_impl
 
 __all__ = ["BACKENDS", "backend_for", "check_impl", "interpret_as", "interpret_target",
            "is_pallas", "lowering_for", "pallas_call_options", "pallas_target"]
@@ -53,11 +54,11 @@ def check_impl(fn: str, impl) -> str:
     return _check_impl(fn, impl, IMPLS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_is_rocm() -> bool:
     try:
         return "rocm" in str(jax.devices("gpu")[0].client.platform_version).lower()
-    except Exception:  # pragma: no cover - no GPU backend here
+    except (RuntimeError, IndexError, AttributeError):  # no GPU backend (as here)
         return False
 
 

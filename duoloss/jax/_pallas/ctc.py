@@ -61,7 +61,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax._src import core as jax_core
 from jax.experimental import pallas as pl
