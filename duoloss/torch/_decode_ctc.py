@@ -112,9 +112,10 @@ def ctc_decoder(tokens: Union[str, "os.PathLike[str]", Sequence[str]],
         sil_token: the silence (word boundary) token.
         unk_word: the word reported for an unknown word.
         hotwords: phrases to boost: each a str (weight ``hotword_weight``) or a
-            ``(phrase, weight)`` pair.  A phrase of ``n`` tokens earns ``weight / n`` per
-            matched token while a hypothesis spells it; the partial bonus is taken back when
-            the phrase is abandoned, a completed phrase keeps ``weight``.
+            ``(phrase, weight)`` pair.  A hypothesis earns the ``weight`` of every phrase it
+            spells, each time (a phrase inside a longer, unfinished one included); on the
+            way a phrase of ``n`` units (tokens, or words with a lexicon) holds
+            ``weight / n`` per matched unit, taken back when the phrase is abandoned.
         hotword_weight: weight of the hotwords given as plain strings.
         lm_dict: torchaudio's ``lm_dict``: a file of the LM's words, one per line in the LM's
             index order.  With a lexicon a ``CTCDecoderLM`` sees each word as its index in
