@@ -243,7 +243,10 @@ _PROTOCOL = """
       ``state`` is ``None`` on the first call (the predictor's initial state), then whatever
       ``predict`` returned: any nesting of lists/tuples/dicts of tensors whose first axis is
       the ``N`` rows (or ``None``); ``predictor_out`` likewise (a tensor ``(N, ...)`` or a
-      nest).  The first call gets ``start_token`` (default: the blank) for every row.
+      nest).  The first call gets ``start_token`` (default: the blank) for every row;
+      only with a negative ``blank`` and no ``start_token`` (the start token's index then
+      depends on the class count ``V``) does one call ``predict(tensor([0]), None)`` and
+      ``join`` on one row come first, to learn ``V``.
     * ``join(encoder_frames, predictor_out) -> logits``: ``encoder_frames``
       ``(N, ...)``, one frame of ``encoder_out`` per row; ``logits`` ``(N, V)`` scores
       (unnormalised is fine).

@@ -148,15 +148,18 @@ def _clip(v, clamp):
     return v
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _move(base, dlp, t, u, di):
+    """A move's log-weight: its symbol's ``base`` plus its duration's, if it has one."""
+    return base + (dlp[t, u, di] if di >= 0 else 0.0)
+
+
 @numba.njit(cache=True, nogil=True)
-def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma,
-         lam, clamp, dur_grad, want, gw, losses, g):
-    """Loss (and gradient rows) of sequence ``b``; ``g`` is zero on entry."""
-    t_max = x.shape[1]
-    u_cap = x.shape[2] - 1
+def _seq_ok(b, x, tg, il, tl, n_lab, blk_sym):
+    """Whether sequence ``b``'s lengths and labels are valid (no blank among the labels)."""
     tb = il[b]
     ub = tl[b]
-    ok = 0 <= tb <= t_max and 0 <= ub <= u_cap and ub <= tg.shape[1]
+    ok = 0 <= tb <= x.shape[1] and 0 <= ub <= x.shape[2] - 1 and ub <= tg.shape[1]
     if ok:
         for i in range(ub):
             y = tg[b, i]
@@ -165,18 +168,16 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
             for j in range(blk_sym.shape[0]):
                 if y == blk_sym[j]:
                     ok = False
-    if not ok:
-        losses[b] = np.nan
-        if want:
-            g[b] = np.nan
-        return
-    if tb == 0:
-        losses[b] = 0.0 if ub == 0 else np.inf
-        return
+    return ok
+
+
+@numba.njit(cache=True, nogil=True)
+def _cell_log_probs(b, x, tg, tb, ub, n_lab, n_dur, blk_sym, sigma):
+    """Per cell ``(t, u)``: the token normaliser ``lse``, the label's and each blank's
+    log-probability (``lab``, ``blk``), the durations' log-probabilities ``dlp`` and
+    normaliser ``dlse`` (float64)."""
     u1 = ub + 1
-    kl = lab_dur.shape[0]
     kb = blk_sym.shape[0]
-    # per-cell log-probabilities (float64)
     lse = np.empty((tb, u1))
     lab = np.full((tb, u1), _NEG_INF)
     blk = np.empty((tb, u1, kb))
@@ -196,7 +197,14 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
                 dlse[t, u] = s
                 for k in range(n_dur):
                     dlp[t, u, k] = _log_prob(np.float64(row[n_lab + k]), s)
-    # forward (push): moves go to a later frame or, with d = 0, to u + 1
+    return lse, lab, blk, dlp, dlse
+
+
+@numba.njit(cache=True, nogil=True)
+def _alpha(tb, ub, lab, blk, dlp, lab_dur, lab_di, blk_dur, blk_di):
+    """Forward variables (pushed: moves go to a later frame or, with ``d = 0``, to
+    ``u + 1``) and ``log Z``."""
+    u1 = ub + 1
     alpha = np.full((tb, u1), _NEG_INF)
     alpha[0, 0] = 0.0
     logz = _NEG_INF
@@ -206,113 +214,143 @@ def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_
             if a == _NEG_INF:
                 continue
             if u < ub:
-                for k in range(kl):
+                for k in range(lab_dur.shape[0]):
                     d = lab_dur[k]
                     if t + d < tb:
-                        w = lab[t, u] + (dlp[t, u, lab_di[k]] if lab_di[k] >= 0 else 0.0)
+                        w = _move(lab[t, u], dlp, t, u, lab_di[k])
                         alpha[t + d, u + 1] = _lae(alpha[t + d, u + 1], a + w)
-            for j in range(kb):
+            for j in range(blk_dur.shape[0]):
                 d = blk_dur[j]
-                w = blk[t, u, j] + (dlp[t, u, blk_di[j]] if blk_di[j] >= 0 else 0.0)
+                w = _move(blk[t, u, j], dlp, t, u, blk_di[j])
                 if t + d < tb:
                     alpha[t + d, u] = _lae(alpha[t + d, u], a + w)
                 elif t + d == tb and u == ub:
                     logz = _lae(logz, a + w)
-    losses[b] = -logz * (1.0 + lam)
-    if not want:
-        return
-    if logz != logz:
-        for t in range(tb):
-            for u in range(u1):
-                for k in range(g.shape[3]):
-                    g[b, t, u, k] = np.nan
-        return
-    if logz == _NEG_INF:
-        return  # infeasible: loss +inf, zero gradient
-    # backward (pull), in the reverse order
-    beta = np.full((tb, u1), _NEG_INF)
+    return alpha, logz
+
+
+@numba.njit(cache=True, nogil=True)
+def _beta(tb, ub, lab, blk, dlp, lab_dur, lab_di, blk_dur, blk_di):
+    """Backward variables (pulled, in the reverse order of `_alpha`)."""
+    beta = np.full((tb, ub + 1), _NEG_INF)
     for t in range(tb - 1, -1, -1):
         for u in range(ub, -1, -1):
             acc = _NEG_INF
             if u < ub:
-                for k in range(kl):
+                for k in range(lab_dur.shape[0]):
                     d = lab_dur[k]
                     if t + d < tb:
-                        w = lab[t, u] + (dlp[t, u, lab_di[k]] if lab_di[k] >= 0 else 0.0)
+                        w = _move(lab[t, u], dlp, t, u, lab_di[k])
                         acc = _lae(acc, w + beta[t + d, u + 1])
-            for j in range(kb):
+            for j in range(blk_dur.shape[0]):
                 d = blk_dur[j]
-                w = blk[t, u, j] + (dlp[t, u, blk_di[j]] if blk_di[j] >= 0 else 0.0)
+                w = _move(blk[t, u, j], dlp, t, u, blk_di[j])
                 if t + d < tb:
                     acc = _lae(acc, w + beta[t + d, u])
                 elif t + d == tb and u == ub:
                     acc = _lae(acc, w)
             beta[t, u] = acc
-    # gradient rows
+    return beta
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _occupations(t, u, tb, ub, a, lab, blk, dlp, beta, logz, lab_dur, lab_di, blk_dur, blk_di,
+                 pdur, pblk):
+    """The posteriors of cell ``(t, u)``'s moves: ``(occ, plab)`` (all moves, the label's),
+    each blank's in ``pblk`` and each duration's in ``pdur`` (overwritten)."""
+    occ = 0.0
+    plab = 0.0
+    for i in range(pdur.shape[0]):
+        pdur[i] = 0.0
+    if u < ub:
+        for k in range(lab_dur.shape[0]):
+            d = lab_dur[k]
+            if t + d < tb:
+                di = lab_di[k]
+                p = fast_exp(a + _move(lab[t, u], dlp, t, u, di) + beta[t + d, u + 1] - logz)
+                plab += p
+                if di >= 0:
+                    pdur[di] += p
+    for j in range(blk_dur.shape[0]):
+        d = blk_dur[j]
+        di = blk_di[j]
+        w = _move(blk[t, u, j], dlp, t, u, di)
+        p = 0.0
+        if t + d < tb:
+            p = fast_exp(a + w + beta[t + d, u] - logz)
+        elif t + d == tb and u == ub:
+            p = fast_exp(a + w - logz)
+        pblk[j] = p
+        occ += p
+        if di >= 0:
+            pdur[di] += p
+    return occ + plab, plab
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _grad_cell(row, grow, y, s, ds, occ, plab, pblk, pdur, blk_sym, n_lab, n_dur, lam, clamp,
+               dur_grad, wb):
+    """Cell gradient row ``grow`` from its posteriors: the softmax term (vectorised), then
+    the label ``y`` (``-1``: none) and each distinct blank exactly, then the durations."""
+    c = occ + lam * plab
+    _softmax_row(row, n_lab, s, c, clamp, wb, grow)
+    if y >= 0:
+        grow[y] = _clip(exp_poly(np.float64(row[y]) - s) * c - (1.0 + lam) * plab, clamp) * wb
+    kb = blk_sym.shape[0]
+    for j in range(kb):
+        k = blk_sym[j]
+        first = True
+        adj = 0.0
+        for i in range(kb):
+            if blk_sym[i] == k:
+                adj += pblk[i]
+                if i < j:
+                    first = False
+        if first:
+            grow[k] = _clip(exp_poly(np.float64(row[k]) - s) * c - adj, clamp) * wb
+    if dur_grad:
+        for i in range(n_dur):
+            grow[n_lab + i] = (exp_poly(np.float64(row[n_lab + i]) - ds) * occ - pdur[i]) * wb
+
+
+@numba.njit(cache=True, nogil=True)
+def _seq(b, x, tg, il, tl, n_lab, n_dur, lab_dur, lab_di, blk_sym, blk_dur, blk_di, sigma,
+         lam, clamp, dur_grad, want, gw, losses, g):
+    """Loss (and gradient rows) of sequence ``b``; ``g`` is zero on entry."""
+    tb = il[b]
+    ub = tl[b]
+    if not _seq_ok(b, x, tg, il, tl, n_lab, blk_sym):
+        losses[b] = np.nan
+        if want:
+            g[b] = np.nan
+        return
+    if tb == 0:
+        losses[b] = 0.0 if ub == 0 else np.inf
+        return
+    lse, lab, blk, dlp, dlse = _cell_log_probs(b, x, tg, tb, ub, n_lab, n_dur, blk_sym, sigma)
+    alpha, logz = _alpha(tb, ub, lab, blk, dlp, lab_dur, lab_di, blk_dur, blk_di)
+    losses[b] = -logz * (1.0 + lam)
+    if not want:
+        return
+    if logz != logz:
+        g[b, :tb, :ub + 1] = np.nan
+        return
+    if logz == _NEG_INF:
+        return  # infeasible: loss +inf, zero gradient
+    beta = _beta(tb, ub, lab, blk, dlp, lab_dur, lab_di, blk_dur, blk_di)
     pdur = np.zeros(max(n_dur, 1))
-    pblk = np.zeros(kb)
+    pblk = np.zeros(blk_sym.shape[0])
     for t in range(tb):
-        for u in range(u1):
+        for u in range(ub + 1):
             a = alpha[t, u]
             if a == _NEG_INF:
                 continue
-            occ = 0.0
-            plab = 0.0
-            for i in range(pdur.shape[0]):
-                pdur[i] = 0.0
-            if u < ub:
-                for k in range(kl):
-                    d = lab_dur[k]
-                    if t + d < tb:
-                        di = lab_di[k]
-                        w = lab[t, u] + (dlp[t, u, di] if di >= 0 else 0.0)
-                        p = fast_exp(a + w + beta[t + d, u + 1] - logz)
-                        plab += p
-                        if di >= 0:
-                            pdur[di] += p
-            for j in range(kb):
-                d = blk_dur[j]
-                di = blk_di[j]
-                w = blk[t, u, j] + (dlp[t, u, di] if di >= 0 else 0.0)
-                p = 0.0
-                if t + d < tb:
-                    p = fast_exp(a + w + beta[t + d, u] - logz)
-                elif t + d == tb and u == ub:
-                    p = fast_exp(a + w - logz)
-                pblk[j] = p
-                occ += p
-                if di >= 0:
-                    pdur[di] += p
-            occ += plab
-            if occ == 0.0:
-                continue
-            row = x[b, t, u]
-            grow = g[b, t, u]
-            s = lse[t, u]
-            c = occ + lam * plab
-            # softmax term (vectorised), then the cell's own symbols exactly
-            wb = gw[b]
-            _softmax_row(row, n_lab, s, c, clamp, wb, grow)
-            if u < ub:
-                y = tg[b, u]
-                grow[y] = _clip(exp_poly(np.float64(row[y]) - s) * c - (1.0 + lam) * plab,
-                                clamp) * wb
-            for j in range(kb):
-                k = blk_sym[j]
-                first = True
-                adj = 0.0
-                for i in range(kb):
-                    if blk_sym[i] == k:
-                        adj += pblk[i]
-                        if i < j:
-                            first = False
-                if first:
-                    grow[k] = _clip(exp_poly(np.float64(row[k]) - s) * c - adj, clamp) * wb
-            if dur_grad:
-                s = dlse[t, u]
-                for i in range(n_dur):
-                    grow[n_lab + i] = (exp_poly(np.float64(row[n_lab + i]) - s) * occ
-                                       - pdur[i]) * wb
+            occ, plab = _occupations(t, u, tb, ub, a, lab, blk, dlp, beta, logz, lab_dur,
+                                     lab_di, blk_dur, blk_di, pdur, pblk)
+            if occ != 0.0:
+                _grad_cell(x[b, t, u], g[b, t, u], tg[b, u] if u < ub else -1, lse[t, u],
+                           dlse[t, u], occ, plab, pblk, pdur, blk_sym, n_lab, n_dur, lam,
+                           clamp, dur_grad, gw[b])
 
 
 @numba.njit(cache=True, nogil=True)
