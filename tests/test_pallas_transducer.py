@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -95,10 +96,10 @@ def test_recursion_boxes_equal_core(kind):
         _recursion_vs_core(kind, np.float64)
 
 
-@pytest.mark.parametrize("kind", ["regular", "modified"])
-def test_recursion_tpu_form_equals_core(kind):
+def test_recursion_tpu_form_equals_core():
+    """The modified lattice (rnnt_loss's test below runs the regular one in this form)."""
     with jax.enable_x64(False), interpret_as("tpu"):
-        _recursion_vs_core(kind, np.float32)
+        _recursion_vs_core("modified", np.float32)
 
 
 def test_float64_is_refused_by_the_tpu_form():
@@ -141,10 +142,9 @@ def _rnnt_vs_host(x, tg, il, tl, dtype, opts=(("reduction", "none"),)):
     (np.float32, False, (("reduction", "none"),)),
     (np.float32, True, (("reduction", "none"),)),
     (np.float64, True, (("reduction", "none"),)),
-    (np.float64, True, (("reduction", "mean"), ("clamp", 0.05))),
-    (np.float64, True, (("reduction", "sum"), ("fastemit_lambda", 0.1), ("delay_penalty", 0.2))),
-    (np.float64, True, (("reduction", "sum"), ("fused_log_softmax", False)))],
-    ids=MODE_IDS + ["mean-clamp", "fastemit-delay", "unfused"])
+    (np.float64, True, (("reduction", "mean"), ("clamp", 0.05), ("fastemit_lambda", 0.1),
+                        ("delay_penalty", 0.2)))],
+    ids=MODE_IDS + ["mean-clamp-fastemit-delay"])
 def test_rnnt_loss_pallas_equals_host(dtype, x64, opts):
     with jax.enable_x64(x64):
         x, tg, il, tl = rnnt_case(dtype)
@@ -169,9 +169,9 @@ def test_rnnt_nan_row_poisons_only_its_sequence():
         assert_close(gp[1:], gh[1:], np.float64)
 
 
-@pytest.mark.parametrize("t,u", [(0, 2), (3, 0), (1, 1)], ids=["T0", "U0", "T1"])
+@pytest.mark.parametrize("t,u", [(0, 2), (3, 0)], ids=["T0", "U0"])
 def test_rnnt_edge_shapes_equal_host(t, u):
-    """No frames at all, no target positions at all, a single frame."""
+    """No frames at all, no target positions at all (one frame: in `rnnt_case`)."""
     with jax.enable_x64(True):
         rng = np.random.default_rng(9)
         n, v = 3, 4
@@ -392,6 +392,50 @@ def test_kernels_lower_for_tpu_and_cuda_without_a_callback(platform, backend, ma
             assert marker in targets and not any("callback" in c for c in targets), targets
 
 
+def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
+    """The Triton IR Pallas writes for the GPU kernels (the transducer's -- the same body
+    for both lattices -- and the duration transducers', with gradients), compiled by this
+    machine's Triton for sm_80 and sm_90: a kernel Triton refuses fails here, not on a
+    GPU (where XLA compiles the IR with the Triton inside jaxlib)."""
+    triton = pytest.importorskip("triton")
+    from jax import export
+    from jax._src.pallas.triton import lowering as tl_lowering
+    from triton.backends.compiler import GPUTarget
+    from duoloss.jax._pallas import lowering_for
+    if not hasattr(tl_lowering, "lower_jaxpr_to_triton_module"):  # pragma: no cover
+        pytest.skip("this JAX lowers Pallas-Triton differently")
+    texts = []
+    lower = tl_lowering.lower_jaxpr_to_triton_module
+
+    def keep(*a, **k):
+        out = lower(*a, **k)
+        texts.append(out.module.operation.get_asm(enable_debug_info=False))
+        return out
+
+    x = jnp.zeros((2, 5, 3, 6 + 3), jnp.float32)
+    tg, il, tl = jnp.asarray([[1, 2], [3, 0]]), jnp.asarray([5, 3]), jnp.asarray([2, 1])
+    steps = (lambda z: dj.rnnt_loss(z[..., :6], tg, il, tl, impl="pallas"),
+             lambda z: dj.tdt_loss(z, tg, il, tl, 5, [0, 1, 2], impl="pallas"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tl_lowering, "lower_jaxpr_to_triton_module", keep)
+        for f in steps:
+            with lowering_for("cuda"):
+                export.export(jax.jit(jax.value_and_grad(f)), platforms=["cuda"],
+                              disabled_checks=[export.DisabledSafetyCheck.custom_call(
+                                  "__gpu$xla.gpu.triton")])(x)
+    assert [re.search(r"tt\.func public @(\w+)", t).group(1) for t in texts] == [
+        "duoloss_transducer_regular_grad", "duoloss_duration_transducer_grad"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+        for i, text in enumerate(texts):
+            path = Path(tempfile.mkdtemp()) / f"kernel{i}.ttir"
+            path.write_text(text)
+            for cc in (80, 90):
+                k = triton.compile(str(path), target=GPUTarget("cuda", cc, 32),
+                                   options={"num_warps": 1, "num_stages": 1})
+                assert "bar.sync" in k.asm["ptx"] and len(k.asm["cubin"]) > 0
+
+
 def test_jitted_pallas_path_has_no_callback():
     x, tg, il, tl = rnnt_case(np.float32)
     f = jax.jit(jax.value_and_grad(lambda a: dj.rnnt_loss(a, tg, il, tl, impl="pallas")))
@@ -433,15 +477,10 @@ np.testing.assert_allclose(gg, gref, rtol=1e-6, atol=1e-7)
 tdt = lambda a, *r: dj.tdt_loss(a, *r, -1, [0, 1, 2], reduction="none", omega=0.25,
                                 impl="pallas")
 xt = jnp.asarray(rng.standard_normal((4, 5, 3, 4 + 3)), jnp.float32)
-ref, gref = jax.jit(lambda a, *r: (tdt(a, *r), jax.grad(lambda a: tdt(a, *r).sum())(a)))(
-    xt, rt, ril, rtl)
 both_t = lambda a, *r: (tdt(a, *r), jax.grad(lambda a: tdt(a, *r).sum())(a))
+# the duration kernel traces with check_vma=True too (run: the recursion's test above)
 assert "pallas_call" in str(jax.make_jaxpr(jax.shard_map(
     both_t, mesh=mesh, in_specs=specs, out_specs=(P("d"), specs[0])))(xt, rt, ril, rtl))
-got, g = jax.jit(jax.shard_map(both_t, mesh=mesh, in_specs=specs, out_specs=(P("d"), specs[0]),
-                               check_vma=False))(xt, rt, ril, rtl)
-np.testing.assert_allclose(got, ref, rtol=1e-6)
-np.testing.assert_allclose(g, gref, rtol=1e-6, atol=1e-7)
 print("SHARD OK")
 """
 

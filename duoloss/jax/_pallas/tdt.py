@@ -151,14 +151,14 @@ def _kernel(w_ref, alpha_ref, *beta_ref, rows, steps, levels):
     rows.write(alpha_ref, 0, jnp.where(lane == 0, 0.0, rows.neg))
 
     def forward(l, carry):
+        srcs = [jnp.maximum(l - dl, 0) for dl, _ in steps]
+        # the weights first: no lane writes them, so their loads need not wait at the barrier
+        ws = [rows.read(w_ref, src, du, (m,)) for m, (src, (_, du)) in enumerate(zip(srcs, steps))]
         rows.barrier()
         a = rows.neg
-        for m, (dl, du) in enumerate(steps):
-            src = jnp.maximum(l - dl, 0)
+        for src, (dl, du), wv in zip(srcs, steps, ws):
             av = rows.read(alpha_ref, src, du)
-            wv = rows.read(w_ref, src, du, (m,))
-            c = jnp.where((av == NEG_INF) | (l < dl), NEG_INF, av + wv)
-            a = _lse2(a, c)
+            a = _lse2(a, jnp.where((av == NEG_INF) | (l < dl), NEG_INF, av + wv))
         rows.write(alpha_ref, l, a)
         return carry
 
@@ -169,13 +169,12 @@ def _kernel(w_ref, alpha_ref, *beta_ref, rows, steps, levels):
 
     def backward(r, carry):
         l = levels - 1 - r
-        rows.barrier()
         b = rows.read(w_ref, l, 0, (moves,))                    # the terminal moves
-        for m, (dl, du) in enumerate(steps):
-            dst = jnp.minimum(l + dl, levels - 1)
-            bv = rows.read(beta_ref, dst, -du)
-            c = jnp.where(l + dl > levels - 1, NEG_INF, rows.read(w_ref, l, 0, (m,)) + bv)
-            b = _lse2(b, c)
+        ws = [rows.read(w_ref, l, 0, (m,)) for m in range(moves)]
+        rows.barrier()
+        for (dl, du), wv in zip(steps, ws):
+            bv = rows.read(beta_ref, jnp.minimum(l + dl, levels - 1), -du)
+            b = _lse2(b, jnp.where(l + dl > levels - 1, NEG_INF, wv + bv))
         rows.write(beta_ref, l, b)
         return carry
 

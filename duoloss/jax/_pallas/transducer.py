@@ -244,15 +244,20 @@ def _kernel(em_ref, bl_ref, geo_ref, alpha_ref, *grad_refs, rows, levels, want):
     p0 = jnp.where(start & (start_lev == 0), 0.0, rows.neg)
     rows.store_alpha(alpha_ref, 0, p0)
 
-    def forward(l, p):                        # p = p_{l-1}
+    def forward(l, carry):
+        p, em_l, bl_l = carry                 # p_{l-1}; level l's moves, loaded a level early
+        nxt = jnp.minimum(l + 1, levels - 1)
+        em_n, bl_n = rows.load(em_ref, nxt), rows.load(bl_ref, nxt)   # before the barrier
         rows.barrier()
         pr = rows.alpha_right(alpha_ref, l - 1, p)
-        new = _lse2(pr + rows.load(em_ref, l), p + rows.load(bl_ref, l))
+        new = _lse2(pr + em_l, p + bl_l)
         new = jnp.where(start & (l == start_lev), 0.0, new)
         rows.store_alpha(alpha_ref, l, new)
-        return new
+        return new, em_n, bl_n
 
-    jax.lax.fori_loop(1, levels, forward, p0)
+    first = min(1, levels - 1)
+    jax.lax.fori_loop(1, levels, forward,
+                      (p0, rows.load(em_ref, first), rows.load(bl_ref, first)))
     if not want:
         return
     occ_em_ref, occ_bl_ref = grad_refs[:2]
@@ -265,14 +270,15 @@ def _kernel(em_ref, bl_ref, geo_ref, alpha_ref, *grad_refs, rows, levels, want):
     def backward(r, carry):
         q1, em1, bl1 = carry                  # level l + 1 (-inf past the last level)
         l = levels - 1 - r
+        # the rows this level reads that no lane writes any more: issued before the barrier
+        em_l, bl_l = rows.load(em_ref, l), rows.load(bl_ref, l)
+        lp = jnp.maximum(l - 1, 0)
+        top = l == 0
+        pp = jnp.where(top, rows.neg, rows.alpha(alpha_ref, lp))
+        pr = jnp.where(top, rows.neg, rows.alpha_right(alpha_ref, lp))
         ql = rows.left(work, jax.lax.rem(r, 2), q1 + em1)
         q = _lse2(ql, q1 + bl1)
         q = jnp.where(end & (l == end_lev), 0.0, q)
-        em_l, bl_l = rows.load(em_ref, l), rows.load(bl_ref, l)
-        lp = jnp.maximum(l - 1, 0)
-        first = l == 0
-        pp = jnp.where(first, rows.neg, rows.alpha(alpha_ref, lp))
-        pr = jnp.where(first, rows.neg, rows.alpha_right(alpha_ref, lp))
         rows.store(occ_em_ref, l, jnp.exp(pr + em_l + q - z))
         rows.store(occ_bl_ref, l, jnp.exp(pp + bl_l + q - z))
         return q, em_l, bl_l
