@@ -134,89 +134,28 @@ def _label_table(n, ptr, slab, enabled):
     return K, True, lo, hi
 
 
-@numba.njit(cache=True, nogil=True)
-def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
-                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table, tables=True):
-    """Composition / intersection of two graphs with an epsilon filter.
-
-    Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
-    ``lab1[a1] == lab2[a2] != -1``.  Epsilons (``-1``) move one side alone.  When
-    only one side has epsilons, the interleaving of every pair of input paths is
-    unique and no filter is needed (one state per node pair).  When both do, the
-    three-state epsilon-matching filter of Allauzen, Riley & Schalkwyk (2009)
-    keeps exactly one output path for every pair of input paths:
-
-    * filter 0: any move; epsilon on both sides together stays in 0;
-    * first side alone on epsilon -> filter 1 (allowed from 0 and 1);
-    * second side alone on epsilon -> filter 2 (allowed from 0 and 2);
-    * a real match returns to 0.
-
-    Output states are created breadth first from the start pairs and then trimmed
-    to the co-accessible ones (renumbered in creation order).  Buffers have the
-    fixed sizes ``state_cap`` / ``arc_cap`` (no reallocation inside the loops,
-    which keeps numba's reference counting out of them); when they are too small
-    the kernel returns ``status = 1`` and the caller retries with larger ones.
-
-    Args (besides the two graphs' arrays): ``oil1`` / ``ool2`` are the labels the
-    output arcs copy from each side (``-1`` when that side does not move), ``w1``
-    / ``w2`` the weights (output weight ``w1 + w2``); ``hkeys`` (a power-of-two
-    length ``>= 2 * state_cap``) and ``ws`` (``>= len(hkeys) + 6 * state_cap +
-    5 * arc_cap + 1`` entries) are caller-owned scratch buffers, reused across
-    calls so that large temporaries are not re-allocated (and page-faulted).
-    ``table``: when it has at least ``n1 * n2 * nf`` entries (``nf`` = 3 with
-    epsilons, else 1) it is used as a dense state index instead of the hash
-    table; it must hold only ``-1`` on entry and is restored to that on return.
-
-    Returns:
-      ``(status, ns, na, nstart, n_out, m_out, topo)``: the explored and trimmed
-      sizes, and whether every arc goes to a later state (then the result's node
-      ids are a topological order and its arcs are grouped by source);
-      `compose_emit` then writes the result (so the caller can allocate its
-      arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
-      it (``-1``: that side did not move).
-
-    NB: one long function on purpose.  A split into named steps (state lookup,
-    table and merge matching, epsilon moves, trimming as separate inlined
-    kernels) was tried and measured: the one-sequence intersect stage of
-    ``benchmarks/graphs.py`` (8,200,30,40) went from 1.1-1.5 ms to 3-7 ms,
-    because the helpers take the state tables as array arguments, whose
-    reference counting numba cannot elide in the innermost loop.  The
-    sections are marked by comments instead.
-    """
-    p1, i1 = _sorted_csr(n1, src1, lab1)
-    p2, i2 = _sorted_csr(n2, src2, lab2)
-    # labels in CSR order (one indirection less in the matching loops)
-    sl1 = np.empty(i1.shape[0], np.int64)
-    for k in range(i1.shape[0]):
-        sl1[k] = lab1[i1[k]]
-    sl2 = np.empty(i2.shape[0], np.int64)
-    for k in range(i2.shape[0]):
-        sl2[k] = lab2[i2[k]]
-    # (node, label) -> range of its label-sorted out-arcs, when the table is small
-    K1, use1, lo1, hi1 = _label_table(n1, p1, sl1, tables)
-    K2, use2, lo2, hi2 = _label_table(n2, p2, sl2, tables)
-    eps1 = False
-    for a in range(lab1.shape[0]):
-        if lab1[a] == -1:
-            eps1 = True
+@numba.njit(**HELPER)
+def _side(n, src, lab, tables):
+    """One graph's arcs for matching: CSR ``(ptr, idx)`` sorted by (source, label), the
+    labels in that order (one indirection less in the matching loops), its
+    ``(node, label)`` table (`_label_table`) and whether it has epsilons."""
+    p, i = _sorted_csr(n, src, lab)
+    sl = np.empty(i.shape[0], np.int64)
+    for k in range(i.shape[0]):
+        sl[k] = lab[i[k]]
+    K, use, lo, hi = _label_table(n, p, sl, tables)
+    eps = False
+    for a in range(lab.shape[0]):
+        if lab[a] == -1:
+            eps = True
             break
-    eps2 = False
-    for a in range(lab2.shape[0]):
-        if lab2[a] == -1:
-            eps2 = True
-            break
-    eps = eps1 or eps2
-    # the filter is needed only when both sides have epsilons: with one side
-    # alone the interleaving of a pair of paths is already unique
-    nf = 3 if (eps1 and eps2) else 1
-    dense = table.shape[0] >= n1 * n2 * nf
-    cap = hkeys.shape[0]
-    if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
-            or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
-        return 2, 0, 0, 0, 0, 0, False
-    mask = cap - 1
-    if not dense:
-        hkeys[:] = -1
+    return p, i, sl, K, use, lo, hi, eps
+
+
+@numba.njit(**HELPER)
+def _workspace(ws, cap, state_cap, arc_cap):
+    """The kernel's tables as views of ``ws`` (the layout `compose_emit` reads too):
+    ``hvals, sq1, sq2, sf, asrc, adst, aa1, aa2, t_ptr, t_idx, stack, newid``."""
     o = 0
     hvals = ws[o:o + cap]
     o += cap
@@ -241,8 +180,15 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
     stack = ws[o:o + state_cap]
     o += state_cap
     newid = ws[o:o + state_cap]
+    return hvals, sq1, sq2, sf, asrc, adst, aa1, aa2, t_ptr, t_idx, stack, newid
+
+
+@numba.njit(**HELPER)
+def _seed(n1, start1, n2, start2, nf, dense, table, hkeys, hvals, mask, sq1, sq2, sf,
+          state_cap):
+    """The start pairs as the first states: their count, or -1 when ``state_cap`` is too
+    small (the table restored)."""
     ns = 0
-    na = 0
     for s1 in range(n1):
         if not start1[s1]:
             continue
@@ -251,7 +197,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 continue
             if ns == state_cap:
                 _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                return 1, 0, 0, 0, 0, 0, False
+                return -1
             key = (s2 * n1 + s1) * nf
             h, found = _find(key, dense, table, hkeys, hvals, mask)
             if found < 0:
@@ -260,59 +206,82 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 sq2[ns] = s2
                 sf[ns] = 0
                 ns += 1
-    nstart = ns
+    return ns
+
+
+@numba.njit(cache=True, nogil=True)
+def _explore_tight(ns, n1, p1, i1, sl1, dst1, p2, i2, dst2, K2, lo2, hi2, table, sq1, sq2, sf,
+                   asrc, adst, aa1, aa2, state_cap, arc_cap):
+    """`_explore` for the common case (no epsilons, a dense state table, a ``(node,
+    label)`` table for the second graph, e.g. a CTC graph with an emission graph): the
+    same states, arcs and order, tighter.  Returns ``(status, ns, na, forward_ids)``."""
+    forward_ids = True
+    na = 0
     head = 0
-    tight = dense and not eps and use2
-    forward_ids = True   # (tracked by the tight loop; checked afterwards otherwise)
-    if tight:
-        # the common case (no epsilons, small state space, a (node, label) table
-        # for the second graph, e.g. a CTC graph with an emission graph): the
-        # same exploration as below (same states, arcs and order), tighter
-        sd1 = np.empty(i1.shape[0], np.int64)
-        for k in range(i1.shape[0]):
-            sd1[k] = dst1[i1[k]]
-        sd2 = np.empty(i2.shape[0], np.int64)
-        for k in range(i2.shape[0]):
-            sd2[k] = dst2[i2[k]]
-        while head < ns:
-            q1 = sq1[head]
-            base2 = sq2[head] * K2
-            for xx in range(p1[q1], p1[q1 + 1]):
-                l1 = sl1[xx]
-                if l1 >= K2:
-                    break
-                y = lo2[base2 + l1]
-                if y < 0:
-                    continue
-                ye = hi2[base2 + l1]
-                a1 = i1[xx]
-                t1 = sd1[xx]
-                for yy in range(y, ye):
-                    t2 = sd2[yy]
-                    key = t2 * n1 + t1
-                    t = table[key]
-                    fresh = t < 0
-                    if ns < state_cap:
-                        sq1[ns] = t1
-                        sq2[ns] = t2
-                        sf[ns] = 0
-                    elif fresh:
-                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0, False
-                    t = ns if fresh else t
-                    table[key] = t
-                    ns += 1 if fresh else 0
-                    if t <= head:
-                        forward_ids = False
-                    if na == arc_cap:
-                        _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0, False
-                    asrc[na] = head
-                    adst[na] = t
-                    aa1[na] = a1
-                    aa2[na] = i2[yy]
-                    na += 1
-            head += 1
+    sd1 = np.empty(i1.shape[0], np.int64)
+    for k in range(i1.shape[0]):
+        sd1[k] = dst1[i1[k]]
+    sd2 = np.empty(i2.shape[0], np.int64)
+    for k in range(i2.shape[0]):
+        sd2[k] = dst2[i2[k]]
+    while head < ns:
+        q1 = sq1[head]
+        base2 = sq2[head] * K2
+        for xx in range(p1[q1], p1[q1 + 1]):
+            l1 = sl1[xx]
+            if l1 >= K2:
+                break
+            y = lo2[base2 + l1]
+            if y < 0:
+                continue
+            ye = hi2[base2 + l1]
+            a1 = i1[xx]
+            t1 = sd1[xx]
+            for yy in range(y, ye):
+                t2 = sd2[yy]
+                key = t2 * n1 + t1
+                t = table[key]
+                fresh = t < 0
+                if ns < state_cap:
+                    sq1[ns] = t1
+                    sq2[ns] = t2
+                    sf[ns] = 0
+                elif fresh:
+                    _reset(True, table, sq1, sq2, sf, ns, n1, 1)
+                    return 1, ns, na, False
+                t = ns if fresh else t
+                table[key] = t
+                ns += 1 if fresh else 0
+                if t <= head:
+                    forward_ids = False
+                if na == arc_cap:
+                    _reset(True, table, sq1, sq2, sf, ns, n1, 1)
+                    return 1, ns, na, False
+                asrc[na] = head
+                adst[na] = t
+                aa1[na] = a1
+                aa2[na] = i2[yy]
+                na += 1
+        head += 1
+    return 0, ns, na, forward_ids
+
+
+@numba.njit(cache=True, nogil=True)
+def _explore(head, ns, na, n1, nf, eps, dense, p1, i1, sl1, dst1, K1, use1, lo1, hi1, p2, i2,
+             sl2, dst2, K2, use2, lo2, hi2, table, hkeys, hvals, mask, sq1, sq2, sf, asrc,
+             adst, aa1, aa2, state_cap, arc_cap):
+    """Breadth-first creation of the states reachable from states ``head..ns`` and of their
+    arcs: per state, its real matches (by a ``(node, label)`` table or by merging the two
+    label-sorted arc lists), then its epsilon moves under the filter.  Returns
+    ``(status, ns, na)`` (status 1: a buffer is too small; the table is restored).
+
+    NB: one function on purpose, its sections marked by comments.  Per-state steps as
+    functions of their own (``_match_by_table``, ``_match_by_merge``, ``_eps_moves``,
+    each taking the state tables as arrays) were tried and measured (one thread,
+    2026-11-28): composing two 1,500-node graphs with epsilons on both sides went from
+    0.41 to 4.4 ms, two 6,000-node chains (hashed states) from 0.33 to 3.5 ms: numba
+    passes ~30 arrays per call with their reference counts, once per explored state.
+    numba's IR inlining (``inline="always"``) rejects them."""
     while head < ns:
         q1 = sq1[head]
         q2 = sq2[head]
@@ -368,13 +337,13 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             sf[ns] = 0
                         elif fresh:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0, False
+                            return 1, ns, na
                         t = ns if fresh else t
                         table[key] = t
                         ns += 1 if fresh else 0
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0, False
+                            return 1, ns, na
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
@@ -389,7 +358,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                     if t < 0:
                         if ns == state_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0, False
+                            return 1, ns, na
                         if dense:
                             table[key] = ns
                         else:
@@ -402,7 +371,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         ns += 1
                     if na == arc_cap:
                         _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0, False
+                        return 1, ns, na
                     asrc[na] = head
                     adst[na] = t
                     aa1[na] = a1
@@ -463,7 +432,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                     if t < 0:
                         if ns == state_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0, False
+                            return 1, ns, na
                         if dense:
                             table[key] = ns
                         else:
@@ -476,7 +445,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         ns += 1
                     if na == arc_cap:
                         _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                        return 1, 0, 0, 0, 0, 0, False
+                        return 1, ns, na
                     asrc[na] = head
                     adst[na] = t
                     aa1[na] = a1
@@ -534,7 +503,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                         if t < 0:
                             if ns == state_cap:
                                 _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                                return 1, 0, 0, 0, 0, 0, False
+                                return 1, ns, na
                             if dense:
                                 table[key] = ns
                             else:
@@ -547,21 +516,22 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                             ns += 1
                         if na == arc_cap:
                             _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-                            return 1, 0, 0, 0, 0, 0, False
+                            return 1, ns, na
                         asrc[na] = head
                         adst[na] = t
                         aa1[na] = a1
                         aa2[na] = a2
                         na += 1
         head += 1
-    _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
-    # co-accessible states: newid = -2 unvisited, -1 visited (renumbered below)
-    if not tight:
-        forward_ids = True
-        for k in range(na):
-            if adst[k] <= asrc[k]:
-                forward_ids = False
-                break
+    return 0, ns, na
+
+
+@numba.njit(cache=True, nogil=True)
+def _trim(ns, na, forward_ids, accept1, accept2, sq1, sq2, asrc, adst, t_ptr, t_idx, stack,
+          newid):
+    """Keep the co-accessible states, renumbered in creation order (``newid``, -1 for
+    the others).  Returns ``(n_out, m_out)``, the kept states and arcs."""
+    # newid = -2 unvisited, -1 visited (renumbered below)
     for s in range(ns):
         newid[s] = -1 if (accept1[sq1[s]] and accept2[sq2[s]]) else -2
     m_out = -1
@@ -576,33 +546,7 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
                 newid[asrc[k]] = -1
             m_out += 1 if keep else 0
     else:
-        # reverse adjacency of the explored arcs (counting sort by target), then DFS
-        for s in range(ns + 1):
-            t_ptr[s] = 0
-        for k in range(na):
-            t_ptr[adst[k] + 1] += 1
-        for s in range(ns):
-            t_ptr[s + 1] += t_ptr[s]
-        for s in range(ns):
-            stack[s] = t_ptr[s]
-        for k in range(na):
-            d = adst[k]
-            t_idx[stack[d]] = k
-            stack[d] += 1
-        top = 0
-        for s in range(ns):
-            if newid[s] == -1:
-                stack[top] = s
-                top += 1
-        while top > 0:
-            top -= 1
-            v = stack[top]
-            for k in range(t_ptr[v], t_ptr[v + 1]):
-                u = asrc[t_idx[k]]
-                if newid[u] == -2:
-                    newid[u] = -1
-                    stack[top] = u
-                    top += 1
+        _coaccessible_dfs(ns, na, asrc, adst, t_ptr, t_idx, stack, newid)
     n_out = 0
     for s in range(ns):
         if newid[s] == -1:
@@ -613,6 +557,131 @@ def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, ds
         for k in range(na):
             if newid[adst[k]] >= 0:
                 m_out += 1
+    return n_out, m_out
+
+
+@numba.njit(**HELPER)
+def _coaccessible_dfs(ns, na, asrc, adst, t_ptr, t_idx, stack, newid):
+    """Mark (-1) every state from which a marked state is reachable: the reverse
+    adjacency of the explored arcs (counting sort by target), then a DFS."""
+    for s in range(ns + 1):
+        t_ptr[s] = 0
+    for k in range(na):
+        t_ptr[adst[k] + 1] += 1
+    for s in range(ns):
+        t_ptr[s + 1] += t_ptr[s]
+    for s in range(ns):
+        stack[s] = t_ptr[s]
+    for k in range(na):
+        d = adst[k]
+        t_idx[stack[d]] = k
+        stack[d] += 1
+    top = 0
+    for s in range(ns):
+        if newid[s] == -1:
+            stack[top] = s
+            top += 1
+    while top > 0:
+        top -= 1
+        v = stack[top]
+        for k in range(t_ptr[v], t_ptr[v + 1]):
+            u = asrc[t_idx[k]]
+            if newid[u] == -2:
+                newid[u] = -1
+                stack[top] = u
+                top += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def compose_kernel(n1, src1, dst1, lab1, start1, accept1, oil1, w1, n2, src2, dst2, lab2,
+                   start2, accept2, ool2, w2, state_cap, arc_cap, hkeys, ws, table, tables=True):
+    """Composition / intersection of two graphs with an epsilon filter.
+
+    Matches arc ``a1`` of the first graph with arc ``a2`` of the second when
+    ``lab1[a1] == lab2[a2] != -1``.  Epsilons (``-1``) move one side alone.  When
+    only one side has epsilons, the interleaving of every pair of input paths is
+    unique and no filter is needed (one state per node pair).  When both do, the
+    three-state epsilon-matching filter of Allauzen, Riley & Schalkwyk (2009)
+    keeps exactly one output path for every pair of input paths:
+
+    * filter 0: any move; epsilon on both sides together stays in 0;
+    * first side alone on epsilon -> filter 1 (allowed from 0 and 1);
+    * second side alone on epsilon -> filter 2 (allowed from 0 and 2);
+    * a real match returns to 0.
+
+    Output states are created breadth first from the start pairs and then trimmed
+    to the co-accessible ones (renumbered in creation order).  Buffers have the
+    fixed sizes ``state_cap`` / ``arc_cap`` (no reallocation inside the loops,
+    which keeps numba's reference counting out of them); when they are too small
+    the kernel returns ``status = 1`` and the caller retries with larger ones.
+
+    Args (besides the two graphs' arrays): ``oil1`` / ``ool2`` are the labels the
+    output arcs copy from each side (``-1`` when that side does not move), ``w1``
+    / ``w2`` the weights (output weight ``w1 + w2``); ``hkeys`` (a power-of-two
+    length ``>= 2 * state_cap``) and ``ws`` (``>= len(hkeys) + 6 * state_cap +
+    5 * arc_cap + 1`` entries) are caller-owned scratch buffers, reused across
+    calls so that large temporaries are not re-allocated (and page-faulted).
+    ``table``: when it has at least ``n1 * n2 * nf`` entries (``nf`` = 3 with
+    epsilons, else 1) it is used as a dense state index instead of the hash
+    table; it must hold only ``-1`` on entry and is restored to that on return.
+
+    Returns:
+      ``(status, ns, na, nstart, n_out, m_out, topo)``: the explored and trimmed
+      sizes, and whether every arc goes to a later state (then the result's node
+      ids are a topological order and its arcs are grouped by source);
+      `compose_emit` then writes the result (so the caller can allocate its
+      arrays, e.g. from a pool).  Output arc ``k`` records the input arcs behind
+      it (``-1``: that side did not move).
+
+    The steps: each side's sorted arcs and tables (`_side`), the scratch tables
+    (`_workspace`), the start states (`_seed`), the breadth-first exploration
+    (`_explore_tight` for the common case, else `_explore`: per state
+    `_match_by_table` or `_match_by_merge`, then `_eps_moves`), and the trim
+    (`_trim`).  The steps are called once per call, or once per explored state;
+    the per-arc work (the state lookup) stays inside them: a split at that level
+    (a helper taking the state tables as arrays in the innermost loop) made the
+    one-sequence intersect stage of ``benchmarks/graphs.py`` 2-5x slower.
+    """
+    p1, i1, sl1, K1, use1, lo1, hi1, eps1 = _side(n1, src1, lab1, tables)
+    p2, i2, sl2, K2, use2, lo2, hi2, eps2 = _side(n2, src2, lab2, tables)
+    eps = eps1 or eps2
+    # the filter is needed only when both sides have epsilons: with one side
+    # alone the interleaving of a pair of paths is already unique
+    nf = 3 if (eps1 and eps2) else 1
+    dense = table.shape[0] >= n1 * n2 * nf
+    cap = hkeys.shape[0]
+    if (cap < 2 * state_cap or (cap & (cap - 1)) != 0
+            or ws.shape[0] < cap + 6 * state_cap + 5 * arc_cap + 1):
+        return 2, 0, 0, 0, 0, 0, False
+    mask = cap - 1
+    if not dense:
+        hkeys[:] = -1
+    hvals, sq1, sq2, sf, asrc, adst, aa1, aa2, t_ptr, t_idx, stack, newid = _workspace(
+        ws, cap, state_cap, arc_cap)
+    ns = _seed(n1, start1, n2, start2, nf, dense, table, hkeys, hvals, mask, sq1, sq2, sf,
+               state_cap)
+    if ns < 0:
+        return 1, 0, 0, 0, 0, 0, False
+    nstart = ns
+    if dense and not eps and use2:
+        status, ns, na, forward_ids = _explore_tight(
+            ns, n1, p1, i1, sl1, dst1, p2, i2, dst2, K2, lo2, hi2, table, sq1, sq2, sf,
+            asrc, adst, aa1, aa2, state_cap, arc_cap)
+    else:
+        status, ns, na = _explore(
+            0, ns, 0, n1, nf, eps, dense, p1, i1, sl1, dst1, K1, use1, lo1, hi1, p2, i2, sl2,
+            dst2, K2, use2, lo2, hi2, table, hkeys, hvals, mask, sq1, sq2, sf, asrc, adst,
+            aa1, aa2, state_cap, arc_cap)
+        forward_ids = True
+        for k in range(na):
+            if adst[k] <= asrc[k]:
+                forward_ids = False
+                break
+    if status != 0:
+        return status, 0, 0, 0, 0, 0, False
+    _reset(dense, table, sq1, sq2, sf, ns, n1, nf)
+    n_out, m_out = _trim(ns, na, forward_ids, accept1, accept2, sq1, sq2, asrc, adst, t_ptr,
+                         t_idx, stack, newid)
     return 0, ns, na, nstart, n_out, m_out, forward_ids
 
 
