@@ -26,15 +26,7 @@ jnp = jax.numpy
 import duoloss.jax as dj  # noqa: E402
 from duoloss.jax import _decode_transducer as _jdec  # noqa: E402
 
-from test_decode_transducer import H, J, make_weights, torch_model  # noqa: E402
-
-
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", old)
+from test_decode_transducer import H, J, make_weights, torch_model, x64  # noqa: E402,F401
 
 
 def jax_model_over(jw):

@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from .._numerics import HELPER
-from .scores import csr
+from .scores import csr, csr_into
 
 
 @numba.njit(**HELPER)
@@ -563,19 +563,8 @@ def _trim(ns, na, forward_ids, accept1, accept2, sq1, sq2, asrc, adst, t_ptr, t_
 @numba.njit(**HELPER)
 def _coaccessible_dfs(ns, na, asrc, adst, t_ptr, t_idx, stack, newid):
     """Mark (-1) every state from which a marked state is reachable: the reverse
-    adjacency of the explored arcs (counting sort by target), then a DFS."""
-    for s in range(ns + 1):
-        t_ptr[s] = 0
-    for k in range(na):
-        t_ptr[adst[k] + 1] += 1
-    for s in range(ns):
-        t_ptr[s + 1] += t_ptr[s]
-    for s in range(ns):
-        stack[s] = t_ptr[s]
-    for k in range(na):
-        d = adst[k]
-        t_idx[stack[d]] = k
-        stack[d] += 1
+    adjacency of the explored arcs (their CSR by target), then a DFS."""
+    csr_into(ns, adst[:na], t_ptr, t_idx)
     top = 0
     for s in range(ns):
         if newid[s] == -1:
