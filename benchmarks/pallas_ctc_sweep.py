@@ -8,7 +8,9 @@
 2. times the float32 full step (logits -> ``log_softmax`` -> ``ctc_loss`` -> gradient,
    median of 30 after 2 warm-up calls) for the Pallas kernel with the default warp rule
    (``W/64`` warps, 1 to 8) and with 1, 2, 4 and 8 warps
-   (``duoloss.jax._pallas.ctc.NUM_WARPS``), the XLA scan, and the Pallas forward alone;
+   (``duoloss.jax._pallas.ctc.NUM_WARPS``), with the posteriors formed inside the beta
+   kernel instead of in one XLA pass after it (``POSTERIOR_IN_KERNEL``), the XLA scan,
+   and the Pallas forward alone;
 
 and prints one JSON object ``{"device": ..., "rows": [...]}`` at the end (each row also
 as it is measured).  ``--dry`` runs the same on CPU at a tiny size (the kernel in Pallas'
@@ -80,18 +82,27 @@ def main(argv=None) -> int:
     for size in sizes:
         for dtype in ("float64", "float32"):
             logits, tg, il, tl = _inputs(size, dtype)
-            (lp_, gp), (lx, gx) = (_step(i, tg, il, tl)(logits) for i in ("pallas", "xla"))
-            row(size=size, dtype=dtype, check="pallas vs xla",
-                loss_rel=abs(float(lp_) - float(lx)) / max(abs(float(lx)), 1e-300),
-                grad_max_abs=float(jnp.max(jnp.abs(gp - gx))))
+            for in_kernel in (False, True):
+                pc.POSTERIOR_IN_KERNEL = in_kernel
+                (lp_, gp), (lx, gx) = (_step(i, tg, il, tl)(logits) for i in ("pallas", "xla"))
+                row(size=size, dtype=dtype, check="pallas vs xla",
+                    posteriors_in_kernel=in_kernel,
+                    loss_rel=abs(float(lp_) - float(lx)) / max(abs(float(lx)), 1e-300),
+                    grad_max_abs=float(jnp.max(jnp.abs(gp - gx))))
+            pc.POSTERIOR_IN_KERNEL = False
         logits, tg, il, tl = _inputs(size, "float32")
         try:
             for warps in (None, 1, 2, 4, 8):
                 pc.NUM_WARPS = warps
                 row(size=size, case=f"pallas num_warps={warps or 'auto'}",
                     ms=_median_ms(_step("pallas", tg, il, tl), logits, rounds))
+            pc.NUM_WARPS = None
+            pc.POSTERIOR_IN_KERNEL = True
+            row(size=size, case="pallas posteriors in the kernel",
+                ms=_median_ms(_step("pallas", tg, il, tl), logits, rounds))
         finally:
             pc.NUM_WARPS = None
+            pc.POSTERIOR_IN_KERNEL = False
         row(size=size, case="xla", ms=_median_ms(_step("xla", tg, il, tl), logits, rounds))
         row(size=size, case="pallas forward only",
             ms=_median_ms(_step("pallas", tg, il, tl, grad=False), logits, rounds))

@@ -122,6 +122,25 @@ def test_reductions_and_zero_infinity_equal_host(reduction, zero_infinity):
         assert_close(gpl, gh, np.float64, grad=True)
 
 
+def test_gpu_form_with_the_posteriors_in_the_kernel_equals_host(monkeypatch):
+    """The GPU beta kernel's other variant (``POSTERIOR_IN_KERNEL``): the posteriors
+    formed frame by frame inside the kernel, not in one XLA pass after it."""
+    from duoloss.jax._pallas import ctc as pctc
+    monkeypatch.setattr(pctc, "POSTERIOR_IN_KERNEL", True)
+    with jax.enable_x64(True):
+        lp, tg, il, tl = case(np.float64, seed=6)
+        lp = lp.at[1, 2, :].set(jnp.nan)                  # a NaN read by sequence 2
+        f = jax.jit(jax.value_and_grad(_weighted, has_aux=True),
+                    static_argnames=("impl", "zero_infinity"))
+        for zi in (False, True):
+            (_, lh), gh = f(lp, tg, il, tl, impl="host", zero_infinity=zi)
+            (_, lpl), gpl = f(lp, tg, il, tl, impl="pallas", zero_infinity=zi)
+            assert_close(lpl, lh, np.float64)
+            keep = [0, 1, 3, 4, 5, 6]
+            assert np.all(np.isnan(np.asarray(gpl)[:2, 2]))
+            assert_close(gpl[:, keep], gh[:, keep], np.float64, grad=True)
+
+
 def test_tpu_form_carries_the_rows_across_frame_blocks(monkeypatch):
     """Frames in blocks of 3 (8 frames: 3 blocks, one padded frame): alpha's carry goes
     forward through the VMEM scratch, beta's backward through the reversed blocks."""

@@ -111,7 +111,8 @@ def test_cuda_export_holds_the_two_triton_kernels(dtype, x64):
     assert "num_warps = 1" in text           # W = 8 states: one warp (ctc._num_warps)
 
 
-def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
+@pytest.mark.parametrize("in_kernel", [False, True])
+def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper(in_kernel, monkeypatch):
     """The Triton IR that Pallas writes for the two GPU kernels, compiled by this
     machine's Triton (ptxas included) for sm_80 and sm_90: a kernel Triton refuses
     fails here rather than on the GPU.  (On a GPU, XLA compiles the IR with the Triton
@@ -121,6 +122,8 @@ def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
     from triton.backends.compiler import GPUTarget
     if not hasattr(tl_lowering, "lower_jaxpr_to_triton_module"):  # pragma: no cover
         pytest.skip("this JAX lowers Pallas-Triton differently")
+    from duoloss.jax._pallas import ctc as pctc
+    monkeypatch.setattr(pctc, "POSTERIOR_IN_KERNEL", in_kernel)   # both beta variants
     modules = []
     orig = tl_lowering.lower_jaxpr_to_triton_module
 

@@ -20,15 +20,16 @@ sequence's input length read from a ref:
 
 * **alpha** writes every frame's ``alpha_t`` (the residual of the backward) and
   ``log Z``;
-* **beta** runs the backward recursion from each sequence's last frame down and,
-  frame by frame, forms the posteriors ``exp(alpha + beta - log Z)`` normalised by
-  the frame's own total (as the core) and writes ``-posterior`` per state
-  ``(T, N, W)``.
+* **beta** runs the backward recursion from each sequence's last frame down and
+  writes every frame's ``beta_hat`` ``(T, N, W)`` (GPU form; with
+  `POSTERIOR_IN_KERNEL`, and always in the TPU form, it forms the posteriors
+  ``exp(alpha + beta - log Z)`` frame by frame instead and writes ``-posterior``).
 
-The gradient w.r.t. ``log_probs`` is then one XLA contraction of those state
-gradients with the one-hot extended labels (``C <= 512``; a scatter-add above),
-the transpose of the label gather: fully parallel, deterministic (no atomics), on
-the tensor cores / MXU.  The posteriors are finite, so the one-hot product is
+The gradient is then parallel XLA work: the posteriors, each frame normalised by
+its own total as the core (`_posterior_grad`, one fused pass), and their
+contraction with the one-hot extended labels back to ``(T, N, C)`` (``C <= 512``; a
+scatter-add above), the transpose of the label gather: deterministic (no atomics),
+on the tensor cores / MXU.  The posteriors are finite, so the one-hot product is
 exact (``Precision.HIGHEST``: no TF32/bf16 rounding of the summands).
 
 **GPU form** (Triton lowering, chosen through its ``CompilerParams``): a
@@ -75,6 +76,10 @@ _NAME = "ctc_loss (impl='pallas')"
 _NEG_INF = float("-inf")
 #: Up to this many classes the gradient's scatter is a one-hot contraction (a matmul).
 _ONE_HOT_MAX_CLASSES = 512
+#: GPU form: the beta kernel also forms the posteriors frame by frame (two row
+#: reductions inside the serial loop) instead of writing beta for one parallel XLA
+#: pass (`_posterior_grad`).  Read when a call is traced; the TPU form always does.
+POSTERIOR_IN_KERNEL = False
 #: Warps per program of the GPU kernels (one program per sequence); ``None``: from the
 #: row width, `_num_warps`.  Read when a call is traced.
 NUM_WARPS = None
@@ -210,7 +215,10 @@ def _alpha_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, *
 
 
 def _beta_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, ok_ref,
-                     g_ref, c_ref, *, w, t_max, interpret):
+                     g_ref, c_ref, *, w, t_max, interpret, posterior):
+    """Frames from the last one down.  ``posterior``: write each frame's state
+    gradient ``-posterior`` (two row reductions per frame); else write ``beta_hat``
+    only (rows ``t < L``; the gradient is then one parallel XLA pass, `_posterior_grad`)."""
     n = pl.program_id(0)
     length = il_ref[n]
     u = tl_ref[n]
@@ -236,7 +244,7 @@ def _beta_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, ok
         t = length - 1 - i
         prev = jnp.maximum(t - 1, 0)                   # frame t - 1's reads, issued early
         lp_prev = lp_ref[prev, n, ext]
-        a_prev = a_ref[prev, n, pl.ds(2, w)]
+        a_prev = a_ref[prev, n, pl.ds(2, w)] if posterior else a_t
         r = (t + 1) % 2
         c1 = c_ref[n, r, pl.ds(1, w)]
         c2 = c_ref[n, r, pl.ds(2, w)]
@@ -244,6 +252,10 @@ def _beta_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, ok
         bh = jnp.where(i == 0, init, trans)
         c = bh + lp_t
         c_ref[n, t % 2, pl.ds(0, w)] = c
+        if not posterior:
+            g_ref[t, n, :] = bh
+            _barrier(interpret)
+            return c, lp_prev, a_prev
         ab = jnp.where(live, a_t + bh, ninf)
         m = jnp.max(ab)
         e = jnp.exp(ab - jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m)))
@@ -256,7 +268,10 @@ def _beta_kernel_gpu(lp_ref, ext_ref, skip_ref, il_ref, tl_ref, a_ref, z_ref, ok
         return c, lp_prev, a_prev
 
     last = jnp.maximum(length - 1, 0)
-    lax.fori_loop(0, length, step, (ninf, lp_ref[last, n, ext], a_ref[last, n, pl.ds(2, w)]))
+    a_last = a_ref[last, n, pl.ds(2, w)] if posterior else zero
+    lax.fori_loop(0, length, step, (ninf, lp_ref[last, n, ext], a_last))
+    if not posterior:
+        return
 
     def rest(t, carry):                               # frames past the input length
         g_ref[t, n, :] = jnp.where(ok, zero, nan)
@@ -302,12 +317,14 @@ def _pad_skip(skip):
     return jnp.concatenate([skip, jnp.zeros((skip.shape[0], 2), skip.dtype)], axis=1)
 
 
-def _beta_call(lp, ext, skip, il, tl, a, z, ok, *, form, interpret, axes=frozenset()):
+def _beta_call(lp, ext, skip, il, tl, a, z, ok, *, form, interpret, posterior,
+               axes=frozenset()):
     t_max, n, _ = lp.shape
     w = ext.shape[1]
     if form == "tpu":
         return _beta_call_tpu(lp, ext, skip, il, tl, a, z, ok, interpret=interpret, axes=axes)
-    kernel = functools.partial(_beta_kernel_gpu, w=w, t_max=t_max, interpret=interpret)
+    kernel = functools.partial(_beta_kernel_gpu, w=w, t_max=t_max, interpret=interpret,
+                               posterior=posterior)
     g, _ = pl.pallas_call(
         kernel, grid=(n,),
         out_shape=(_out((t_max, n, w), lp.dtype, axes), _out((n, 2, w + 2), lp.dtype, axes)),
@@ -337,13 +354,37 @@ def _ctc_bwd(zero_infinity, form, interpret, res, g):
     # the kernels are not differentiated: a second derivative reaches _gradient's
     # rule (NotImplementedError, as on the host path) instead of pallas_call's JVP
     sg = lax.stop_gradient
-    gs = _beta(sg(lp), ext, skip, il, tl, sg(a), sg(z), ok, form, interpret)   # (T, N, W)
+    posterior = form == "tpu" or POSTERIOR_IN_KERNEL
+    gs = _beta(sg(lp), ext, skip, il, tl, sg(a), sg(z), ok, form, interpret,
+               posterior)                                                    # (T, N, W)
+    if not posterior:                               # gs holds beta_hat
+        gs = _posterior_grad(sg(a)[:, :, 2:], gs, il, tl, sg(z), ok)
     grad = _scatter_states(gs, ext, lp.shape[2])
     return (_gradient(_NAME, 1, grad, lp, g.astype(lp.dtype)),
             None, None, None, None, None)
 
 
 _ctc_core.defvjp(_ctc_fwd, _ctc_bwd)
+
+
+def _posterior_grad(alphas, bh, il, tl, z, ok):
+    """The state gradients ``-posterior`` ``(T, N, W)`` from the stored alphas and
+    betas, in one parallel pass (`duoloss.jax._xla.ctc`'s formula: each frame
+    normalised by its own total, relative to its best state).  Rows past each input
+    length and states past ``2U + 1`` are never read (``where``: the kernels leave
+    them unwritten)."""
+    t_max, _, w = bh.shape
+    live = jnp.arange(w)[None] < (2 * tl + 1)[:, None]
+    read = (jnp.arange(t_max)[:, None, None] < il[None, :, None]) & live[None]
+    ab = jnp.where(read, alphas + bh, _NEG_INF)
+    m = jnp.max(ab, axis=2, keepdims=True)
+    e = jnp.exp(ab - jnp.where(jnp.isfinite(m), m, 0.0))
+    total = jnp.sum(e, axis=2, keepdims=True)
+    post = e / jnp.where(total > 0, total, 1.0)
+    post = jnp.where(jnp.isnan(z)[None, :, None], jnp.nan, post)
+    use = ~(jnp.isinf(z) & (z < 0)) & (ok != 0)     # infeasible: zero gradient
+    grad = jnp.where(read & use[None, :, None], -post, 0.0)
+    return jnp.where((ok != 0)[None, :, None], grad, jnp.nan).astype(bh.dtype)
 
 
 def _scatter_states(gs, ext, n_cls):
@@ -406,12 +447,12 @@ def _alpha(lp, ext, skip, il, tl, form, interpret):
     return call(lp, ext, skip, il, tl)
 
 
-def _beta(lp, ext, skip, il, tl, a, z, ok, form, interpret):
+def _beta(lp, ext, skip, il, tl, a, z, ok, form, interpret, posterior):
     @jax.custom_batching.custom_vmap
     def call(lp, ext, skip, il, tl, a, z, ok):
         axes = varying_axes(lp, ext, skip, il, tl, a, z, ok)
         g = _beta_call(lp, ext, skip, il, tl, a, z, ok, form=form, interpret=interpret,
-                       axes=axes)
+                       posterior=posterior, axes=axes)
         return mark_varying(g, axes)
 
     @call.def_vmap
