@@ -85,6 +85,9 @@ __all__ = ["ctc_align", "asg_align", "asg_viterbi", "graph_align", "token_spans"
            "check_token_spans_args", "count_token_spans"]
 
 _PARALLEL_MIN_CELLS = 200_000
+# numba wraps a negative signed index around (a select per access, which makes
+# contiguous loads gathers); unsigned indices it takes as they are.
+_U = np.uint64
 #: Pending (bounded-memory) sequences of more cells than this, together, run on threads.
 _PENDING_THREADS_MIN_CELLS = _PARALLEL_MIN_CELLS
 
@@ -176,26 +179,48 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, la
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_tropical_row(b, t, input_len, lab, skip, logp, prev, cur, w_lo, w_hi):
+def _ctc_tropical_row(b, t, input_len, lab, skip_f, logp, prev, cur, w_lo, w_hi, emit):
     """Row ``t`` (``t >= 1``) of the tropical CTC trellis on the states
-    ``[w_lo, w_hi]`` (``cur[x - w_lo]``) from row ``t - 1`` on the same window
-    (states below ``w_lo`` read as ``-inf``); cells outside the frame's band are
-    ``-inf``, as in `_ctc_trellis_forward`."""
+    ``[w_lo, w_hi]`` (``cur[2 + x - w_lo]``: two guard cells of ``-inf``
+    before the window) from row ``t - 1`` on the same window (states below
+    ``w_lo`` read as ``-inf``); cells outside the frame's band are ``-inf``,
+    as in `_ctc_trellis_forward`.
+
+    Branch-free and vectorised along the row (AVX2/AVX-512): the emissions are
+    gathered first into ``emit`` (one pass), the skip rule is the float mask
+    ``skip_f``, the maximum is `_ctc_best_step`'s (``x if x > best else
+    best``, an exact ``vmaxpd``: the same value, NaN included), and the
+    indices are unsigned (numba's wraparound of a signed index turned the
+    contiguous loads into gathers).  The values are those of the branchy form,
+    bit for bit."""
     n_states = lab.shape[0]
     lo = max(0, n_states - 2 * (input_len - t))
     hi = min(n_states - 1, 2 * t + 1)
     a = max(lo, w_lo)
     z = min(hi, w_hi)
+    cur[0] = _NEG_INF
+    cur[1] = _NEG_INF
     for x in range(w_lo, min(a, w_hi + 1)):
-        cur[x - w_lo] = _NEG_INF
+        cur[2 + x - w_lo] = _NEG_INF
     for x in range(max(z + 1, w_lo), w_hi + 1):
-        cur[x - w_lo] = _NEG_INF
-    for x in range(a, z + 1):
-        i = x - w_lo
-        emit = np.float64(logp[t, b, lab[x]])
-        best, _ = _ctc_best_step(prev[i], prev[i - 1] if i >= 1 else _NEG_INF,
-                                 prev[i - 2] if (skip[x] and i >= 2) else _NEG_INF)
-        cur[i] = best + emit
+        cur[2 + x - w_lo] = _NEG_INF
+    if z < a:
+        return
+    a_u = _U(a)
+    off = _U(2 + a - w_lo)  # cur / prev index of state a
+    logp_t = logp[t, b]
+    for i in range(z + 1 - a):
+        x = a_u + _U(i)
+        emit[x] = logp_t[_U(lab[x])]
+    for i in range(z + 1 - a):
+        x = a_u + _U(i)
+        j = off + _U(i)
+        best = prev[j]
+        advance = prev[j - _U(1)]
+        best = advance if advance > best else best
+        skip_over = prev[j - _U(2)] if skip_f[x] != 0.0 else _NEG_INF
+        best = skip_over if skip_over > best else best
+        cur[j] = best + emit[x]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -209,36 +234,44 @@ def _ctc_segment(input_len, n_states):
 @numba.njit(**HELPER)
 def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
     """`_ctc_align_one`'s alignment and score in ``O((T S)^(2/3))`` memory
-    (see the comment above)."""
+    (see the comment above).  Rows carry two guard cells before state 0 (or
+    before the window's first state): `_ctc_tropical_row`."""
     n_states = lab.shape[0]
     k = _ctc_segment(input_len, n_states)
     n_seg = (input_len + k - 1) // k
     ckpt = np.empty((n_seg, n_states))
-    rows = np.empty((2, n_states))
+    rows = np.empty((2, n_states + 2))
+    emit = np.empty(n_states)
+    skip_f = np.empty(n_states)
+    for x in range(n_states):
+        skip_f[x] = 1.0 if skip[x] else 0.0
     row0 = rows[0]
+    row0[0] = _NEG_INF
+    row0[1] = _NEG_INF
     hi0 = min(n_states - 1, 1)
     lo0 = max(0, n_states - 2 * input_len)
     for x in range(n_states):
-        row0[x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
+        row0[2 + x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
     for x in range(n_states):  # element loops: no array-broadcast setitem to compile
-        ckpt[0, x] = row0[x]
+        ckpt[0, x] = row0[2 + x]
     for t in range(1, input_len):
         cur = rows[t & 1]
-        _ctc_tropical_row(b, t, input_len, lab, skip, logp, rows[(t - 1) & 1], cur, 0,
-                          n_states - 1)
+        _ctc_tropical_row(b, t, input_len, lab, skip_f, logp, rows[(t - 1) & 1], cur, 0,
+                          n_states - 1, emit)
         if t % k == 0:
+            ck = ckpt[t // k]
             for x in range(n_states):
-                ckpt[t // k, x] = cur[x]
+                ck[_U(x)] = cur[_U(x + 2)]
     last = rows[(input_len - 1) & 1]
     s = n_states - 1
-    if n_states > 1 and last[n_states - 2] > last[n_states - 1]:
+    if n_states > 1 and last[n_states] > last[n_states + 1]:
         s = n_states - 2
-    score = last[s]
+    score = last[2 + s]
     if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
     scores[b] = score  # NaN included, as _ctc_align_one
-    buf = np.empty((k, 2 * k + 1))
+    buf = np.empty((k, 2 * k + 3))
     seg = -1
     c = 0
     w_lo = 0
@@ -253,17 +286,20 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
             c = j * k
             w_lo = max(0, s - 2 * (t - c))
             w_hi = s
-            for x in range(w_lo, w_hi + 1):
-                buf[0, x - w_lo] = ckpt[j, x]
+            buf[0, 0] = _NEG_INF
+            buf[0, 1] = _NEG_INF
+            ck = ckpt[j]
+            b0 = buf[0]
+            for x in range(w_hi + 1 - w_lo):
+                b0[_U(x + 2)] = ck[_U(x + w_lo)]
             for r in range(c + 1, t):
-                _ctc_tropical_row(b, r, input_len, lab, skip, logp, buf[r - 1 - c],
-                                  buf[r - c], w_lo, w_hi)
+                _ctc_tropical_row(b, r, input_len, lab, skip_f, logp, buf[r - 1 - c],
+                                  buf[r - c], w_lo, w_hi, emit)
         row = buf[t - 1 - c]
-        i = s - w_lo
+        i = 2 + s - w_lo
         _, step = _ctc_best_step(row[i], row[i - 1] if s >= 1 else _NEG_INF,
                                  row[i - 2] if skip[s] else _NEG_INF)
         s -= step
-
 
 
 @numba.njit(cache=True, nogil=True)

@@ -118,6 +118,21 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
             row[k] = 0.0
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _store_row(grad, t, b, used, row, scale):
+    """grad[t, b, used[j]] = -scale * row[j] for every j (then row[j] = 0), as
+    `_flush_row` writes it: one rounding, subnormals of the gradient's dtype to
+    a zero of their sign, and an untouched (+0) entry where ``row[j]`` is 0.
+    A loop over the target's distinct classes, without branches."""
+    flush = 1.1754942807573643e-38 if grad.itemsize == 4 else 2.2250738585072014e-308
+    for j in range(used.shape[0]):
+        x = row[j]
+        v = -x * scale
+        v = v * 0.0 if abs(v) < flush else v
+        grad[t, b, used[j]] = v if x != 0.0 else 0.0
+        row[j] = 0.0
+
+
 # ---- the CTC trellis in the log and tropical semirings -----------------------
 # One recursion serves the exact log-space loss (logsumexp over predecessors)
 # and the Viterbi aligner in ``align.py`` (max over predecessors): ``tropical``
@@ -287,10 +302,87 @@ def ctc_states(targets, b, n_labels, blank):
 # and the log-space recursion runs ~2.5x slower, see NOTES.md); it also tracks
 # underflow ("flushed") and checks every frame, which the exact trellis needs
 # not.  Hence its own kernels, specialised for speed.
+#
+# Vectorised along the row (the 2L+1 states of one frame), not across sequences:
+# a frame's cells depend only on the frame before, so the state loop is a plain
+# map that LLVM turns into packed AVX2/AVX-512 code, for any batch and any mix of
+# lengths (across sequences would need equal T and L in every lane, or masks and
+# padding to the longest sequence: measured no faster at (32,500,50,100), and
+# slower on ragged batches).  What made the state loop scalar, and its cure:
+# * the ``s >= 1`` / skip branches and numba's negative-index wraparound: guard
+#   columns (zeros) before the forward row and after the backward row, and the
+#   skip rule as a select (``x if skip else 0.0``: adding +0.0 to a non-negative
+#   sum changes no bit, so the cells are those of the branchy form);
+# * the gather ``probs[t, column[s]]``: one gather pass per frame into a row of
+#   its own (``prow``), then the recursion reads it contiguously;
+# * the running sums (a strict left-to-right sum cannot be vectorised without
+#   ``fastmath``, whose reassociation would make the bits depend on the vector
+#   width): `_lane_sum` and `_pair_lane_sums` add in 8 fixed lanes combined in a
+#   fixed tree, written out in the source, so that every target (SSE, AVX2,
+#   AVX-512, or none) computes the same additions in the same order;
+# * the class scatter ``row[lab[s]] += ab``: its own pass, after the sums, over
+#   the label states only (the blank's posterior is the even lanes' sum).
+# ``tests/test_bit_identity_isa.py`` compiles these kernels for AVX2 and for the
+# host in child processes and compares the bytes.
+
+
+# Unsigned indices: numba wraps a negative signed index around (a select per
+# access, which turned the contiguous loads into gathers); uint64 ones it takes
+# as they are.  (int64 + uint64 is a float64 in numba: keep both sides uint64.)
+_U = np.uint64
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_frame_probs(b, logp, lab, input_len):
+def _lane_sum(x, lo, hi):
+    """``sum(x[lo:hi + 1])`` in 8 lanes (``(s - lo) % 8``, the tail into lane 0)
+    combined in a fixed tree: the same additions in the same order whatever
+    the vector width."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    s = _U(lo)
+    for _ in range((hi + 1 - lo) // 8):
+        a0 += x[s]
+        a1 += x[s + _U(1)]
+        a2 += x[s + _U(2)]
+        a3 += x[s + _U(3)]
+        a4 += x[s + _U(4)]
+        a5 += x[s + _U(5)]
+        a6 += x[s + _U(6)]
+        a7 += x[s + _U(7)]
+        s += _U(8)
+    for _ in range((hi + 1 - lo) % 8):
+        a0 += x[s]
+        s += _U(1)
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pair_lane_sums(x, lo, hi):
+    """``(sum of x[s] over even s, over odd s)`` for ``s`` in ``[lo, hi]``, in
+    8 fixed lanes (4 of each parity) like `_lane_sum`.  Reads ``x[lo - 1]``
+    (``lo`` odd) and ``x[hi + 1]`` (``hi`` even), which must be zero."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    first = lo - (lo & 1)
+    n_pairs = (hi - first) // 2 + 1
+    s = _U(first)
+    for _ in range(n_pairs // 4):
+        a0 += x[s]
+        a1 += x[s + _U(1)]
+        a2 += x[s + _U(2)]
+        a3 += x[s + _U(3)]
+        a4 += x[s + _U(4)]
+        a5 += x[s + _U(5)]
+        a6 += x[s + _U(6)]
+        a7 += x[s + _U(7)]
+        s += _U(8)
+    for _ in range(n_pairs % 4):
+        a0 += x[s]
+        a1 += x[s + _U(1)]
+        s += _U(2)
+    return (a0 + a2) + (a4 + a6), (a1 + a3) + (a5 + a7)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_frame_probs(b, logp, lab, input_len, scratch):
     """Per frame the probabilities of the classes the sequence reads (the
     input of the specialised linear-space kernels, see the comment above).
 
@@ -319,7 +411,7 @@ def _ctc_frame_probs(b, logp, lab, input_len):
             used[n_used] = k
             n_used += 1
         column[s] = slot[k]
-    probs = np.empty((input_len, n_used), np.float64)
+    probs = scratch[:input_len * n_used].reshape((input_len, n_used))
     frame_max = np.empty(input_len, np.float64)
     flushed = False
     for t in range(input_len):
@@ -344,46 +436,64 @@ def _ctc_frame_probs(b, logp, lab, input_len):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
+def _ctc_forward_linear(probs, frame_max, column, skip, flushed, scratch):
     """Rescaled forward: ``(alpha, log_scale, status, logz, flushed)``.
 
     Specialised, not the shared log/tropical trellis: products of rescaled
     probabilities, no exp/log per cell (several times faster, see above).
 
-    ``alpha[t]`` sums to 1 over the frame's band; ``log_scale[t]`` is the log
-    of what frames ``0..t`` divided out (frame maxima included).  ``status``:
-    0 fine, 1 fall back to log space (a frame's mass below ``_TINY``), 2 NaN
-    or ``+inf``.  ``flushed`` is or-ed with whether a cell whose inputs are
-    positive came out below ``_FLUSH``.
+    ``alpha[t, 2 + s]`` (two guard columns of zeros before state 0, two
+    after the last) sums to 1 over the frame's band; ``log_scale[t]`` is the
+    log of what frames ``0..t`` divided out (frame maxima included).
+    ``status``: 0 fine, 1 fall back to log space (a frame's mass below
+    ``_TINY``), 2 NaN or ``+inf``.  ``flushed`` is or-ed with whether a cell
+    whose inputs are positive came out below ``_FLUSH``.
     """
     input_len = probs.shape[0]
     n_states = column.shape[0]
-    alpha = np.empty((input_len, n_states), np.float64)
-    for t in range(input_len):
-        for s in range(n_states):
-            alpha[t, s] = 0.0
+    # Only the band [lo, hi] of each row is written; the recursion reads the row
+    # before at s, s - 1, s - 2 for s in the band: inside that row's band, its
+    # guard columns, or the two cells above its band (zeroed below).
+    alpha = scratch[:input_len * (n_states + 4)].reshape((input_len, n_states + 4))
+    prow = np.empty(n_states, np.float64)
+    skip_f = np.empty(n_states, np.float64)  # the skip rule as 1.0 / 0.0
+    for s in range(n_states):
+        skip_f[s] = 1.0 if skip[s] else 0.0
     log_scale = np.empty(input_len, np.float64)
     status = 0
     acc = 0.0
+    n_flushed = 0
     for t in range(input_len):
         lo = max(0, n_states - 2 * (input_len - t))
         hi = min(n_states - 1, 2 * t + 1)
-        c = 0.0
-        for s in range(lo, hi + 1):
-            if t == 0:
-                v = 1.0
-            else:
-                v = alpha[t - 1, s]
-                if s >= 1:
-                    v += alpha[t - 1, s - 1]
-                if skip[s]:
-                    v += alpha[t - 1, s - 2]
-            p = probs[t, column[s]]
-            w = v * p
-            if w < _FLUSH and v > 0.0 and p > 0.0:
-                flushed = True
-            alpha[t, s] = w
-            c += w
+        row = alpha[t]
+        row[0] = 0.0
+        row[1] = 0.0
+        row[hi + 3] = 0.0
+        row[hi + 4] = 0.0
+        p_t = probs[t]
+        lo_u = _U(lo)
+        width = hi + 1 - lo
+        for i in range(width):  # the gather, out of the recursion
+            s = lo_u + _U(i)
+            prow[s] = p_t[_U(column[s])]
+        if t == 0:
+            for i in range(width):
+                s = lo_u + _U(i)
+                p = prow[s]
+                n_flushed += (p < _FLUSH) & (p > 0.0)
+                row[s + _U(2)] = p
+        else:
+            prev = alpha[t - 1]
+            for i in range(width):  # branch-free: packed on AVX2/AVX-512
+                s = lo_u + _U(i)
+                v = prev[s + _U(2)] + prev[s + _U(1)]
+                v += prev[s] if skip_f[s] != 0.0 else 0.0
+                p = prow[s]
+                w = v * p
+                n_flushed += (w < _FLUSH) & (v > 0.0) & (p > 0.0)
+                row[s + _U(2)] = w
+        c = _lane_sum(row, lo + 2, hi + 2)
         if c != c or c == np.inf:
             status = 2
             break
@@ -391,15 +501,16 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed):
             status = 1
             break
         inv = 1.0 / c
-        for s in range(lo, hi + 1):
-            alpha[t, s] *= inv
+        for i in range(width):
+            row[lo_u + _U(i + 2)] *= inv
         acc += math.log(c) + frame_max[t]
         log_scale[t] = acc
+    flushed = flushed or n_flushed > 0
     logz = 0.0
     if status == 0:
-        zfin = alpha[input_len - 1, n_states - 1]
+        zfin = alpha[input_len - 1, n_states + 1]
         if n_states > 1:
-            zfin += alpha[input_len - 1, n_states - 2]
+            zfin += alpha[input_len - 1, n_states]
         if zfin < _TINY:
             status = 1
         else:
@@ -412,7 +523,7 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
     (0 fine, 1 fall back to log space).  Specialised like
-    `_ctc_forward_linear`.
+    `_ctc_forward_linear` (``alpha`` with its guard columns).
 
     With ``want_grad`` writes ``-scale * posterior`` into ``grad[t, b, :]``;
     on a failed check the rows written so far are zeroed again.  Without it
@@ -422,13 +533,31 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
     n_states = lab.shape[0]
     status = 0
     beta = np.empty(n_states, np.float64)
-    emit_beta = np.empty(n_states, np.float64)
+    # emission times beta at the frame after, two guard zeros after the last state
+    emit_beta = np.empty(n_states + 2, np.float64)
+    # the skip rule shifted by two: state s + 2 can be entered from s
+    skip_from = np.empty(n_states, np.float64)
+    # alpha * beta per state; a zero before and after the band (`_pair_lane_sums`)
+    ab = np.empty(n_states + 1, np.float64)
+    prow = np.empty(n_states, np.float64)
     for s in range(n_states):
         beta[s] = 0.0
-        emit_beta[s] = 0.0
-    row = np.empty(grad.shape[2] if want_grad else 0, np.float64)
-    for k in range(row.shape[0]):
-        row[k] = 0.0
+        ab[s] = 0.0
+        skip_from[s] = 1.0 if s + 2 < n_states and skip[s + 2] else 0.0
+    ab[n_states] = 0.0
+    emit_beta[n_states] = 0.0
+    emit_beta[n_states + 1] = 0.0
+    # Per distinct class of the target (the column j of `_ctc_frame_probs`, blank
+    # first): its class and its summed alpha * beta at the frame.
+    n_used = 0
+    for s in range(n_states):
+        n_used = max(n_used, column[s] + 1)
+    used = np.empty(n_used, np.int64)
+    for s in range(n_states):
+        used[column[s]] = lab[s]
+    row = np.empty(n_used if want_grad else 0, np.float64)
+    for j in range(row.shape[0]):
+        row[j] = 0.0
     beta[n_states - 1] = 1.0
     if n_states > 1:
         beta[n_states - 2] = 1.0
@@ -437,37 +566,37 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
     for t in range(input_len - 1, -1, -1):
         lo = max(0, n_states - 2 * (input_len - t))
         hi = min(n_states - 1, 2 * t + 1)
-        # One pass: beta at frame t, the frame's posterior sum r and the
-        # unnormalised posteriors (alpha * beta) per class.
-        r = 0.0  # sum of alpha * beta as stored (beta-hat / bscale)
-        if t == input_len - 1:
-            for s in range(lo, hi + 1):
-                ab = alpha[t, s] * beta[s]
-                r += ab
-                if want_grad:
-                    row[lab[s]] += ab
-        else:
+        a_row = alpha[t]
+        lo_u = _U(lo)
+        if t < input_len - 1:
             hi1 = min(n_states - 1, 2 * t + 3)
-            for s in range(lo, hi1 + 1):
-                emit_beta[s] = beta[s] * bscale * probs[t + 1, column[s]]
-            d = 0.0
-            for s in range(lo, hi + 1):
-                v = emit_beta[s]
-                if s + 1 <= hi1:
-                    v += emit_beta[s + 1]
-                if s + 2 <= hi1 and skip[s + 2]:
-                    v += emit_beta[s + 2]
+            p_t = probs[t + 1]
+            for i in range(hi1 + 1 - lo):  # the gather, out of the recursion
+                s = lo_u + _U(i)
+                prow[s] = p_t[_U(column[s])]
+            for i in range(hi1 + 1 - lo):
+                s = lo_u + _U(i)
+                emit_beta[s] = beta[s] * bscale * prow[s]
+            emit_beta[hi1 + 1] = 0.0
+            emit_beta[hi1 + 2] = 0.0
+            for i in range(hi + 1 - lo):  # branch-free: packed on AVX2/AVX-512
+                s = lo_u + _U(i)
+                v = emit_beta[s] + emit_beta[s + _U(1)]
+                v += emit_beta[s + _U(2)] if skip_from[s] != 0.0 else 0.0
                 beta[s] = v
-                d += v
-                ab = alpha[t, s] * v
-                r += ab
-                if want_grad:
-                    row[lab[s]] += ab
             # States above hi are never read again (the window shrinks
             # going back), those below lo were never written.
+            d = _lane_sum(beta, lo, hi)
             if not d >= _TINY:
                 status = 1
                 break
+        for i in range(hi + 1 - lo):
+            s = lo_u + _U(i)
+            ab[s] = a_row[s + _U(2)] * beta[s]
+        ab[hi + 1] = 0.0  # (cells below lo were never written: zeros)
+        blank_ab, label_ab = _pair_lane_sums(ab, lo, hi)
+        r = blank_ab + label_ab  # sum of alpha * beta as stored (beta-hat / bscale)
+        if t < input_len - 1:
             bscale = 1.0 / d
             log_beta_scale += math.log(d) + frame_max[t + 1]
         # Every path crosses frame t exactly once: the posteriors sum to 1.
@@ -475,9 +604,14 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
         if not (abs(r * bscale - expected) <= _CHECK_TOL * expected and r >= _TINY):
             status = 1  # (an underflowed r would also divide by zero below)
             break
-        # row holds alpha * beta as stored: posterior = row / r.
         if want_grad:
-            _flush_row(grad, t, b, lab, lo, hi, row, scale / r)
+            # The class scatter, a pass of its own: blanks at the even states
+            # (their lanes' sum), labels at the odd ones, in state order.
+            row[0] = blank_ab
+            for s in range((lo | 1), hi + 1, 2):
+                row[column[s]] += ab[s]
+            # row holds alpha * beta as stored: posterior = row / r.
+            _store_row(grad, t, b, used, row, scale / r)
     if status == 1 and want_grad:
         _fill_rows(grad, b, 0, input_len, 0.0)
     return status
@@ -510,9 +644,20 @@ def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, ze
     driver runs the exact log-space trellis afterwards (`_ctc_log_space_batch`,
     a kernel compiled only when first needed).
     """
+    # One alpha and one probs buffer for all the sequences of this call, sized for
+    # the largest: a fresh multi-megabyte array per sequence came from fresh pages
+    # (mmap), and their page faults cost as much as the whole vectorised forward.
+    t_max, _, n_cls = logp.shape
+    s_cap = targets.shape[1]
+    need = 0
     for i in range(order.shape[0]):
         b = order[i]
-        t_max, _, n_cls = logp.shape
+        n_st = 2 * min(max(tg_len[b], 0), s_cap) + 1
+        need = max(need, min(max(in_len[b], 0), t_max) * (n_st + 4))
+    alpha_buf = np.empty(need, np.float64)
+    probs_buf = np.empty(need, np.float64)
+    for i in range(order.shape[0]):
+        b = order[i]
         scale = gscale[b] if gscale.shape[0] > b else 1.0
         input_len = in_len[b]
         target_len = tg_len[b]
@@ -534,9 +679,10 @@ def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, ze
         # probability from a finite score, or a cell whose inputs are positive)
         # comes out below _FLUSH: only then can the rescaled forward differ from the
         # exact one, and only then does the loss need the backward sweep's verdict.
-        probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len)
+        probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len,
+                                                             probs_buf)
         alpha, log_scale, state, logz, flushed = _ctc_forward_linear(probs, frame_max, column, skip,
-                                                                     flushed)
+                                                                     flushed, alpha_buf)
         # Without a gradient the sweep still runs when the forward flushed something:
         # its per-frame check is the verdict on the loss, so a loss is the same number
         # whether or not a gradient was asked for.
