@@ -887,7 +887,7 @@ def _decode_cases():
             Case(fn, "encoder_lengths", "float encoder_lengths", _set(encoder_lengths=np.array([6.0, 5.0], f32)), TypeError, expect="got float32"),
             Case(fn, "encoder_lengths", "(N+1,) encoder_lengths", _set(encoder_lengths=np.array([6, 5, 4], i32)), expect="got shape (3,)"),
             Case(fn, "predict", "predict not callable", _set(predict=3), TypeError, expect="got int"),
-            Case(fn, "join", "join returns (N, V, 1)", _set(join=lambda d: (lambda frame, last: frame[..., None])), prefix=f"{fn}: 'join' must return (N, V) logits", expect="got (1, "),
+            Case(fn, "join", "join returns (N, V, 1)", _set(join=lambda d: (lambda frame, last: frame[..., None])), prefix=f"{fn}: 'join' must return (N, V) logits", expect="got (N, "),
             Case(fn, "blank", "blank out of range", _set(blank=99), expect="got 99"),
             Case(fn, "start_token", "start_token out of range", _set(start_token=-1), expect="got -1"),
         ]

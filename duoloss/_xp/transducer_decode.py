@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from duoloss.core import _validate as _v
 
-__all__ = ["beam_search", "check_extra", "check_ints", "check_model_args", "greedy_search",
+__all__ = ["beam_search", "check_extra", "check_ints", "check_logits", "check_model_args",
+           "greedy_search",
            "multiblank_moves", "resolve_blank", "resolve_classes"]
 
 NEG_INF = float("-inf")
@@ -93,12 +94,28 @@ def resolve_classes(fn, kind, n_out, blank, extra, start_token):
     return blank, start, list(extra)
 
 
+def check_logits(fn, shape, rows):
+    """The joiner's output for ``rows`` rows must be ``(rows, V)`` (``shape``: its shape,
+    or None for something that is not an array); returns ``V``."""
+    if shape is not None and len(shape) == 2 and shape[0] == rows:
+        return int(shape[1])
+    if shape is None:
+        got = "no array"
+    elif len(shape) and shape[0] == rows:  # (the row count as N: the same for any N)
+        got = "(N" + "".join(f", {d}" for d in shape[1:]) + ")"
+    else:
+        got = f"{_v.shape_str(tuple(shape))} for N = {rows}"
+    raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got}")
+
+
 def known_start(fn, blank, start_token):
     """The predictor's first token when it is known before the class count ``V`` (a given
-    ``start_token``, or a non-negative ``blank``), else None; types checked."""
+    ``start_token``, or a non-negative ``blank``), else None (also for a negative
+    ``start_token``: refused once ``V`` is known, with the range); types checked."""
     _v.check_int_type(fn, "blank", blank)
     if start_token is not None:
-        return _v.check_int_scalar(fn, "start_token", start_token, 0)
+        start = _v.check_int_type(fn, "start_token", start_token)
+        return start if start >= 0 else None
     return int(blank) if blank >= 0 else None
 
 

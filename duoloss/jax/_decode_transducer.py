@@ -220,12 +220,9 @@ def _stage_model(fn, predict, join, encoder_out, rows):
     first, c_first, (pred, state) = _stage(lambda t: predict(t, None), tok)
     step, c_step, _ = (first, c_first, None) if state is None else _stage(predict, tok, state)
     joint, c_join, out = _stage(join, frame, pred)
-    if not hasattr(out, "shape") or len(out.shape) != 2 or out.shape[0] != rows:
-        got = _v.shape_str(tuple(out.shape)) if hasattr(out, "shape") else type(out).__name__
-        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for "
-                         f"N = {rows}")
+    n_out = _search.check_logits(fn, tuple(out.shape) if hasattr(out, "shape") else None, rows)
     key = tuple((str(s.jaxpr), s.in_tree, s.out_tree) for s in (first, step, joint))
-    return _Model(first, step, joint, key), (c_first, c_step, c_join), int(out.shape[1]), out.dtype
+    return _Model(first, step, joint, key), (c_first, c_step, c_join), n_out, out.dtype
 
 
 def _greedy(fn, kind, encoder_out, encoder_lengths, predict, join, blank, extra,

@@ -173,12 +173,9 @@ def _check_common(fn, encoder_out, encoder_lengths, predict, join):
 
 def _width(fn, logits, rows):
     """``(V', dtype)`` of the joiner's logits for ``rows`` rows, checked."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
-        got = (_v.shape_str(tuple(logits.shape)) if isinstance(logits, torch.Tensor)
-               else type(logits).__name__)
-        raise ValueError(f"{fn}: 'join' must return (N, V) logits for N rows, got {got} for "
-                         f"N = {rows}")
-    return int(logits.shape[1]), logits.dtype
+    tensor = isinstance(logits, torch.Tensor)
+    return (_search.check_logits(fn, tuple(logits.shape) if tensor else None, rows),
+            logits.dtype)
 
 
 def _first_call(fn, kind, encoder_out, rows, predict, join, blank, extra, start_token):
