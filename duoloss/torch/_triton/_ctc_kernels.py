@@ -19,10 +19,13 @@ on the classes the target uses, zero elsewhere and on frames past ``T_b``, the
 whole slab NaN for an invalid row), so no zero fill, scatter or ``where``
 runs around it.
 
-Arithmetic is in log space **base 2** (``exp2``/``log2``: ``ex2.approx`` and
-``lg2.approx`` in float32 on the GPU), in float32 for half inputs and the
-input's dtype otherwise; the emission is scaled by ``log2(e)`` as it is
-loaded.  The alpha table (``(N, T, BLOCK)``, needed by the posteriors) is the
+Arithmetic is in natural log space, in float32 for half inputs and the input's
+dtype otherwise; every exponential and logarithm goes through ``exp2``/``log2``
+(``ex2.approx``/``lg2.approx`` in float32, not the branchy ``__nv_logf``) on a
+difference scaled by ``log2(e)``: the stored values keep natural-log magnitudes,
+so float32 rounding grows with ``T`` as ``F.ctc_loss``'s does (in base 2 the
+alphas are 1.44 times larger and the error was 1.7 times ``F.ctc_loss``'s).
+The alpha table (``(N, T, BLOCK)``, needed by the posteriors) is the
 only scratch of size ``T``; beta lives in registers.  Two ways to shift a row
 by one and two states, a compile-time choice (``GATHER``):
 
@@ -74,12 +77,14 @@ def _max(x):
 
 
 @triton.jit
-def _lse3(a, b, c):
-    """``log2(2**a + 2**b + 2**c)`` elementwise; ``-inf`` (not NaN) when all three
+def _lse3(a, b, c, log2e, ln2):
+    """``log(e**a + e**b + e**c)`` elementwise through ``exp2``/``log2`` (``x * log2e``
+    and ``ln2 * y`` fold into fused multiply-adds); ``-inf`` (not NaN) when all three
     are ``-inf``; a NaN input gives NaN (the NaN policy)."""
     m = tl.maximum(tl.maximum(a, b), c)
     ms = tl.where(m == float("-inf"), 0.0, m)
-    return ms + tl.log2(tl.exp2(a - ms) + tl.exp2(b - ms) + tl.exp2(c - ms))
+    return ms + ln2 * tl.log2(tl.exp2((a - ms) * log2e) + tl.exp2((b - ms) * log2e)
+                              + tl.exp2((c - ms) * log2e))
 
 
 @triton.jit
@@ -182,27 +187,27 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
     log2e = 1.0 / ln2
     lp_b = lp_ptr + b * stride_ln
     a_seq = alpha_ptr + b * T_MAX * BLOCK
-    # forward: alpha[t, k] (base 2) includes the emission of frame t
-    e = tl.load(lp_b + col, mask=live & ((k * 0 + t_b) > 0), other=float("-inf")).to(acc) * log2e
+    # forward: alpha[t, k] includes the emission of frame t
+    e = tl.load(lp_b + col, mask=live & ((k * 0 + t_b) > 0), other=float("-inf")).to(acc)
     alpha = tl.where(k < 2, e, neg)
     tl.store(a_seq + k, alpha, mask=(k * 0 + t_b) > 0)
     for t in range(1, t_b):
-        e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc) * log2e
+        e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc)
         if not GATHER:
             tl.debug_barrier()
         prev = a_seq + (t - 1) * BLOCK + k
         a1 = _shift_down(alpha, k, 1, prev - k, GATHER)
         a2 = tl.where(skip, _shift_down(alpha, k, 2, prev - k, GATHER), float("-inf"))
-        alpha = tl.where(live, e + _lse3(alpha, a1, a2), neg)
+        alpha = tl.where(live, e + _lse3(alpha, a1, a2, log2e, ln2), neg)
         tl.store(a_seq + t * BLOCK + k, alpha)
-    # log2 Z from the last frame's two final states
+    # log Z from the last frame's two final states
     fin = live & (k >= n_states - 2)
     a_fin = tl.where(fin, alpha, float("-inf"))
     m = _max(a_fin)
     ms = tl.where(m == float("-inf"), 0.0, m)
-    logz = ms + tl.log2(_sum(tl.exp2(a_fin - ms)))
+    logz = ms + ln2 * tl.log2(_sum(tl.exp2((a_fin - ms) * log2e)))
     logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
-    loss = 0.0 - logz * ln2  # (not -logz: an empty target on no frames is +0)
+    loss = 0.0 - logz  # (not -logz: an empty target on no frames is +0)
     loss = tl.where((zero_inf != 0) & (loss == float("inf")), 0.0, loss)
     loss = tl.where(ok, loss, float("nan"))
     if MODE == 0:
@@ -247,7 +252,7 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
         for r in range(0, t_b):
             t = t_b - 1 - r
             e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf"))
-            e = e.to(acc) * log2e
+            e = e.to(acc)
             alpha = tl.load(a_seq + t * BLOCK + k)
             if r > 0:
                 if GATHER:
@@ -259,8 +264,8 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
                 e1 = _shift_up(beta, k, 1, nxt - k, BLOCK, GATHER)
                 e2 = tl.where(skip2, _shift_up(beta, k, 2, nxt - k, BLOCK, GATHER),
                               float("-inf"))
-                beta = tl.where(live, _lse3(beta, e1, e2), neg)
-            post = tl.where(live & feasible, tl.exp2(alpha + beta - logz), 0.0) * wg
+                beta = tl.where(live, _lse3(beta, e1, e2, log2e, ln2), neg)
+            post = tl.where(live & feasible, tl.exp2((alpha + beta - logz) * log2e), 0.0) * wg
             g_t = g_b + t * stride_gt
             if ZERO_ROWS:
                 # the previous frame's row, ordered before its posteriors by the
@@ -276,7 +281,7 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
                 mr = is_lab & (rank == rr)
                 cur = tl.load(g_t + col, mask=mr, other=0.0).to(acc)
                 tl.store(g_t + col, (cur + post).to(gty), mask=mr)
-            # the row frame t - 1 reads: emission + beta (base 2)
+            # the row frame t - 1 reads: emission + beta
             beta = tl.where(live, e + beta, neg)
             if not GATHER:
                 tl.store(b_seq + (t % 2) * BLOCK + k, beta)
