@@ -15,8 +15,10 @@ the unpatched launcher (``head``).  Configurations (``CONFIGS``):
   (``zero``) or by one ``zeros`` fill before the launch (``fill``) at every ``C``.
 
 Each new configuration compiles a kernel variant (a few seconds the first time).  Prints
-one JSON object ``{size: {config: {"ms", "wall_ms"}}}``; ``quick=True`` (``--quick``)
-times only ``head``, ``scratch pt4``, ``gather w1``, ``zero`` and ``fill``.
+one JSON object ``{"sweep": {size: {config: {"ms", "wall_ms"}}}, "half": check_half()}``
+(``head bf16``: the head on bfloat16 logits; `check_half`: bfloat16/float16 errors against
+the float64 host path); ``quick=True`` (``--quick``) times only ``head``, ``scratch pt4``,
+``gather w1``, ``zero`` and ``fill``.
 
     python -m benchmarks.ctc_device_sweep [--quick] [--reps 20]
 
@@ -114,7 +116,45 @@ def sweep(sizes: Sequence[tuple] = SIZES, quick: bool = False, reps: int = 20,
                 row[name] = {"error": repr(e)[:300]}
             finally:
                 _ops.ctc_config = head
+        if not only and "head" in names:
+            # the head's step on bfloat16 logits (read as they are by the kernel)
+            xb = x.to(torch.bfloat16)
+            row["head bf16"] = _time(lambda y: dt.ctc_loss(y.log_softmax(-1), tg, il, tl,
+                                                           impl="device"), xb, reps)
         out[str((n, t, c, s))] = row
+    return out
+
+
+def check_half(size=(8, 200, 30, 40), device: str = "cuda") -> dict:
+    """Errors of the device path on bfloat16 and float16 log-probabilities against the
+    float64 host path on the same rounded inputs: ``{dtype: {"loss_rel", "grad_abs",
+    "ok"}}`` with the tolerances of tests/test_device_ctc_torch.py (bfloat16 2e-2,
+    float16 2e-3)."""
+    import torch
+
+    import duoloss.torch as dt
+    n, t, c, s = size
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(t, n, c, generator=g, dtype=torch.float64).log_softmax(-1)
+    tg = torch.randint(1, c, (n, s), generator=g)
+    il = torch.full((n,), t, dtype=torch.int64)
+    tl = torch.full((n,), s, dtype=torch.int64)
+    out = {}
+    for dtype, tol in ((torch.bfloat16, 2e-2), (torch.float16, 2e-3)):
+        half = x.to(dtype)
+        ref = half.double().requires_grad_()
+        lh = dt.ctc_loss(ref, tg, il, tl, impl="host", reduction="none")
+        lh.sum().backward()
+        z = half.to(device).requires_grad_()
+        ld = dt.ctc_loss(z, tg.to(device), il.to(device), tl.to(device), impl="device",
+                         reduction="none")
+        ld.sum().backward()
+        loss_rel = ((ld.double().cpu() - lh.detach()).abs()
+                    / lh.detach().abs().clamp(min=1)).max().item()
+        grad_abs = (z.grad.double().cpu() - ref.grad).abs().max().item()
+        out[str(dtype)] = {"loss_rel": loss_rel, "grad_abs": grad_abs,
+                           "dtypes": [str(ld.dtype), str(z.grad.dtype)],
+                           "ok": loss_rel <= tol and grad_abs <= tol}
     return out
 
 
@@ -127,7 +167,7 @@ def main(argv=None) -> int:
     if not res:
         print("no CUDA device here: nothing measured")
         return 2
-    print(json.dumps(res))
+    print(json.dumps({"sweep": res, "half": check_half()}))
     return 0
 
 
