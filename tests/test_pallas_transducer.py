@@ -182,6 +182,24 @@ def test_rnnt_edge_shapes_equal_host(t, u):
         _rnnt_vs_host(x, tg, il, tl, np.float64)
 
 
+def test_half_inputs_run_in_float32_and_second_derivatives_raise():
+    with jax.enable_x64(False):
+        x, tg, il, tl = rnnt_case(np.float32, seed=3)
+        x = x.astype(jnp.bfloat16)
+        f = lambda a, impl: dj.rnnt_loss(a, tg, il, tl, reduction="sum", impl=impl)
+        vp, gp = jax.jit(jax.value_and_grad(f), static_argnums=1)(x, "pallas")
+        vh, gh = jax.jit(jax.value_and_grad(f), static_argnums=1)(x, "host")
+        assert gp.dtype == jnp.bfloat16 and vp.dtype == vh.dtype
+        assert_close(vp, vh, np.float32, 10.0)
+        assert_close(gp.astype(np.float32), gh.astype(np.float32), np.float32)
+        x32 = x.astype(jnp.float32)
+        for h in (f, lambda a, impl: dj.tdt_loss(
+                jnp.concatenate([a, a[..., :2]], -1), tg, il, tl, 4, [0, 1], impl=impl)):
+            with pytest.raises(NotImplementedError,
+                               match="second derivatives are not implemented"):
+                jax.eval_shape(jax.grad(lambda a: jax.grad(h)(a, "pallas").sum()), x32)
+
+
 def test_rnnt_tpu_form_equals_host():
     with jax.enable_x64(False), interpret_as("tpu"):
         x, tg, il, tl = rnnt_case(np.float32, seed=2)

@@ -58,8 +58,15 @@ _NAME = "transducer loss (impl='pallas')"
 NEG_INF = float("-inf")
 
 
+#: Warps per program of the GPU form (this module's and `duoloss.jax._pallas.tdt`'s);
+#: ``None``: `_warps`' rule.  A knob for timing sweeps: set it before the call is traced.
+NUM_WARPS = None
+
+
 def _warps(lanes: int) -> int:
     """Warps per program: one per 64 lanes (a level is one short vector), 1 to 8."""
+    if NUM_WARPS is not None:
+        return int(NUM_WARPS)
     return max(1, min(8, lanes // 64))
 
 
@@ -371,7 +378,10 @@ def _losses(px, py, boundary, cfg):
 
 
 def _fwd(px, py, boundary, cfg):
-    loss, (gpx, gpy) = _run(px, py, boundary, cfg, True)
+    # the kernel has no derivative of its own: a second derivative must reach _gradient's
+    # rule (which raises), not JAX's linearisation of pallas_call
+    sg = jax.lax.stop_gradient
+    loss, (gpx, gpy) = _run(sg(px), sg(py), boundary, cfg, True)
     return loss, (gpx, gpy, px, py)
 
 

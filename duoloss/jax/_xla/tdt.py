@@ -260,7 +260,9 @@ def _run(x, tg, il, tl, spec, want, path="xla"):
         alpha = _alpha(lab_moves, blk_moves, lab_w, blk_w, n, u1, x.dtype)
     else:   # both recursions in one Pallas kernel (beta only with want)
         from .._pallas.tdt import tables
-        alpha, beta = tables(lab_moves, blk_moves, lab_w, blk_w, term, want, path)
+        sg = jax.lax.stop_gradient    # (a second derivative raises in _gradient's rule)
+        alpha, beta = tables(lab_moves, blk_moves, [sg(w) for w in lab_w],
+                             [sg(w) for w in blk_w], sg(term), want, path)
     logz = _lse_safe(jnp.reshape(jnp.transpose(_from(alpha, term), (1, 0, 2)), (n, -1)), 1)
     nll = jnp.where(tb == 0, jnp.where(ub == 0, 0.0, jnp.inf), -logz)
     loss = jnp.where(valid, nll * (1.0 + lam), jnp.nan)
