@@ -4,9 +4,11 @@
 Thin: argument checks (`duoloss.core.losses.tdt`), then the whole loss
 and its gradient w.r.t. the logits in one core call
 (`duoloss.torch._adapter.apply_kernel`), or, on the device path
-(``impl='device'``, ``'auto'`` on CUDA), the Triton recursion of
-`duoloss.torch._triton._tdt` (calls traced by ``torch.compile`` take the
-host path).
+(``impl='device'``, ``'auto'`` on CUDA), the fused Triton kernels of
+`duoloss.torch._triton._dur_ops` (the logits read as they are, one gradient
+pass in the backward; TDT with ``0 < omega < 1`` still forms its move weights
+in torch operations, `duoloss.torch._triton._tdt`).  Calls traced by
+``torch.compile`` take the host path.
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ from ._triton import int_to, resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
 
-def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
-    """``(il, tl, concrete)``: lengths as int64 tensors; ``check(concrete)`` validates."""
+def _lengths(fn, logits, targets, logit_lengths, target_lengths, check, device=False):
+    """``(il, tl, concrete)``: lengths as int64 tensors (with ``device``: integer
+    tensors on the logits' device, the caller's own when they already live there);
+    ``check(concrete)`` validates."""
     check_tensor(fn, "logits", logits)
     check_tensor(fn, "targets", targets)
     dev = logits.device
@@ -37,6 +41,10 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check):
         il = int_array(fn, "logit_lengths", logit_lengths)
         tl = int_array(fn, "target_lengths", target_lengths)
         out = check(to_numpy(targets), il, tl, True)
+        if device:
+            from ._rnnt import _on_device
+            return out, _on_device(logit_lengths, np.asarray(il), dev), _on_device(
+                target_lengths, np.asarray(tl), dev)
         il = int_to(np.asarray(il).astype(np.int64), dev).reshape(-1)
         tl = int_to(np.asarray(tl).astype(np.int64), dev).reshape(-1)
         return out, il, tl
@@ -165,7 +173,18 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
     def check(tg, il, tl, concrete):
         return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
 
-    (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    fused = device and float(omega) in (0.0, 1.0)
+    (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check,
+                                      fused)
+    if fused:
+        # the fused kernels: the logits read as they are, one gradient pass
+        from ._triton import _dur_ops
+        n_dur = len(durs)
+        spec = (_dur_ops.tdt_spec(tuple(int(d) for d in durs), float(sigma), n_dur)
+                if float(omega) == 0.0 else _dur_ops.rnnt_on_tokens_spec(n_dur))
+        return _dur_ops.dur_loss(fn, logits, targets, il, tl, spec, blank=blank_,
+                                 reduction=reduction, lam=float(fastemit_lambda),
+                                 clamp=float(clamp))
     if device:
         from ._triton import _tdt as _dev
         from ._triton._frontend import reduce_batch
@@ -252,16 +271,14 @@ def multiblank_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor,
         return check_multiblank_args(fn, logits, tg, il, tl, blank, big_blank_durations,
                                      concrete=concrete)
 
-    (blank_, big), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check)
+    (blank_, big), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check,
+                                     device)
     if device:
-        from ._triton import _tdt as _dev
-        from ._triton._frontend import reduce_batch
-        return reduce_batch(_dev.multiblank_losses(logits, targets, il, tl, blank=blank_,
-                                                   big_blank_durations=big,
-                                                   sigma=float(sigma),
-                                                   fastemit_lambda=float(fastemit_lambda),
-                                                   clamp=float(clamp)),
-                            reduction)
+        from ._triton import _dur_ops
+        spec = _dur_ops.multiblank_spec(tuple(int(d) for d in big), float(sigma))
+        return _dur_ops.dur_loss(fn, logits, targets, il, tl, spec, blank=blank_,
+                                 reduction=reduction, lam=float(fastemit_lambda),
+                                 clamp=float(clamp))
     return apply_kernel(MULTIBLANK_KERNEL, (logits, targets, il, tl),
                         weights=_weights(logits, reduction), blank=blank_,
                         big_blank_durations=durations_key(big), sigma=float(sigma),

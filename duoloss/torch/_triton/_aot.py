@@ -28,7 +28,7 @@ import torch
 from . import _ops
 
 __all__ = ["compile_variant", "record", "variants", "ctc_launches", "transducer_launches",
-           "tdt_launches", "rnnt_loss_launches"]
+           "tdt_launches", "rnnt_loss_launches", "dur_launches"]
 
 _META = torch.device("meta")
 
@@ -82,6 +82,29 @@ def rnnt_loss_launches(n: int, t: int, u: int, v: int, dtype: torch.dtype, want_
         if want_grad:
             _rnnt_ops.rnnt_grad_impl(x, work, tg, il, il, out, v - 1, reduction, True, 0.0,
                                      -1.0)
+    return record(run)
+
+
+def dur_launches(n: int, t: int, u: int, v: int, family: str, durations: Tuple[int, ...],
+                 dtype: torch.dtype, want_grad: bool, reduction: str = "mean") -> List[tuple]:
+    """Launches of the fused ``tdt_loss`` (``family='tdt'``: ``V`` token classes then
+    the durations) or ``multiblank_rnnt_loss`` (``'multiblank'``: ``durations`` the big
+    blanks' durations) device path, forward and (``want_grad``) backward."""
+    from . import _dur_ops
+    if family == "tdt":
+        spec = _dur_ops.tdt_spec(durations, 0.1, len(durations))
+        width = v + len(durations)
+    else:
+        spec = _dur_ops.multiblank_spec(durations, 0.1)
+        width = v
+    x = torch.empty((n, t, u + 1, width), dtype=dtype, device=_META)
+    tg = torch.empty((n, u), dtype=torch.int64, device=_META)
+    il = torch.empty((n,), dtype=torch.int64, device=_META)
+
+    def run():
+        out, work = _dur_ops.forward_impl(x, tg, il, il, spec, v - 1, reduction, 0.0, want_grad)
+        if want_grad:
+            _dur_ops.grad_impl(x, work, tg, il, il, out, spec, v - 1, reduction, 0.0, 0.5)
     return record(run)
 
 

@@ -109,6 +109,14 @@ def _cells(rows, TU1, U1):
     return b, t, rem - t * U1
 
 
+@triton.jit
+def _f64(bits):
+    """A float argument passed as the int64 bits of a float64 (`duoloss.torch._triton.
+    _rnnt_ops.f64_bits`): Triton types a Python float argument as float32, which
+    would round ``sigma``, ``1 / N`` or a clamp bound in float64 kernels."""
+    return bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["sx_b", "sx_t", "sx_u", "sy_b", "sy_u", "W", "P",
                                 "n_cells", "T", "U1", "V", "blank", "delay"])
 def rnnt_norm_kernel(x_ptr, sx_b, sx_t, sx_u, y_ptr, sy_b, sy_u, il_ptr, tl_ptr,
@@ -128,6 +136,7 @@ def rnnt_norm_kernel(x_ptr, sx_b, sx_t, sx_u, y_ptr, sy_b, sy_u, il_ptr, tl_ptr,
     ub = tl.load(tl_ptr + b, mask=in_grid, other=0)
     act = in_grid & (t < tb) & (u <= ub)
     cd = work_ptr.dtype.element_ty
+    delay = _f64(delay).to(cd)
     xrow = x_ptr + b * sx_b + t * sx_t + u * sx_u
     if FUSED:
         v = tl.arange(0, BLOCK_V)
@@ -193,6 +202,7 @@ def rnnt_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T,
     tb = tl.load(il_ptr + b).to(tl.int32)
     ub = tl.load(tl_ptr + b).to(tl.int32)
     lane = tl.arange(0, BLOCK)
+    lam1 = _f64(lam1)
     # the sequence's own check: lengths in range, labels in [0, V) and not the blank
     nbad = tl.full((BLOCK,), 0, tl.int32)
     in_len = (ub >= 0) & (ub <= U)
@@ -293,6 +303,7 @@ def rnnt_reduce_kernel(work_ptr, W, P, N, out_ptr, inv_n, BLOCK: tl.constexpr):
     """``out[0] = inv_n * sum_b loss_b``, summed in float64 in a fixed order (one
     program: the same bits on every run)."""
     lane = tl.arange(0, BLOCK)
+    inv_n = _f64(inv_n)
     acc = tl.full((BLOCK,), 0, tl.float64)
     for c in range(0, N, BLOCK):
         k = (c + lane).to(tl.int64)
@@ -319,6 +330,9 @@ def rnnt_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr,
     b, t, u = _cells(rows, T.to(tl.int64) * U1, U1)
     b = tl.where(in_grid, b, 0)
     cd = work_ptr.dtype.element_ty
+    cot_scale = _f64(cot_scale).to(cd)
+    lam1 = _f64(lam1).to(cd)
+    bound = _f64(bound).to(cd)
     P = P.to(tl.int64)
     seq = work_ptr + b * W
     scal = seq + N_PLANES * P

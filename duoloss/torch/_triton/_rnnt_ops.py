@@ -18,6 +18,7 @@ operators ``duoloss::triton_rnnt`` and ``duoloss::triton_rnnt_grad`` are called
 """
 from __future__ import annotations
 
+import struct
 import sys
 from typing import Tuple
 
@@ -40,6 +41,12 @@ def kernels_interpreted():
 def _kernels():
     from . import _rnnt_kernels
     return _rnnt_kernels
+
+
+def f64_bits(x: float) -> int:
+    """``x`` as the int64 bits of a float64, for the kernels' `_f64` (a Python float
+    argument would reach a kernel as float32)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
 def _interpreted() -> bool:
@@ -126,17 +133,17 @@ def rnnt_forward_impl(x, targets, il, tl, blank: int, reduction: str, fused: boo
         if n * p:
             launch(k.rnnt_norm_kernel, (_cdiv(n * p, rows),), (
                 x, x.stride(0), x.stride(1), x.stride(2), tg, sy_b, sy_u, il, tl,
-                work, w, p, n * p, t_max, u1, v, blank, float(delay)),
+                work, w, p, n * p, t_max, u1, v, blank, f64_bits(delay)),
                 dict(FUSED=bool(fused), DELAY=delay != 0.0, ROWS=rows, BLOCK_V=block_v,
                      num_warps=_TILE_WARPS))
         if n:
             launch(k.rnnt_alpha_beta_kernel, (n, 2 if want_grad else 1), (
                 work, w, p, tg, sy_b, sy_u, il, tl, t_max, u1 - 1, v, blank,
-                1.0 + float(lam), _ptr(out), 0 if reduced else out.stride(0)),
+                f64_bits(1.0 + float(lam)), _ptr(out), 0 if reduced else out.stride(0)),
                 dict(REDUCED=reduced, BLOCK=block, num_warps=_recursion_warps(block)))
         if reduced:
             inv = 1.0 / max(n, 1) if reduction == "mean" else 1.0
-            launch(k.rnnt_reduce_kernel, (1,), (_ptr(work), w, p, n, out, inv),
+            launch(k.rnnt_reduce_kernel, (1,), (_ptr(work), w, p, n, out, f64_bits(inv)),
                    dict(BLOCK=128, num_warps=1))  # (one variant for every N)
     return out, work
 
@@ -163,8 +170,8 @@ def rnnt_grad_impl(x, work, targets, il, tl, cot, blank: int, reduction: str, fu
         launch(k.rnnt_grad_kernel, (_cdiv(n * p, rows),), (
             x, x.stride(0), x.stride(1), x.stride(2), g, g.stride(0), g.stride(1),
             g.stride(2), work, work.stride(0), p, _ptr(targets), sy_b, sy_u, il, tl,
-            cot, s_cot, scale, n * p, t_max, u1, v, blank, 1.0 + float(lam),
-            float(bound)),
+            cot, s_cot, f64_bits(scale), n * p, t_max, u1, v, blank,
+            f64_bits(1.0 + float(lam)), f64_bits(bound)),
             dict(FUSED=bool(fused), CLAMP=bound > 0, ROWS=rows, BLOCK_V=block_v,
                  num_warps=_TILE_WARPS))
     return g
