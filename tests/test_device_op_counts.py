@@ -61,8 +61,6 @@ def test_ctc_device_step_ops(counts, name):
         assert op not in by_op, by_op
 
 
-@pytest.mark.xfail(strict=False, reason="the transducer device paths are being reduced "
-                                        "(issue 33, helper H2)")
 @pytest.mark.parametrize("name", ["rnnt_loss", "tdt_loss", "multiblank_rnnt_loss"])
 def test_transducer_device_step_ops(counts, name):
     ops = _ops(counts, name)
