@@ -31,6 +31,10 @@ CTC_S = (0, 1, 3, 7, 15, 31, 63, 100, 250, 500, 1000, 2000, 4000)
 RNNT_U = (1, 3, 7, 15, 28, 63, 127, 255, 511, 1000, 2000)
 #: rnnt_loss's fused kernels: (U, V) with the class block from 2 to 2048 (chunked above)
 RNNT_LOSS = ((1, 2), (40, 28), (60, 256), (100, 500), (255, 1024), (1000, 8000), (2000, 28))
+#: the fused tdt_loss / multiblank_rnnt_loss kernels: (family, U, V, durations)
+DUR = (("tdt", 40, 28, (0, 1, 2, 3, 4)), ("tdt", 127, 28, (1, 2, 3, 4, 5, 6, 7, 8)),
+       ("tdt", 1023, 28, (0, 1, 2)), ("tdt", 2047, 1024, (0, 1, 2, 3, 4, 5, 6, 7)),
+       ("multiblank", 40, 500, (2, 4, 8)), ("multiblank", 1023, 28, (2,)))
 TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
                  (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
 TDT_U = (7, 127, 1023)
@@ -48,6 +52,8 @@ SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, No
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
           ("rnnt_loss", 40, "float32", True, 28), ("rnnt_loss", 100, "float64", True, 500),
           ("rnnt_loss", 1000, "bfloat16", True, 8000),
+          ("dur", 127, "float64", True, ("tdt", 28, (1, 2, 3, 4, 5, 6, 7, 8))),
+          ("dur", 40, "float32", True, ("multiblank", 500, (2, 4, 8))),
           ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)),
           ("tdt", 127, "float32", True, (1, 2, 3, 4, 5, 6, 7, 8)),
           ("tdt", 1023, "float64", True, (1, 2)),
@@ -66,6 +72,7 @@ def cases(subset: bool = False) -> List[tuple]:
             out += [("ctc", s, dt, grad, None) for s in CTC_S]
             out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
             out += [("rnnt_loss", u, dt, grad, v) for u, v in RNNT_LOSS]
+            out += [("dur", u, dt, grad, (f, v, d)) for f, u, v, d in DUR]
             out += [("tdt", u, dt, grad, d) for u in TDT_U for d in TDT_DURATIONS]
             out += [("tdt", u, dt, grad, d) for u, d in TDT_WIDE]
     return out
@@ -83,6 +90,8 @@ def launches(case) -> list:
         return _aot.transducer_launches(32, 150, p, dtype, grad, modified=bool(extra))
     if family == "rnnt_loss":
         return _aot.rnnt_loss_launches(16, 150, p, extra, dtype, grad)
+    if family == "dur":
+        return _aot.dur_launches(4, 40, p, extra[1], extra[0], tuple(extra[2]), dtype, grad)
     return _aot.tdt_launches(4, 40, p, 28, tuple(extra), dtype, grad)
 
 
@@ -94,6 +103,8 @@ def describe(case) -> str:
         what = f"RNN-T U={p}" + (" modified" if extra else "")
     elif family == "rnnt_loss":
         what = f"rnnt_loss U={p} V={extra}"
+    elif family == "dur":
+        what = f"{extra[0]} fused U={p} V={extra[1]} d={','.join(map(str, extra[2]))}"
     else:
         what = f"TDT U={p} d={','.join(map(str, extra))}"
     return f"{what} {dt} {'grad' if grad else 'no grad'}"

@@ -49,6 +49,7 @@ for n, t, u in ((4, 40, 127), (9, 333, 70)):
     launches += _aot.tdt_launches(n, t, u, 28, (0, 1, 2, 4), torch.float32, True)
 for n, t, u in ((32, 150, 40), (3, 77, 50), (16, 1000, 33)):
     launches += _aot.rnnt_loss_launches(n, t, u, 28, torch.float32, True)
+    launches += _aot.dur_launches(n, t, u, 28, "tdt", (0, 1, 2, 4), torch.float32, True)
 counts = {}
 for v in _aot.variants(launches, t90).values():
     name = v["kernel"].fn.__name__
@@ -68,8 +69,9 @@ print(json.dumps({"rows": rows, "counts": counts,
 
 #: rnnt_loss's fused kernels (duoloss.torch._triton._rnnt_kernels)
 RNNT_LOSS_KERNELS = {"rnnt_norm_kernel", "rnnt_alpha_beta_kernel", "rnnt_reduce_kernel",
-                     "rnnt_grad_kernel"}
-CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel"}
+                     "rnnt_grad_kernel", "dur_norm_kernel", "dur_alpha_beta_kernel",
+                     "dur_reduce_kernel", "dur_grad_kernel"}
+CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel", "dur_norm_kernel", "dur_grad_kernel"}
 
 
 @pytest.fixture(scope="module")
