@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-import jax.extend
 import jax.numpy as jnp
+from jax.extend.core import jaxprs_in_params
 
 import duoloss.jax as dj
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL
@@ -197,7 +197,7 @@ def test_half_inputs_run_in_float32_and_second_derivatives_raise():
                 jnp.concatenate([a, a[..., :2]], -1), tg, il, tl, 4, [0, 1], impl=impl)):
             with pytest.raises(NotImplementedError,
                                match="second derivatives are not implemented"):
-                jax.eval_shape(jax.grad(lambda a: jax.grad(h)(a, "pallas").sum()), x32)
+                jax.eval_shape(jax.grad(lambda a, h=h: jax.grad(h)(a, "pallas").sum()), x32)
 
 
 def test_rnnt_tpu_form_equals_host():
@@ -343,7 +343,7 @@ def _pallas_grids(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
             grids.append(tuple(eqn.params["grid_mapping"].grid))
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
             grids += _pallas_grids(sub)
     return grids
 
@@ -392,7 +392,7 @@ def test_kernels_lower_for_tpu_and_cuda_without_a_callback(platform, backend, ma
         py = jnp.zeros((n, s + 1, t), jnp.float32)
         bd = jnp.asarray([[0, 0, s, t], [0, 0, 1, 3]])
 
-        def loss(a, b):
+        def loss(a, b, bd=bd, kind=kind):
             return transducer_losses(a, b, bd, kind, backend=backend)
 
         for f in (loss, jax.value_and_grad(lambda a, b: loss(a, b).sum(), (0, 1))):
@@ -419,6 +419,7 @@ def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
     from jax import export
     from jax._src.pallas.triton import lowering as tl_lowering
     from triton.backends.compiler import GPUTarget
+
     from duoloss.jax._pallas import lowering_for
     if not hasattr(tl_lowering, "lower_jaxpr_to_triton_module"):  # pragma: no cover
         pytest.skip("this JAX lowers Pallas-Triton differently")
@@ -469,7 +470,8 @@ assert len(jax.devices()) == 2
 mesh = jax.make_mesh((2,), ("d",), axis_types=(AxisType.Auto,))
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((4, 5, 3, 4)), jnp.float32)
-rt = jnp.asarray(rng.integers(0, 3, (4, 2))); ril = jnp.asarray([5, 4, 2, 1]); rtl = jnp.asarray([2, 1, 0, 2])
+rt = jnp.asarray(rng.integers(0, 3, (4, 2)))
+ril, rtl = jnp.asarray([5, 4, 2, 1]), jnp.asarray([2, 1, 0, 2])
 def rnnt(x, rt, ril, rtl):
     return dj.rnnt_loss(x, rt, ril, rtl, reduction="none", impl="pallas")
 specs = (P("d"),) * 4

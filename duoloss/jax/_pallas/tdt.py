@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from .._sharding import mark_varying, varying_axes
+from .._sharding import varying_axes
 from . import pallas_call_options, pallas_target
 from .transducer import _lse2, _struct, _warps
 
@@ -61,7 +61,7 @@ def tables(lab_moves, blk_moves, lab_w, blk_w, term, want, backend):
     the terminal weights ``(T, N, U + 1)``; ``backend`` a Pallas answer of
     `duoloss.jax._pallas.backend_for`."""
     form, interpret = pallas_target(backend)
-    t_max, n, u1 = term.shape
+    t_max, _, u1 = term.shape
     dtype = term.dtype
     if form == "tpu" and dtype == jnp.float64:
         raise ValueError("tdt loss (impl='pallas'): the TPU kernel computes in float32 "

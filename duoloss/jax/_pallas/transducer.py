@@ -5,8 +5,7 @@ Same contract and numbers as `duoloss.jax._xla.transducer` (and the core,
 `duoloss.core.losses.transducer`): ``px`` ``(N, S, T + 1)`` (``'regular'``) or
 ``(N, S, T)`` (``'modified'``), ``py`` ``(N, S + 1, T)``, ``boundary`` ``(N, 4)``
 rows ``[s_begin, t_begin, s_end, t_end]``; ``loss_b = -p[s_end, t_end]``.  It
-serves ``rnnt_loss``, ``rnnt_loss_simple``/``_smoothed``/``_pruned`` and
-``rnnt_loss_from_joiner``.
+serves ``rnnt_loss`` and ``rnnt_loss_simple``/``_smoothed``/``_pruned``.
 
 Layout (XLA, before the kernel).  The moves are laid out *level-major*, one row
 per level -- anti-diagonals ``l = s + t`` (regular, ``L = S + T + 1``) or frames
@@ -30,7 +29,9 @@ The gradient variant then runs the mirror loop for the suffix scores
 and writes each move's occupation ``exp(p_{l-1} + move_l + q_l - log Z)`` in the
 moves' layout; XLA lays them back out to ``px``/``py``'s shapes (one gather each).
 The loss, its gradient and the occupations are those of one launch (the
-forward of ``value_and_grad``); ``jax.grad`` never goes through the kernel.
+forward of ``value_and_grad``; a loss without a gradient launches the forward
+loop only); ``jax.grad`` never goes through the kernel.  The kernel body is the
+same for both lattices: ``'regular'`` and ``'modified'`` differ only in the layout.
 
 The shift by one lane (``s - 1``, ``s + 1``) is the only data movement across
 lanes.  Pallas-Triton has no gather, pad or roll: the kernel stores the row
@@ -112,8 +113,7 @@ def _layout(px, py, boundary, kind, lanes):
     lev = jnp.arange(levels, dtype=jnp.int32)[:, None]
     s = jnp.arange(s1, dtype=jnp.int32)[None, :]
     t = lev - s if regular else jnp.broadcast_to(lev, (levels, s1))     # (L, S + 1)
-    b3 = [v[:, None, None] for v in (sb, tb, se, te)]
-    sb3, tb3, se3, te3 = b3
+    sb3, tb3, se3, te3 = (v[:, None, None] for v in (sb, tb, se, te))
     target_in = (s <= se3) & (t >= tb3) & (t <= te3) & valid[:, None, None]
     em_ok = target_in & (s - 1 >= sb3) & ((t >= tb3) if regular else (t - 1 >= tb3))
     bl_ok = target_in & (s >= sb3) & (t - 1 >= tb3)
@@ -141,7 +141,8 @@ def _unskew(g_em, g_bl, kind, px_shape, py_shape):
     """The occupations ``(N, L, S + 1)`` back in ``px``/``py``'s layouts."""
     _, s_max, t_x = px_shape
     t_max = py_shape[2]
-    if kind == "regular":   # px[s, t]: em of cell s + 1, level s + t + 1; py[s, t]: bl of s at s + t + 1
+    if kind == "regular":   # px[s, t]: em into cell s + 1 of level s + t + 1; py[s, t]: bl
+        #                     into cell s of level s + t + 1
         s = jnp.arange(s_max)[:, None]
         gpx = g_em[:, s + 1 + jnp.arange(t_x)[None], s + 1]
         s = jnp.arange(s_max + 1)[:, None]
