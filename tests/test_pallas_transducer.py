@@ -410,6 +410,34 @@ def test_kernels_lower_for_tpu_and_cuda_without_a_callback(platform, backend, ma
             assert marker in targets and not any("callback" in c for c in targets), targets
 
 
+@pytest.mark.parametrize("platform,marker", [("tpu", "tpu_custom_call"),
+                                             ("cuda", "__gpu$xla.gpu.triton")])
+def test_device_picks_the_kernels_on_tpu_and_cuda(platform, marker):
+    """``impl='device'`` traced for a TPU or a CUDA GPU (`lowering_for`) exports the
+    Pallas kernels for RNN-T and TDT; float64 on a TPU exports the XLA scan instead."""
+    from jax import export
+
+    from duoloss.jax._pallas import lowering_for
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    x = jnp.zeros((2, 5, 3, 6 + 2), jnp.float32)
+    tg, il, tl = jnp.asarray([[1, 2], [3, 0]]), jnp.asarray([5, 3]), jnp.asarray([2, 1])
+
+    def exported(f, z):
+        with lowering_for(platform):
+            return _custom_calls(export.export(jax.jit(jax.value_and_grad(f)),
+                                               platforms=[platform], disabled_checks=checks)(
+                z).mlir_module())
+
+    for f in (lambda z: dj.rnnt_loss(z[..., :6], tg, il, tl, impl="device"),
+              lambda z: dj.tdt_loss(z, tg, il, tl, 5, [0, 1], impl="device")):
+        assert marker in exported(f, x)
+    if platform == "tpu":
+        with jax.enable_x64(True):
+            targets = exported(lambda z: dj.rnnt_loss(z, tg, il, tl, impl="device"),
+                               jnp.zeros((2, 5, 3, 6), jnp.float64))
+            assert marker not in targets and not any("callback" in c for c in targets)
+
+
 def test_triton_ir_compiles_to_ptx_for_ampere_and_hopper():
     """The Triton IR Pallas writes for the GPU kernels (the transducer's -- the same body
     for both lattices -- and the duration transducers', with gradients), compiled by this
