@@ -275,3 +275,100 @@ def test_host_work_of_a_step(kw):
         assert total <= 30, ops
         counts.append(total)
     assert counts[0] == counts[1]
+
+
+# ------------------------------------------------ tdt_loss, multiblank_rnnt_loss
+def _dur_call(which, x, y, il, tl, impl, **kw):
+    if which == "tdt":
+        return dt.tdt_loss(x, y, il, tl, blank=4, durations=[0, 1, 3], impl=impl, **kw)
+    if which == "tdt_rnnt":
+        return dt.tdt_loss(x, y, il, tl, blank=4, durations=[0, 1, 3], omega=1.0, impl=impl,
+                           **kw)
+    return dt.multiblank_rnnt_loss(x, y, il, tl, blank=5, big_blank_durations=[2, 3],
+                                   impl=impl, **kw)
+
+
+def _dur_batch(which, dtype, seed=0, n=4, t=7, u=3):
+    g = torch.Generator().manual_seed(seed)
+    width = 5 + 3 if which.startswith("tdt") else 6
+    x = (2 * torch.randn(n, t, u + 1, width, generator=g, dtype=torch.float64)).to(dtype)
+    y = torch.randint(0, 3, (n, u), generator=g)
+    return x, y, torch.tensor([t, t - 2, 3, 0][:n]), torch.tensor([u, u - 1, 0, 2][:n])
+
+
+def _dur_both(which, x, y, il, tl, cot, host_x=None, **kw):
+    out = []
+    for impl, xi in (("device", x), ("host", x if host_x is None else host_x)):
+        xi = xi.clone().requires_grad_()
+        loss = _dur_call(which, xi, y, il, tl, impl, **kw)
+        c = torch.ones_like(loss) if cot is None else cot.to(loss.dtype)
+        (loss * c).sum().backward()
+        out.append((loss.detach(), xi.grad))
+    return out
+
+
+@pytest.mark.parametrize("which", ["tdt", "tdt_rnnt", "multiblank"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_duration_losses_equal_host(which, dtype):
+    x, y, il, tl = _dur_batch(which, dtype, seed=11)
+    kw = dict(reduction="mean", sigma=0.05, clamp=0.2, fastemit_lambda=0.1)
+    (ld, gd), (lh, gh) = _dur_both(which, x, y, il, tl, None, **kw)
+    assert ld.dtype == dtype and gd.dtype == dtype
+    _close(ld, lh, TOL[dtype], f"{which} loss")
+    _close(gd, gh, TOL[dtype], f"{which} grad")
+    cot = torch.tensor([1.5, -0.5, 2.0, 0.25])
+    (ld, gd), (lh, gh) = _dur_both(which, x, y, il, tl, cot, reduction="none")
+    _close(ld, lh, TOL[dtype], f"{which} losses")
+    _close(gd, gh, TOL[dtype], f"{which} grads")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_duration_half_logits(dtype):
+    x, y, il, tl = _dur_batch("tdt", torch.float32, seed=12)
+    half = x.to(dtype)
+    (ld, gd), (lh, gh) = _dur_both("tdt", half, y, il, tl, None, host_x=half.double(),
+                                   reduction="none")
+    assert ld.dtype == dtype and gd.dtype == dtype  # (the loss in the logits' dtype)
+    eps = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}[dtype]
+    _close(ld, lh, eps, "half loss")
+    _close(gd, gh, 2 * eps, "half grad")
+
+
+def test_duration_invalid_sequences_and_vmap():
+    """The kernels mark a sequence with a bad length or label (a big blank as a
+    label) NaN, loss and gradient; vmap folds into the batch and equals a loop."""
+    from duoloss.torch._triton import _dur_ops
+    x, y, il, tl = _dur_batch("multiblank", torch.float64, seed=13)
+    spec = _dur_ops.multiblank_spec((2, 3), 0.0)
+    ref_l, ref_g = _dur_both("multiblank", x, y, il, tl, None, reduction="none")[0]
+    for il_c, y_c in ((il.clone().index_fill_(0, torch.tensor([1]), 8), y),
+                      (il, y.clone().index_put_((torch.tensor([1]), torch.tensor([0])),
+                                                torch.tensor(3)))):
+        xi = x.clone().requires_grad_()
+        loss = _dur_ops.dur_loss("multiblank_rnnt_loss", xi, y_c, il_c, tl, spec, blank=5,
+                                 reduction="none", lam=0.0, clamp=-1.0)
+        loss.sum().backward()
+        assert torch.isnan(loss[1]) and torch.isnan(xi.grad[1]).all()
+        keep = torch.tensor([0, 2, 3])
+        assert torch.equal(loss[keep], ref_l[keep]) and torch.equal(xi.grad[keep], ref_g[keep])
+    xs = torch.stack([x, x.flip(1)])
+
+    def total(z):
+        return _dur_call("multiblank", z, y, il, tl, "device", reduction="sum")
+
+    grads = torch.func.vmap(torch.func.grad(total))(xs)
+    _close(grads, torch.stack([torch.func.grad(total)(z) for z in xs]), 1e-13, "vmap(grad)")
+
+
+@pytest.mark.parametrize("which", ["tdt", "multiblank"])
+def test_duration_host_work_of_a_step(which):
+    x, y, il, tl = _dur_batch(which, torch.float32, seed=14)
+    xi = x.clone().requires_grad_()
+
+    def step():
+        _dur_call(which, xi, y, il, tl, "device").backward()
+        xi.grad = None
+
+    step()
+    total, ops = _count_ops(step)
+    assert total <= 30, ops
