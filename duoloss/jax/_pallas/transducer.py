@@ -246,8 +246,7 @@ def _kernel(em_ref, bl_ref, geo_ref, alpha_ref, *grad_refs, rows, levels, want):
     """One sequence: the forward table; with ``want`` the suffix scores and the
     occupations ``occ_em``/``occ_bl`` ``(L, W)`` (``work``: Triton's shift buffer)."""
     lane = rows.lane
-    g = (pl.program_id(0),) if len(geo_ref.shape) == 2 else ()
-    start_lev, sb, end_lev, se = (geo_ref[g + (k,)] for k in range(4))
+    start_lev, sb, end_lev, se = (geo_ref[0, k] for k in range(4))
     start = lane == sb
     p0 = jnp.where(start & (start_lev == 0), 0.0, rows.neg)
     rows.store_alpha(alpha_ref, 0, p0)
@@ -312,16 +311,17 @@ def _call(em, bl, geo, kind, backend, form, interpret, want):
     n, levels, lanes = em.shape
     dtype = em.dtype
     axes = varying_axes(em, bl, geo)            # shard_map's mesh axes (none outside)
-    em, bl, geo = (mark_varying(a, axes) for a in (em, bl, geo))
+    em, bl, geo = (mark_varying(a, axes) for a in (em, bl, geo[:, None, :]))   # geo (N, 1, 4)
     if form == "tpu":
         from jax.experimental.pallas import tpu as pltpu
         rows_cls = _TpuRows
         a_w = lanes
-        geo_spec = pl.BlockSpec(memory_space=pltpu.SMEM)     # the whole (N, 4) in SMEM
+        # (1, 4) per program in SMEM: Mosaic's blocks equal the array's last two dims
+        geo_spec = pl.BlockSpec((None, 1, 4), lambda b: (b, 0, 0), memory_space=pltpu.SMEM)
     else:
         rows_cls = _TritonRows
         a_w = lanes + 2
-        geo_spec = pl.BlockSpec((None, 4), lambda b: (b, 0))
+        geo_spec = pl.BlockSpec((None, 1, 4), lambda b: (b, 0, 0))
     row_spec = pl.BlockSpec((None, levels, lanes), lambda b: (b, 0, 0))
     out_shape = [_struct((n, levels, a_w), dtype, axes)]
     out_specs = [pl.BlockSpec((None, levels, a_w), lambda b: (b, 0, 0))]
