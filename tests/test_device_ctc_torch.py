@@ -271,3 +271,27 @@ def test_concatenated_starts_summed_over_many_chunks():
     (ld, gd), (lh, gh) = _both(lp, flat, il, tl, reduction="none")
     _close(ld, lh, torch.float64, "concatenated, 13 sequences")
     _close(gd, gh, torch.float64, "concatenated grad")
+
+
+def test_backward_scales_the_saved_gradient_in_place():
+    """The forward's gradient becomes the backward's result (scaled in place: no
+    logits-sized copy, and a leaf's ``.grad`` is that very buffer); a second backward
+    through the same graph raises a clear error instead of a wrong value."""
+    lp, targets, il, tl = _batch(torch.float64, seed=9)
+    lp, targets, il, tl = lp[:, :4], targets[:4], il[:4], tl[:4]
+    (_, gh), _ = _both(lp, targets, il, tl, cot=torch.tensor(2.5, dtype=torch.float64))
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: seen.append((tuple(t.shape), t.data_ptr())) or t, lambda t: t):
+        x = lp.clone().requires_grad_()
+        loss = dt.ctc_loss(x, targets, il, tl, impl="device")
+    (loss * 2.5).backward()
+    _close(x.grad, gh, torch.float64, "in-place scaled gradient")
+    saved = [p for shape, p in seen if shape == tuple(x.shape) and p != x.data_ptr()]
+    assert saved == [x.grad.data_ptr()]  # the saved gradient itself: no copy was made
+    x = lp.clone().requires_grad_()
+    loss = dt.ctc_loss(x, targets, il, tl, impl="device")
+    (loss * 2.5).backward(retain_graph=True)
+    _close(x.grad, gh, torch.float64, "retain_graph: first backward")
+    with pytest.raises(RuntimeError, match="second backward through the device path"):
+        loss.backward()

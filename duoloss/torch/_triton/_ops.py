@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .._adapter import _requires_grad
+from .._private import transforms_active
 from .._ops import second_order_message, vmap_fold
 from . import int_to  # noqa: F401  (re-exported for the launchers)
 
@@ -292,8 +293,23 @@ class _CTC(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, _unused):
-        grad, lp = ctx.saved_tensors
-        return (_GradScale.apply(grad, _ctc_cotangent(g, grad), lp),) + (None,) * 12
+        try:
+            grad, lp = ctx.saved_tensors
+        except RuntimeError as e:
+            if "inplace operation" not in str(e):
+                raise
+            raise RuntimeError(
+                "ctc_loss: a second backward through the device path's graph "
+                "(retain_graph=True) is not supported: the first backward scaled the "
+                "gradient saved by the forward in place (no logits-sized copy); compute "
+                "the loss again for another backward") from None
+        scale = _ctc_cotangent(g, grad)
+        if torch.is_grad_enabled() or transforms_active() or type(g) is not torch.Tensor:
+            # create_graph (the second derivative must raise) or a torch.func transform
+            return (_GradScale.apply(grad, scale, lp),) + (None,) * 12
+        # the saved gradient is this backward's result: scaled in place, handed on
+        # (the engine releases the saved tensors before the gradient is accumulated)
+        return (grad.mul_(scale),) + (None,) * 12
 
     @staticmethod
     def vmap(info, in_dims, *args):
