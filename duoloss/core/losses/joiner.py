@@ -59,7 +59,7 @@ from .. import _numerics
 from .._numerics import HELPER, _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
 from .._pool import run_batch
 from .._reduce import flush_subnormals
-from .transducer import _batch_serial, _one_linear, run_fallback
+from .transducer import _batch_serial, _lane_sum, _one_linear, run_fallback
 
 __all__ = ["NO_LABEL", "INACTIVE", "log_softmax_gather", "log_softmax_gather_grad",
            "transducer_log_probs", "transducer_log_probs_grad", "rnnt_loss_from_logits",
@@ -179,14 +179,10 @@ def _cast_like_impl(a, value):
     return lambda a, value: np.float64(value)
 
 
-@numba.njit(**HELPER, fastmath={"contract", "reassoc"})
-def _sum64(buf, n):
-    """float64 sum of ``buf[:n]`` (reassociation lets it vectorise; nothing else
-    lives in this function, so no other expression is reordered)."""
-    s = 0.0
-    for v in range(n):
-        s += np.float64(buf[v])
-    return s
+#: float64 sum of ``buf[:n]`` (any float dtype) in a fixed order of 8 lanes
+#: (`duoloss.core.losses.transducer._lane_sum`): vectorised without fastmath
+#: reassociation, so the normaliser's bits do not depend on the CPU's vector width.
+_sum64 = numba.njit(**HELPER)(_lane_sum.py_func)
 
 
 #: The exponential loops run over whole blocks of this many entries (LLVM

@@ -64,12 +64,16 @@ anti-diagonals ``(s - s_begin) + (t - t_begin)`` for ``'regular'`` (every move
 goes from one to the next) and frames ``t`` for ``'modified'``/``'constrained'``
 (every move advances one frame), so every path crosses every level exactly once.
 Each move's probability is exponentiated once, relative to the largest move
-into its level (one `fast_exp` per move; nothing transcendental in the
-recursions themselves); each level of the forward is normalised to sum one and
-the log of its scale accumulated; the backward reuses the stored move
-probabilities.  At every level the backward checks that the posteriors sum to
-one (``sum alpha * beta = Z``, relative tolerance ``1e-7``); the move posteriors
-(the gradients) are ``alpha * e(move) * beta / r`` with ``r`` that level's sum.
+of the box (one `exp_poly` per move, a vectorised pass; nothing
+transcendental in the recursions themselves); each level of the forward is
+scaled by a power of two (exact) and the exponents summed; the backward reuses
+the stored move probabilities.  At every level the backward checks that the
+posteriors sum to one (``sum alpha * beta = Z``, relative tolerance ``1e-7``);
+the move posteriors (the gradients) are ``alpha * e(move) * beta / r`` with
+``r`` that level's sum.  The sweeps are branch-free loops over each level's
+cells, stored level by level with guard entries (see the comment above
+`_window`), vectorised along the level; every sum has a fixed order, so the
+results do not depend on the CPU's vector width.
 
 The loss is the same number whether or not a gradient is asked for.  The
 forward records whether any positive value left float64's normal range
@@ -106,7 +110,7 @@ from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
 from .._numerics import NEG_INF as _NEG_INF
 from .. import _numerics
-from .._numerics import HELPER, exp_poly, fast_exp
+from .._numerics import HELPER, _bits_to_f64, _f64_to_bits, exp_poly, fast_exp
 from .._pool import run_batch
 from .._numerics import logaddexp_fast as _lae
 from .._spec import LossKernel
@@ -129,6 +133,9 @@ _PARALLEL_MIN_CELLS = 20_000
 # The linear sweep gives up (exact log space recomputes) when a level's mass
 # falls below this: float64's range ends near 1e-308.
 _TINY = 1e-200
+# ln 2 in two parts: k * _LN2_HI is exact for |k| < 2**20
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -254,14 +261,63 @@ def _one(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
 
 
 # --------------------------------------------------------------------------- #
-# Linear space (rescaled) forward-backward                                     #
+# Linear space (rescaled) forward-backward, along the wavefront                #
 # --------------------------------------------------------------------------- #
+# Layout and vectorisation (issue 36).  The sweeps run over *levels* (anti-
+# diagonals for 'regular', frames for 'modified'), and every array they touch is
+# stored level by level, each level a row indexed by the symbol offset ``i``
+# plus one guard entry on each side: ``e[L + 1, i + 1]`` is the probability of
+# a move out of cell ``i`` of level ``L`` (``ey``: blank, ``ex``: symbol),
+# ``alpha[L, i + 1]`` the forward score.  Both moves into cell ``i`` of level
+# ``L`` come from level ``L - 1``, at ``i`` (blank) and ``i - 1`` (symbol), in
+# both topologies, so one level is
+#
+#     alpha[L, k] = alpha[L - 1, k] * ey[L, k] + alpha[L - 1, k - 1] * ex[L, k - 1]
+#
+# over a contiguous range of ``k``: unit-stride loads, no branch, no gather (the
+# exponential pass gathers each move once, from ``px``/``py``, into this
+# layout).  Entries just outside a level's window are zeros written with it
+# (never a stale value: 0 * NaN), so no bound is tested inside the loops.
+#
+# Why along the wavefront and not across sequences (8 sequences per vector):
+# measured single-thread, interleaved, forward sweep only, float64, 8 sequences of
+# the *same* box (the lockstep's best case; 2026-11-28, AMD EPYC with AVX-512, a
+# loaded machine), the wavefront took 1.5 / 2.3 / 4.0 ns per cell at (T, U) =
+# (150, 40) / (300, 60) / (150, 5) and a lockstep sweep in [level, i, sequence]
+# layout 2.9 / 5.8 / 3.0: the lockstep only wins for very short targets, where a
+# level holds a handful of cells.  Besides, sequences have their own boxes
+# (lengths), scales and fall-backs: in lockstep every lane runs the longest box,
+# and the batch's sequences no longer run one at a time (the fused RNN-T kernel
+# keeps a sequence's logits in cache between its two passes; `run_batch`
+# balances threads per sequence).  A level holds up to ``U + 1`` cells (41 at
+# U = 40): 5 AVX-512 vectors of float64, 10 of AVX2.
+#
+# Scaling: each level is rescaled by a power of two (its maximum's exponent), so
+# the rescaling is exact and the scales are integers; nothing transcendental is
+# left in the sweeps (one log for the loss).  Reductions (the per-level sum of
+# the backward check) run in a fixed layout of 8 lanes (`_lane_sum`); maxima
+# are exact in any order: the results are the same bits whatever the vector
+# width the CPU offers (tests/test_transducer_vectorised.py, AVX2 against the
+# host).  No fastmath reassociation anywhere.
+_EXP_MASK = 0x7FF
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _window(lev, ns, nt, modified):
     """Cells ``i`` (symbol offset) of level ``lev`` that lie on a complete path."""
     if modified:  # level = frame offset j; i <= j and the end stays reachable
         return max(0, ns - nt + lev), min(ns - 1, lev)
     return max(0, lev - (nt - 1)), min(ns - 1, lev)  # level = i + j (anti-diagonal)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _level_moves(lev, ns, nt, modified):
+    """``(lo, hi, ylo, xhi)``: level ``lev``'s window; its cells ``[ylo, hi]``
+    have a blank move and ``[lo, xhi]`` a symbol move that stays on a complete
+    path."""
+    lo, hi = _window(lev, ns, nt, modified)
+    c = nt - ns if modified else nt - 1
+    return lo, hi, max(lo, lev - c + 1), min(hi, ns - 2)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -291,150 +347,260 @@ def _row_max(a, b, s, t0, lo, hi, m, nan):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _lane_sum(v, n):
+    """float64 ``sum(v[:n])`` in a fixed order: 8 running sums (entry ``k`` goes
+    to sum ``k % 8``), added as a balanced tree, then the remainder in order.
+    The order is the code's, not the vector unit's (8 independent chains
+    vectorise without reassociation): the same bits on any CPU."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    k = 0
+    while k + 8 <= n:
+        s0 += np.float64(v[k])
+        s1 += np.float64(v[k + 1])
+        s2 += np.float64(v[k + 2])
+        s3 += np.float64(v[k + 3])
+        s4 += np.float64(v[k + 4])
+        s5 += np.float64(v[k + 5])
+        s6 += np.float64(v[k + 6])
+        s7 += np.float64(v[k + 7])
+        k += 8
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for q in range(k, n):
+        s += np.float64(v[q])
+    return s
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_peak(v, n):
+    """``max(v[:n])`` for ``n >= 1`` values ``>= 0`` (exact in any order)."""
+    m = 0.0
+    for k in range(n):
+        x = v[k]
+        m = x if x > m else m
+    return m
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _exponent(x):
+    """``e`` with ``x = f 2**e``, ``0.5 <= f < 1``, for a positive normal float64."""
+    return ((_f64_to_bits(x) >> 52) & _EXP_MASK) - 1022
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pow2(e):
+    """``2.0**e`` for ``-1022 <= e <= 1023`` (exact, from the bits)."""
+    return _bits_to_f64((e + 1023) << 52)
+
+
+@numba.njit(**HELPER, fastmath={"contract"})
 def _exp_row(a, b, s, t0, lo, hi, m, out):
-    """``out[j] = exp(a[b, s, t0 + j] - m)`` for ``j`` in ``[lo, hi)``; returns
-    how many moves of nonzero probability fell below ``_FLUSH``."""
+    """``out[k] = exp(a[b, s, t0 + lo + k] - m)`` for ``k < hi - lo`` (unit
+    stride: a vectorised loop); returns how many moves of nonzero probability
+    fell below ``_FLUSH``."""
     n_flush = 0
-    for j in range(lo, hi):
-        d = np.float64(a[b, s, t0 + j]) - m
+    row = a[b, s, t0 + lo:t0 + hi]
+    for k in range(hi - lo):
+        d = np.float64(row[k]) - m
         e = exp_poly(d)
-        out[j] = e
+        out[k] = e
         n_flush += (e < _FLUSH) & (d > _NEG_INF)
     return n_flush
 
 
 @numba.njit(**HELPER)
+def _skew_row(e, i, step, jlo, jhi, lo, hi, buf):
+    """Row ``i`` of the box into the wavefront layout: ``e[j + step i + 1, i + 1]``
+    is ``buf[j - lo]`` for the moves ``lo <= j < hi`` and 0 for the other
+    cells of the row's path range ``[jlo, jhi]`` and one cell past each end."""
+    col = e[:, i + 1]
+    base = step * i + 1
+    for j in range(jlo - 1, lo):
+        col[j + base] = 0.0
+    dst = col[lo + base:hi + base]
+    for k in range(hi - lo):
+        dst[k] = buf[k]
+    for j in range(max(hi, lo), jhi + 2):
+        col[j + base] = 0.0
+
+
+@numba.njit(**HELPER, fastmath={"contract"})
 def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
     """``(ex, ey, m, bad, flushed)``: every move on a complete path exponentiated
-    relative to the largest of them, ``m``, in box coordinates (``ex[i, j]``:
-    the symbol move out of cell ``(i, j)``, ``ey[i, j]``: its blank move).
+    relative to the largest of them, ``m``, in the wavefront layout (see the
+    comment above: ``ey[L + 1, i + 1]`` the blank move out of cell ``i`` of
+    level ``L``, zeros for moves off every complete path and one guard entry
+    past each side of every level).
 
     ``bad``: a NaN or ``+inf`` move, or none finite (the exact log space
     decides); ``flushed``: a move of nonzero probability below ``_FLUSH``.
     One shift for the whole box is exact for the rescaled sweep because every
-    path makes the same number of moves; the exponentials are a vectorised
-    loop over each row (`exp_poly`).
+    path makes the same number of moves.  The exponentials run along the rows
+    of ``px``/``py`` (unit stride, vectorised: `exp_poly`), then are copied
+    into the layout (the only strided pass).  ``fastmath`` allows only FMA
+    contraction (no reassociation): the polynomial's bits do not depend on the
+    vector width.
     """
-    ex = np.empty((ns, nt), np.float64)
-    ey = np.empty((ns, nt), np.float64)
+    n_lev = nt if modified else ns + nt - 1
     m = _NEG_INF
     nan = 0
-    for i in range(ns):
+    for i in range(ns):  # the maximum: rows of px / py, unit stride
         ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
         m, nan = _row_max(py, b, s0 + i, t0, ylo, yhi, m, nan)
         m, nan = _row_max(px, b, s0 + i, t0, xlo, xhi, m, nan)
     bad = nan > 0 or not m > _NEG_INF or m == np.inf
+    w = ns + 2
+    ex = np.empty((n_lev + 2, w), np.float64)
+    ey = np.empty((n_lev + 2, w), np.float64)
+    if bad:
+        return ex, ey, m, bad, False
+    for r in range(n_lev + 2):  # the guard columns i = -1 and i = ns
+        ex[r, 0] = 0.0
+        ex[r, w - 1] = 0.0
+        ey[r, 0] = 0.0
+        ey[r, w - 1] = 0.0
+    step = 0 if modified else 1
+    buf = np.empty(nt, np.float64)
     n_flush = 0
-    if not bad:
-        for i in range(ns):
-            ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
-            n_flush += _exp_row(py, b, s0 + i, t0, ylo, yhi, m, ey[i])
-            n_flush += _exp_row(px, b, s0 + i, t0, xlo, xhi, m, ex[i])
+    for i in range(ns):
+        ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
+        jlo = i if modified else 0          # the row's cells on a complete path
+        jhi = i + nt - ns if modified else nt - 1
+        n_flush += _exp_row(py, b, s0 + i, t0, ylo, yhi, m, buf)
+        _skew_row(ey, i, step, jlo, jhi, ylo, yhi, buf)
+        n_flush += _exp_row(px, b, s0 + i, t0, xlo, xhi, m, buf)
+        _skew_row(ex, i, step, jlo, jhi, xlo, xhi, buf)
     return ex, ey, m, bad, n_flush > 0
 
 
 @numba.njit(**HELPER)
-def _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state, flushed):
-    """`_one_linear`'s rescaled forward sweep: ``(alpha, log_a, state, flushed)``
-    (``state`` 1: a level's mass left the range, recompute in log space;
-    ``flushed``: a product of cells fell below ``_FLUSH``)."""
-    # Cell (lev, i) is box node (i, j), j = lev (modified) or lev - i.
-    # alpha[lev, i]: forward score / its level's scale (every move carries e^-m).
-    # (Buffers: np.empty with an explicit float64, zeroed by loops: the same two
-    # array constructors everywhere on a first call's path, issue 19.)
-    alpha = np.empty((n_lev, ns), np.float64)
-    for lev in range(n_lev):
-        for i in range(ns):
-            alpha[lev, i] = 0.0
-    log_a = np.empty(n_lev, np.float64)  # log of level lev's scale (alpha = alpha-hat e^log_a)
-    alpha[0, 0] = 1.0
-    log_a[0] = 0.0
-    plo = 0
-    phi = 0
+def _linear_forward(ex, ey, ns, nt, modified, n_lev, state):
+    """`_one_linear`'s rescaled forward sweep: ``(alpha, ka, state, flushed)``.
+
+    ``alpha[L, i + 1] 2**ka[L] e**(L m)`` is the forward score of cell ``i``
+    of level ``L`` (every move carries ``e**-m``); each level is scaled by a
+    power of two so that its largest cell lies in ``[0.5, 1)``.  ``state`` 1:
+    a level's mass left the range (recompute in log space); ``flushed``: a
+    product of nonzero factors fell below ``_FLUSH``.
+    """
+    w = ns + 2
+    alpha = np.empty((n_lev, w), np.float64)
+    ka = np.empty(n_lev, np.int64)
+    a0 = alpha[0]
+    a0[0] = 0.0
+    a0[1] = 1.0
+    a0[2] = 0.0   # w >= 3
+    ka[0] = 0
+    n_flush = 0
     for lev in range(1, n_lev if state == 0 else 1):
         lo, hi = _window(lev, ns, nt, modified)
-        c = 0.0
-        for i in range(lo, hi + 1):
-            j = lev if modified else lev - i
-            v = 0.0
-            if plo <= i <= phi:  # blank move from (i, j - 1)
-                a = alpha[lev - 1, i]
-                e = ey[i, j - 1]
-                u = a * e
-                if u < _FLUSH and a > 0.0 and e > 0.0:
-                    flushed = True
-                v = u
-            if plo <= i - 1 <= phi:  # symbol move from (i - 1, j) or (i - 1, j - 1)
-                a = alpha[lev - 1, i - 1]
-                e = ex[i - 1, j - 1] if modified else ex[i - 1, j]
-                u = a * e
-                if u < _FLUSH and a > 0.0 and e > 0.0:
-                    flushed = True
-                v += u
-            alpha[lev, i] = v
-            c += v
-        if not c >= _TINY or c == np.inf:
+        n = hi - lo + 1
+        # the cells lo..hi: blank from (lev - 1, i), symbol from (lev - 1, i - 1)
+        prev_y = alpha[lev - 1, lo + 1:]
+        prev_x = alpha[lev - 1, lo:]
+        e_y = ey[lev, lo + 1:]
+        e_x = ex[lev, lo:]
+        cur = alpha[lev, lo + 1:]
+        for k in range(n):
+            ay = prev_y[k]
+            fy = e_y[k]
+            ax = prev_x[k]
+            fx = e_x[k]
+            u = ay * fy
+            v = ax * fx
+            cur[k] = u + v
+            n_flush += (((u < _FLUSH) & (ay > 0.0) & (fy > 0.0))
+                        | ((v < _FLUSH) & (ax > 0.0) & (fx > 0.0)))
+        peak = _row_peak(cur, n)
+        if not peak >= _TINY:
             state = 1
             break
-        inv = 1.0 / c
-        for i in range(lo, hi + 1):
-            alpha[lev, i] *= inv
-        log_a[lev] = log_a[lev - 1] + math.log(c) + m
-        plo = lo
-        phi = hi
-    return alpha, log_a, state, flushed
+        e = _exponent(peak)
+        scale = _pow2(-e)
+        for k in range(n):
+            cur[k] *= scale
+        alpha[lev, lo] = 0.0
+        alpha[lev, hi + 2] = 0.0
+        ka[lev] = ka[lev - 1] + e
+    return alpha, ka, state, n_flush > 0
 
 
 @numba.njit(**HELPER)
-def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a, logz, want,
-                     want_x, want_y, gx, gy):
+def _unskew_row(e, i, step, lo, hi, dst):
+    """``dst[k] = e[lo + k + step i + 1, i + 1]`` for ``k < hi - lo``: moves
+    ``lo <= j < hi`` of row ``i`` back from the wavefront layout."""
+    base = step * i + 1
+    src = e[lo + base:hi + base, i + 1]
+    for k in range(hi - lo):
+        dst[k] = src[k]
+
+
+@numba.njit(**HELPER)
+def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, alpha, ka, want, want_x,
+                     want_y, gx, gy):
     """`_one_linear`'s backward sweep: the per-level check and (``want``) the move
-    posteriors into ``gx``/``gy``; 0, or 1 when a level's check fails."""
-    beta = np.empty(ns, np.float64)   # level lev + 1, normalised to sum 1
-    nb = np.empty(ns, np.float64)
-    for i in range(ns):
-        beta[i] = 0.0
-        nb[i] = 0.0
-    beta[ns - 1] = 1.0
-    log_b = 0.0           # log scale of beta (level lev + 1)
-    nlo = ns - 1
-    nhi = ns - 1
+    posteriors into ``gx``/``gy``; 0, or 1 when a level's check fails (then
+    ``gx``/``gy`` are untouched).
+
+    ``beta`` holds level ``L + 1`` scaled by ``2**-kb``; at every level the
+    forward-backward identity ``sum_i alpha beta = Z`` must hold to
+    ``_CHECK_TOL``: in the scaled units ``sum_i alpha[L] nb = alpha_end
+    2**(ka_end - ka[L] - kb)``, a power of two, exactly (see the module
+    docstring).  The posteriors are ``alpha e beta / r`` with ``r`` that
+    level's sum (`_lane_sum`); they overwrite the move probabilities in
+    ``ex``/``ey`` (read for the last time), which go back to the box layout of
+    ``gx``/``gy`` once every level has passed.
+    """
+    w = ns + 2
+    beta = np.empty(w, np.float64)    # level lev + 1, scaled by 2**-kb
+    nb = np.empty(w, np.float64)      # level lev, unscaled (beta's units)
+    prod = np.empty(w, np.float64)
+    beta[ns - 1] = 0.0
+    beta[ns] = 1.0
+    beta[ns + 1] = 0.0
+    kb = 0
+    a_end = alpha[n_lev - 1, ns]
+    k_end = ka[n_lev - 1]
     for lev in range(n_lev - 2, -1, -1):
         lo, hi = _window(lev, ns, nt, modified)
-        lb = log_b + m  # true beta at lev = nb * e^lb
-        r = 0.0
-        d = 0.0
-        for i in range(lo, hi + 1):
-            j = lev if modified else lev - i
-            v = 0.0
-            if nlo <= i <= nhi:
-                v = ey[i, j] * beta[i]
-            if nlo <= i + 1 <= nhi:
-                v += ex[i, j] * beta[i + 1]
-            nb[i] = v
-            d += v
-            r += alpha[lev, i] * v
-        expected = fast_exp(logz - log_a[lev] - lb)
+        n = hi - lo + 1
+        e_y = ey[lev + 1, lo + 1:lo + 1 + n]
+        e_x = ex[lev + 1, lo + 1:lo + 1 + n]
+        b_y = beta[lo + 1:lo + 1 + n]
+        b_x = beta[lo + 2:lo + 2 + n]
+        a_l = alpha[lev, lo + 1:lo + 1 + n]
+        v_l = nb[:n]
+        p_l = prod[:n]
+        for k in range(n):
+            v = e_y[k] * b_y[k] + e_x[k] * b_x[k]
+            v_l[k] = v
+            p_l[k] = a_l[k] * v
+        r = _lane_sum(p_l, n)
+        d = _row_peak(v_l, n)
+        shift = k_end - ka[lev] - kb
+        expected = a_end * _pow2(shift) if -1022 <= shift <= 1023 else 0.0
         if not (abs(r - expected) <= _CHECK_TOL * expected and r >= _TINY
-                and d >= _TINY and d < np.inf):
+                and d >= _TINY):
             return 1
         if want:
             g = 1.0 / r
-            for i in range(lo, hi + 1):
-                j = lev if modified else lev - i
-                s = s0 + i
-                t = t0 + j
-                a = alpha[lev, i] * g
-                if want_y and nlo <= i <= nhi:
-                    gy[b, s, t] = -(a * ey[i, j] * beta[i])
-                if want_x and nlo <= i + 1 <= nhi:
-                    gx[b, s, t] = -(a * ex[i, j] * beta[i + 1])
-        inv = 1.0 / d
-        for i in range(lo, hi + 1):
-            beta[i] = nb[i] * inv
-        log_b = lb + math.log(d)
-        nlo = lo
-        nhi = hi
+            for k in range(n):
+                a = a_l[k] * g
+                e_y[k] = -(a * e_y[k] * b_y[k])
+                e_x[k] = -(a * e_x[k] * b_x[k])
+        scale = _pow2(-_exponent(d))
+        kb += _exponent(d)
+        for k in range(n):
+            b_y[k] = v_l[k] * scale
+        beta[lo] = 0.0
+        beta[hi + 2] = 0.0
+    if want:
+        step = 0 if modified else 1
+        for i in range(ns):
+            ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
+            if want_y:
+                _unskew_row(ey, i, step, ylo, yhi, gy[b, s0 + i, t0 + ylo:t0 + yhi])
+            if want_x:
+                _unskew_row(ex, i, step, xlo, xhi, gx[b, s0 + i, t0 + xlo:t0 + xhi])
     return 0
 
 
@@ -462,17 +628,22 @@ def _one_linear(b, px, py, bd, modified, want_x, want_y, losses, gx, gy):
     n_lev = nt if modified else ns + nt - 1
     ex, ey, m, bad, flushed = _exp_moves(b, px, py, s0, t0, ns, nt, modified)
     state = 1 if (bad and n_lev > 1) else 0  # 0: fine, 1: recompute in log space
-    alpha, log_a, state, flushed = _linear_forward(ex, ey, m, ns, nt, modified, n_lev, state,
-                                                   flushed)
-    logz = log_a[n_lev - 1] if state == 0 else np.nan  # the last level is one cell = 1
+    alpha, ka, state, flushed_f = _linear_forward(ex, ey, ns, nt, modified, n_lev, state)
+    flushed = flushed or flushed_f
+    # the last level is one cell, alpha[n_lev - 1, ns] in [0.5, 1) (1 when n_lev == 1)
+    logz = np.nan
+    if state == 0:
+        kd = np.float64(ka[n_lev - 1])
+        logz = ((kd * _LN2_HI + ((n_lev - 1) * m if n_lev > 1 else 0.0))
+                + (kd * _LN2_LO + math.log(alpha[n_lev - 1, ns])))
 
-    # Backward: beta-hat level by level, the level check, the move posteriors.
+    # Backward: beta level by level, the level check, the move posteriors.
     # Every path crosses every level exactly once, so sum_i alpha * beta = Z there.
     linear_loss = state == 0 and not flushed
     want = want_x or want_y
     if state == 0 and (want or flushed):
-        state = _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, m, alpha, log_a,
-                                 logz, want, want_x, want_y, gx, gy)
+        state = _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, alpha, ka, want,
+                                 want_x, want_y, gx, gy)
     if state == 0:
         losses[b] = -logz
         return 0
