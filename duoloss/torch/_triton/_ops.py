@@ -325,6 +325,20 @@ def _want(*xs) -> bool:
     return any(_requires_grad(x) for x in xs)
 
 
+class _CTCEager(torch.autograd.Function):
+    """`_CTC` for plain eager calls (no ``torch.func`` transform alive): the same
+    forward and backward without ``setup_context``, whose ``apply`` binds the
+    arguments through ``inspect.signature`` on every call (tens of microseconds)."""
+
+    @staticmethod
+    def forward(ctx, lp, targets, il, tl, *static):
+        out = _ctc_impl(lp, targets, il, tl, *static)
+        _CTC.setup_context(ctx, (lp,), out)
+        return out
+
+    backward = _CTC.backward
+
+
 _WEIGHTS = {"none": 0, "sum": 1, "mean": 2}
 
 
@@ -338,7 +352,9 @@ def ctc(lp, targets, il, tl, zero_infinity: bool, blank: int = 0, reduction: str
               lp.shape[1], int(s_cap), bool(concat), bool(out_f32), _want(lp))
     if torch.compiler.is_compiling():
         return ctc_op(lp, targets, il, tl, *static)[0]
-    return _CTC.apply(lp, targets, il, tl, *static)[0]
+    if transforms_active():
+        return _CTC.apply(lp, targets, il, tl, *static)[0]
+    return _CTCEager.apply(lp, targets, il, tl, *static)[0]
 
 
 # ----------------------------------------------------------------- transducer
