@@ -420,7 +420,8 @@ def jax_speed(ctc_sizes, rnnt_sizes, rounds, row, short, torch_ms=None):
         ms.update({f"torch {k}": val for k, val in torch_ms.get(("ctc", size), {}).items()})
         ratios(case, ms, [("jax pallas", "jax xla", None),
                           ("jax pallas", "optax.ctc_loss", None),
-                          ("jax device", "torch F.ctc_loss native", 1.5),
+                          ("jax pallas", "torch F.ctc_loss native", 1.5),
+                          ("jax device", "torch F.ctc_loss native", None),
                           ("jax device", "torch duoloss device", None)], row)
     for size in rnnt_sizes:
         n, t, u, v = size

@@ -16,4 +16,12 @@ export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLO
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 timeout "${CHECK_TIMEOUT:-480}" python3 -m benchmarks.device --check \
   --json "$OUT/device-check.json" "$@" 2>&1 | tee "$OUT/device-check.log"
-echo "exit ${PIPESTATUS[0]}"
+echo "check exit ${PIPESTATUS[0]}"
+# then the kernels' knobs, each bounded (SWEEPS=0 skips them): the torch CTC kernel's
+# launch configurations and the Pallas CTC's num_warps / posterior placement
+if [ "${SWEEPS:-1}" != 0 ]; then
+  timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.ctc_device_sweep --quick --reps 20 \
+    > "$OUT/ctc-device-sweep.json" 2> "$OUT/ctc-device-sweep.log"; echo "ctc sweep exit $?"
+  timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.pallas_ctc_sweep \
+    > "$OUT/pallas-ctc-sweep.txt" 2>&1; echo "pallas sweep exit $?"
+fi

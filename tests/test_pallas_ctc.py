@@ -333,15 +333,23 @@ def test_backend_for_on_this_cpu():
         backend_for("f", "gpu", x)
 
 
+@pytest.mark.parametrize("validated", [False, True])
 @pytest.mark.parametrize("platform,backend", [("gpu", "pallas-gpu"), ("tpu", "pallas-tpu")])
-def test_backend_for_traced_values_follow_the_default_backend(monkeypatch, platform, backend):
+def test_backend_for_traced_values_follow_the_default_backend(monkeypatch, platform, backend,
+                                                              validated):
+    """'pallas' takes the kernel on the accelerator; 'device' and 'auto' take it only on
+    a platform listed as validated on the hardware (none yet: the XLA scan)."""
     monkeypatch.setattr(jax, "default_backend", lambda: platform)
     monkeypatch.setattr(_pallas, "_gpu_is_rocm", lambda: False)
+    plat = "cuda" if platform == "gpu" else platform
+    monkeypatch.setattr(_pallas, "DEVICE_PALLAS_PLATFORMS",
+                        frozenset({plat}) if validated else frozenset())
     x = jnp.zeros((2, 3), jnp.float32)
     seen = []
     jax.make_jaxpr(lambda a: [seen.append(backend_for("f", w, a, dtype=a.dtype))
                               for w in ("auto", "device", "pallas", "xla")] and a)(x)
-    assert seen == [backend, backend, backend, "xla"]
+    picked = backend if validated else "xla"
+    assert seen == [picked, picked, backend, "xla"]
     # a concrete array committed to the CPU runs on the CPU whatever the default backend
     assert backend_for("f", "device", x) == "xla"
     assert backend_for("f", "auto", x) == "host"

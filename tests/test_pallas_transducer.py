@@ -428,8 +428,8 @@ def test_device_picks_the_kernels_on_tpu_and_cuda(platform, marker):
                                                platforms=[platform], disabled_checks=checks)(
                 z).mlir_module())
 
-    for f in (lambda z: dj.rnnt_loss(z[..., :6], tg, il, tl, impl="device"),
-              lambda z: dj.tdt_loss(z, tg, il, tl, 5, [0, 1], impl="device")):
+    for f in (lambda z: dj.rnnt_loss(z[..., :6], tg, il, tl, impl="pallas"),
+              lambda z: dj.tdt_loss(z, tg, il, tl, 5, [0, 1], impl="pallas")):
         assert marker in exported(f, x)
     if platform == "tpu":
         with jax.enable_x64(True):
