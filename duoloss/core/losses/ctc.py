@@ -74,7 +74,7 @@ import numpy.typing as npt
 from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
 from .._numerics import FLUSH as _FLUSH
-from .._numerics import HELPER, fast_exp, sequence_ok
+from .._numerics import HELPER, exp_poly, fast_exp, sequence_ok
 from .._pool import run_batch
 from .._numerics import logaddexp as _logaddexp
 from .._reduce import subnormal_free
@@ -89,7 +89,7 @@ _TINY = 1e-200
 _PARALLEL_MIN_CELLS = 40_000
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(**HELPER)
 def _fill_rows(grad, b, t0, t1, value):
     for t in range(t0, t1):
         for k in range(grad.shape[2]):
@@ -118,7 +118,7 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
             row[k] = 0.0
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(**HELPER)
 def _store_row(grad, t, b, used, row, scale):
     """grad[t, b, used[j]] = -scale * row[j] for every j (then row[j] = 0), as
     `_flush_row` writes it: one rounding, subnormals of the gradient's dtype to
@@ -332,14 +332,15 @@ def ctc_states(targets, b, n_labels, blank):
 _U = np.uint64
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(**HELPER)
 def _lane_sum(x, lo, hi):
     """``sum(x[lo:hi + 1])`` in 8 lanes (``(s - lo) % 8``, the tail into lane 0)
     combined in a fixed tree: the same additions in the same order whatever
     the vector width."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    n = max(hi + 1 - lo, 0)  # (an empty band: hi < lo)
     s = _U(lo)
-    for _ in range((hi + 1 - lo) // 8):
+    for _ in range(n // 8):
         a0 += x[s]
         a1 += x[s + _U(1)]
         a2 += x[s + _U(2)]
@@ -349,20 +350,20 @@ def _lane_sum(x, lo, hi):
         a6 += x[s + _U(6)]
         a7 += x[s + _U(7)]
         s += _U(8)
-    for _ in range((hi + 1 - lo) % 8):
+    for _ in range(n % 8):
         a0 += x[s]
         s += _U(1)
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(**HELPER)
 def _pair_lane_sums(x, lo, hi):
     """``(sum of x[s] over even s, over odd s)`` for ``s`` in ``[lo, hi]``, in
     8 fixed lanes (4 of each parity) like `_lane_sum`.  Reads ``x[lo - 1]``
     (``lo`` odd) and ``x[hi + 1]`` (``hi`` even), which must be zero."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
     first = lo - (lo & 1)
-    n_pairs = (hi - first) // 2 + 1
+    n_pairs = (hi - first) // 2 + 1 if hi >= lo else 0
     s = _U(first)
     for _ in range(n_pairs // 4):
         a0 += x[s]
@@ -413,26 +414,33 @@ def _ctc_frame_probs(b, logp, lab, input_len, scratch):
         column[s] = slot[k]
     probs = scratch[:input_len * n_used].reshape((input_len, n_used))
     frame_max = np.empty(input_len, np.float64)
-    flushed = False
+    scores = np.empty(n_used, np.float64)
+    n_flushed = 0
     for t in range(input_len):
+        row = probs[t]
+        logp_t = logp[t, b]
         m = -np.inf
-        for j in range(n_used):
-            v = np.float64(logp[t, b, used[j]])
-            if v != v:
-                m = v
-                break
-            if v > m:
-                m = v
+        for j in range(n_used):  # the gather, and the maximum (NaN if any is NaN)
+            v = np.float64(logp_t[_U(used[j])])
+            scores[j] = v
+            m = v if v > m or v != v else m
         if m == -np.inf:  # every needed class impossible here: all zeros, no NaN
             m = 0.0
         frame_max[t] = m
-        for j in range(n_used):
-            x = np.float64(logp[t, b, used[j]])
-            p = fast_exp(x - m)
-            probs[t, j] = p
-            if p < _FLUSH and x != -np.inf:
-                flushed = True
-    return probs, frame_max, column, flushed
+        n_frame = 0
+        for j in range(n_used):  # branch-free exp (`exp_poly`): packed
+            x = scores[j]
+            p = exp_poly(x - m)
+            row[j] = p
+            n_frame += (p < _FLUSH) & (x != -np.inf)
+        if n_frame:
+            # (rare) a class hundreds of nats below the frame's best: `fast_exp`
+            # keeps the C library's subnormals where `exp_poly` gives 0 below
+            # -708, so that such posteriors still come out as signed zeros
+            for j in range(n_used):
+                row[j] = fast_exp(scores[j] - m)
+            n_flushed += n_frame
+    return probs, frame_max, column, n_flushed > 0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -600,7 +608,7 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
             bscale = 1.0 / d
             log_beta_scale += math.log(d) + frame_max[t + 1]
         # Every path crosses frame t exactly once: the posteriors sum to 1.
-        expected = fast_exp(logz - log_scale[t] - log_beta_scale)
+        expected = math.exp(logz - log_scale[t] - log_beta_scale)  # (once a frame)
         if not (abs(r * bscale - expected) <= _CHECK_TOL * expected and r >= _TINY):
             status = 1  # (an underflowed r would also divide by zero below)
             break
@@ -628,6 +636,10 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
 # loop's module: 0.6 s more), nor in one inlined into the loop (numba's inliner
 # copies and retypes its IR: 1.4 s more).  The steps below are inlined (as a
 # function of its own, the backward sweep compiled as fast but ran 3% slower).
+# The small helpers called from several places (`_lane_sum`, `_pair_lane_sums`,
+# `_fill_rows`, `_store_row`) are compiled once each instead (`HELPER`: no
+# wrappers; LLVM still inlines them): inlined by numba, every call site was
+# another copy to retype (issue 36: about 1 CPU s of the first call).
 
 
 @numba.njit(cache=True, nogil=True)
