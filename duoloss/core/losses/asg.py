@@ -689,7 +689,7 @@ def _asg_fill(b, tb, v, want_e, want_t, want_s, g_em, g_tr, g_st):
 # run the log-space recursion then and there.  Either way a sequence's
 # results are those of one complete pass over it, so they do not depend on
 # whether it went through the fast kernel first.
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans, want,
                     want_cnt, shift, flushed, pn, cnt, gs, exact):
     """The normaliser of sequence ``b``: ``(log_z, linear_log_z, status, linear_exact)``.
@@ -720,7 +720,7 @@ def _asg_normaliser(b, input_len, em, probs, m, mt, sp, trans, start, has_trans,
     return logz, lz, st, norm_lin
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, targets,
                    has_trans, want, want_cnt, flushed, logz, lz, norm_lin, shift, losses, pn,
                    cnt, gs, exact):
@@ -796,7 +796,7 @@ def _asg_numerator(b, input_len, target_len, em, probs, m, trans, sp, start, tar
     return st, feasible
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _asg_one(b, em, m, mt, tau, trans, sp, sigma, start, pflushed, targets, in_len, tg_len,
              has_trans, want_e, want_t, want_s, zero_inf, losses, g_em, g_tr, g_st, pending,
              exact):
