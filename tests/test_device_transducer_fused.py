@@ -281,16 +281,18 @@ def test_host_work_of_a_step(kw):
 def _dur_call(which, x, y, il, tl, impl, **kw):
     if which == "tdt":
         return dt.tdt_loss(x, y, il, tl, blank=4, durations=[0, 1, 3], impl=impl, **kw)
-    if which == "tdt_rnnt":
-        return dt.tdt_loss(x, y, il, tl, blank=4, durations=[0, 1, 3], omega=1.0, impl=impl,
-                           **kw)
+    if which in ("tdt_rnnt", "tdt_mix"):
+        return dt.tdt_loss(x, y, il, tl, blank=4, durations=[0, 1, 3],
+                           omega=1.0 if which == "tdt_rnnt" else 0.4, impl=impl, **kw)
+    if which == "tdt_even":  # no path for an odd T_b
+        return dt.tdt_loss(x, y, il, tl, blank=4, durations=[2], omega=0.25, impl=impl, **kw)
     return dt.multiblank_rnnt_loss(x, y, il, tl, blank=5, big_blank_durations=[2, 3],
                                    impl=impl, **kw)
 
 
 def _dur_batch(which, dtype, seed=0, n=4, t=7, u=3):
     g = torch.Generator().manual_seed(seed)
-    width = 5 + 3 if which.startswith("tdt") else 6
+    width = 5 + (1 if which == "tdt_even" else 3) if which.startswith("tdt") else 6
     x = (2 * torch.randn(n, t, u + 1, width, generator=g, dtype=torch.float64)).to(dtype)
     y = torch.randint(0, 3, (n, u), generator=g)
     return x, y, torch.tensor([t, t - 2, 3, 0][:n]), torch.tensor([u, u - 1, 0, 2][:n])
@@ -307,7 +309,7 @@ def _dur_both(which, x, y, il, tl, cot, host_x=None, **kw):
     return out
 
 
-@pytest.mark.parametrize("which", ["tdt", "tdt_rnnt", "multiblank"])
+@pytest.mark.parametrize("which", ["tdt", "tdt_rnnt", "tdt_mix", "tdt_even", "multiblank"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_duration_losses_equal_host(which, dtype):
     x, y, il, tl = _dur_batch(which, dtype, seed=11)

@@ -6,9 +6,9 @@ and its gradient w.r.t. the logits in one core call
 (`duoloss.torch._adapter.apply_kernel`), or, on the device path
 (``impl='device'``, ``'auto'`` on CUDA), the fused Triton kernels of
 `duoloss.torch._triton._dur_ops` (the logits read as they are, one gradient
-pass in the backward; TDT with ``0 < omega < 1`` still forms its move weights
-in torch operations, `duoloss.torch._triton._tdt`).  Calls traced by
-``torch.compile`` take the host path.
+pass in the backward; TDT with ``0 < omega < 1`` runs the TDT and the RNN-T
+kernels and mixes the two losses).  Calls traced by ``torch.compile`` take
+the host path.
 """
 from __future__ import annotations
 
@@ -173,26 +173,19 @@ def tdt_loss(logits: torch.Tensor, targets: torch.Tensor,
     def check(tg, il, tl, concrete):
         return check_tdt_args(fn, logits, tg, il, tl, blank, durations, concrete=concrete)
 
-    fused = device and float(omega) in (0.0, 1.0)
     (blank_, durs), il, tl = _lengths(fn, logits, targets, logit_lengths, target_lengths, check,
-                                      fused)
-    if fused:
-        # the fused kernels: the logits read as they are, one gradient pass
+                                      device)
+    if device:
+        # the fused kernels: the logits read as they are, one gradient pass per spec
         from ._triton import _dur_ops
-        n_dur = len(durs)
-        spec = (_dur_ops.tdt_spec(tuple(int(d) for d in durs), float(sigma), n_dur)
-                if float(omega) == 0.0 else _dur_ops.rnnt_on_tokens_spec(n_dur))
+        n_dur, omega = len(durs), float(omega)
+        tdt = _dur_ops.tdt_spec(tuple(int(d) for d in durs), float(sigma), n_dur)
+        rnnt = _dur_ops.rnnt_on_tokens_spec(n_dur)
+        spec = tdt if omega == 0.0 else rnnt if omega == 1.0 else [(tdt, 1.0 - omega),
+                                                                   (rnnt, omega)]
         return _dur_ops.dur_loss(fn, logits, targets, il, tl, spec, blank=blank_,
                                  reduction=reduction, lam=float(fastemit_lambda),
                                  clamp=float(clamp))
-    if device:
-        from ._triton import _tdt as _dev
-        from ._triton._frontend import reduce_batch
-        return reduce_batch(_dev.tdt_losses(logits, targets, il, tl, blank=blank_,
-                                            durations=durs, sigma=float(sigma),
-                                            fastemit_lambda=float(fastemit_lambda),
-                                            clamp=float(clamp), omega=float(omega)),
-                            reduction)
     return apply_kernel(TDT_KERNEL, (logits, targets, il, tl),
                         weights=_weights(logits, reduction), blank=blank_,
                         durations=durations_key(durs), sigma=float(sigma),

@@ -248,7 +248,8 @@ class _Dur(torch.autograd.Function):
 
 def dur_loss(fn: str, x, targets, il, tl, spec, *, blank: int, reduction: str, lam: float,
              clamp: float) -> torch.Tensor:
-    """The reduced loss (or ``(N,)`` losses) of one spec, in ``x``'s dtype,
+    """The reduced loss (or ``(N,)`` losses) of one spec (or of a list of ``(spec,
+    weight)``: their weighted sum), in ``x``'s dtype,
     differentiable w.r.t. ``x``; arguments validated (traced values: the kernels mark
     invalid sequences NaN)."""
     from . import _dur_kernels
@@ -261,12 +262,34 @@ def dur_loss(fn: str, x, targets, il, tl, spec, *, blank: int, reduction: str, l
     if targets.device != x.device:
         from . import int_to
         targets = int_to(targets, x.device)
-    if workspace_width(x.shape[1], x.shape[2], spec) > 2 ** 31 - 1:
+    widest = max(workspace_width(x.shape[1], x.shape[2], sp)
+                 for sp in ([w[0] for w in spec] if isinstance(spec, list) else [spec]))
+    if widest > 2 ** 31 - 1:
         raise ValueError(f"{fn}: argument 'logits' of shape {tuple(x.shape)} has a lattice of "
                          f"T * (U + 1) = {x.shape[1] * x.shape[2]} cells per sequence, too "
                          f"many for the device path's 32-bit in-sequence offsets (use "
                          f"impl='host' or shorter sequences)")
     want = _want(x)
+    if isinstance(spec, list):
+        return _mixture(x, targets, il, tl, spec, want, blank, reduction, lam, clamp, fn)
     cfg = (spec, int(blank), reduction, float(lam), float(clamp), fn)
     out = _Dur.apply(x, targets, il, tl, cfg, want)[0]
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def _mixture(x, targets, il, tl, weighted, want, blank, reduction, lam, clamp, fn):
+    """``sum_k w_k loss_k`` of weighted specs (TDT's ``omega``): each spec's kernels
+    once, the mixture in torch operations; a sequence whose mixture is infinite gets
+    no gradient (the core's rule), through a ``torch.where`` on the detached value."""
+    total = None
+    for spec, weight in weighted:
+        cfg = (spec, int(blank), "none", float(lam), float(clamp), fn)
+        part = _Dur.apply(x, targets, il, tl, cfg, want)[0] * weight
+        total = part if total is None else total + part
+    total = torch.where(torch.isinf(total), total.detach(), total)
+    if reduction != "none":
+        out = total.to(torch.float64).sum()
+        if reduction == "mean":
+            out = out / max(total.shape[0], 1)
+        total = out.to(total.dtype)
+    return total if total.dtype == x.dtype else total.to(x.dtype)
