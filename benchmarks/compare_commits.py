@@ -30,6 +30,13 @@ rerun (``--repeat 2`` does it in reverse order) before trusting a few percent.
     python benchmarks/compare_commits.py --quick          # a smoke run (tiny size)
 
 Sizes are ``B,T,C,L`` (batch, frames, classes with the blank, target length).
+
+``--frameworks rnnt`` times instead ``duoloss.torch.rnnt_loss`` (float32 joiner logits
+``(N, T, U + 1, V)``, ``reduction='sum'``, forward and backward to the logits: the host
+path's full step), with ``--sizes`` read as ``N,T,U,V``:
+
+    python benchmarks/compare_commits.py --base 6ae7f56 --frameworks rnnt \
+        --sizes "32,150,40,28;16,300,60,256"
 """
 from __future__ import annotations
 
@@ -47,7 +54,7 @@ from benchmarks import _harness as H
 
 DEFAULT_SIZES = [(1, 50, 20, 10), (8, 200, 30, 40), (32, 500, 50, 100)]
 QUICK_SIZES = [(2, 30, 10, 5)]
-FRAMEWORKS = ("torch", "jax")
+FRAMEWORKS = ("torch", "jax", "rnnt")
 
 # One timing process: argv = JSON {"sizes", "frameworks", "threads", "budget_s", "min_calls",
 # "warmup_s"};
@@ -102,6 +109,26 @@ for fw in cfg["frameworks"]:
                 return loss.item()
 
             res["%d,%d,%d,%d" % (b, t, c, l)] = per_call(step, cfg["budget_s"], cfg["min_calls"])
+    elif fw == "rnnt":  # sizes are N,T,U,V
+        import torch
+        import duoloss.torch as dt
+        torch.set_num_threads(cfg["threads"])
+        out["duoloss"] = dt.__file__
+        for n, t, u, v in cfg["sizes"]:
+            rng = np.random.default_rng(0)
+            x = torch.tensor(rng.normal(size=(n, t, u + 1, v)).astype(np.float32),
+                             requires_grad=True)
+            tg = torch.from_numpy(rng.integers(1, v, size=(n, u)).astype(np.int32))
+            il = torch.full((n,), t, dtype=torch.int32)
+            tl = torch.full((n,), u, dtype=torch.int32)
+
+            def step():
+                x.grad = None
+                loss = dt.rnnt_loss(x, tg, il, tl, blank=0, reduction="sum")
+                loss.backward()
+                return loss.item()
+
+            res["%d,%d,%d,%d" % (n, t, u, v)] = per_call(step, cfg["budget_s"], cfg["min_calls"])
     else:
         import jax
         import duoloss.jax as dj
@@ -196,8 +223,9 @@ def main(argv=None):
                  rounds=6, quick_rounds=1, threads=2,
                  threads_help="torch and numba threads (default 2)")
     p.add_argument("--base", default="a88fa4c", help="the earlier commit (default a88fa4c)")
-    p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                   help="comma-separated: torch, jax (default both)")
+    p.add_argument("--frameworks", default="torch,jax",
+                   help="comma-separated: torch, jax (CTC), rnnt (torch rnnt_loss, sizes "
+                      "N,T,U,V) (default torch,jax)")
     p.add_argument("--budget", type=float, default=0.6,
                    help="seconds of timed calls per size and framework in each process "
                         "(default 0.6; at least --min-calls calls)")
@@ -212,8 +240,8 @@ def main(argv=None):
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     bad = [f for f in frameworks if f not in FRAMEWORKS]
     if bad or not frameworks:
-        raise SystemExit(f"compare_commits: argument '--frameworks' must name torch and/or "
-                         f"jax, got {args.frameworks!r}")
+        raise SystemExit(f"compare_commits: argument '--frameworks' must name torch, jax "
+                         f"and/or rnnt, got {args.frameworks!r}")
     if args.quick:
         args.budget, args.min_calls, args.warmup = 0.05, 3, 0.0
     cfg = {"sizes": [list(s) for s in args.sizes], "frameworks": frameworks,
@@ -248,12 +276,16 @@ def main(argv=None):
             results += res
             texts.append(
                 f"measurement {rep + 1} (pairs alternate, starting with {first}):\n\n"
-                + H.table(["framework", "B,T,C,L", "old median ms", "old min",
+                + H.table(["framework", "N,T,U,V" if frameworks == ["rnnt"] else "B,T,C,L",
+                           "old median ms", "old min",
                            "new median ms", "new min", "new/old (range)", "old CPU ms",
                            "new CPU ms", "CPU new/old (range)"], rows))
             first = "new" if first == "old" else "old"
-        text = (f"CTC step (logits -> log_softmax -> ctc_loss -> backward; JAX: "
-                f"jit(value_and_grad)), float32, {args.threads} threads; old = {args.base} "
+        what = ("RNN-T step (rnnt_loss on joiner logits, sum, -> backward; sizes N,T,U,V)"
+                if frameworks == ["rnnt"] else
+                "CTC step (logits -> log_softmax -> ctc_loss -> backward; JAX: "
+                "jit(value_and_grad))")
+        text = (f"{what}, float32, {args.threads} threads; old = {args.base} "
                 f"({base[:10]}), new = {H.ROOT} (working tree); {args.rounds} alternating "
                 f"pairs of fresh processes; median = median over processes of each process's "
                 f"median per call; new/old = median over pairs of the pair's ratio; CPU ms = the "
