@@ -1,0 +1,126 @@
+"""Time the fused torch transducer kernels on a GPU: a full step (logits -> loss ->
+backward), median of ``--reps`` after warm-up, side by side in one process.
+
+Rows: ``rnnt_loss(impl='device')`` against torchaudio's CUDA ``rnnt_loss`` (when
+importable) at ``(N, T, U, V) = (32,150,40,28), (16,300,60,256), (16,500,100,500)`` in
+float32 and bfloat16 (duoloss reads bfloat16 logits as they are; torchaudio gets
+float32), ``tdt_loss`` (durations 0-4) and ``multiblank_rnnt_loss`` (big blanks 2, 4, 8)
+at the same shapes (their ratio to ``rnnt_loss``); the kernel knobs
+(`duoloss.torch._triton._rnnt_ops._TILE` and ``_recursion_warps``) swept at the first
+shape; peak extra memory per step.  Prints one JSON line per row.
+
+    python -m benchmarks.transducer_fused_sweep            # on a GPU
+    python -m benchmarks.transducer_fused_sweep --dry      # CPU interpreter smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def _step_timer(fn, x, reps, cuda):
+    import torch
+
+    def once():
+        x.grad = None
+        fn(x).backward()
+
+    for _ in range(3):
+        once()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        once()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry", action="store_true", help="tiny shapes on CPU (interpreter)")
+    p.add_argument("--reps", type=int, default=30)
+    a = p.parse_args(argv)
+    if a.dry:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    import duoloss.torch as dt
+    from duoloss.torch._triton import _rnnt_ops
+    cuda = torch.cuda.is_available() and not a.dry
+    dev = torch.device("cuda" if cuda else "cpu")
+    shapes = [(2, 6, 3, 5)] if a.dry else [(32, 150, 40, 28), (16, 300, 60, 256),
+                                          (16, 500, 100, 500)]
+    reps = 2 if a.dry else a.reps
+    try:
+        import torchaudio.functional as taf
+    except Exception:  # noqa: BLE001 (any import failure: the row is skipped)
+        taf = None
+
+    def emit(**row):
+        print(json.dumps(row), flush=True)
+
+    for (n, t, u, v) in shapes:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        base = torch.randn(n, t, u + 1, v, generator=g).to(dev)
+        y = torch.randint(0, v - 4, (n, u), generator=g).to(device=dev, dtype=torch.int32)
+        il = torch.full((n,), t, dtype=torch.int32, device=dev)
+        tl = torch.full((n,), u, dtype=torch.int32, device=dev)
+        shape = [n, t, u, v]
+        rnnt_ms = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            x = base.to(dtype).requires_grad_()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            ms = _step_timer(lambda z: dt.rnnt_loss(z, y, il, tl, impl="device"), x, reps, cuda)
+            extra = ((torch.cuda.max_memory_allocated() - before) / (2 * x.numel()
+                     * x.element_size()) - 1) if cuda else None
+            rnnt_ms[dtype] = ms
+            emit(loss="rnnt_loss", impl="duoloss", dtype=str(dtype)[6:], shape=shape,
+                 ms=round(ms, 4), extra_x_logits=extra)
+        if taf is not None and cuda:
+            x = base.clone().requires_grad_()
+            ms = _step_timer(lambda z: taf.rnnt_loss(z, y, il, tl, blank=v - 1), x, reps, cuda)
+            emit(loss="rnnt_loss", impl="torchaudio", dtype="float32", shape=shape,
+                 ms=round(ms, 4), duoloss_ratio=round(rnnt_ms[torch.float32] / ms, 3))
+        xt = torch.randn(n, t, u + 1, v + 5, generator=g).to(dev).requires_grad_()
+        ms = _step_timer(lambda z: dt.tdt_loss(z, y, il, tl, blank=v - 1,
+                                               durations=[0, 1, 2, 3, 4], impl="device"),
+                         xt, reps, cuda)
+        emit(loss="tdt_loss", impl="duoloss", dtype="float32", shape=shape, ms=round(ms, 4),
+             vs_rnnt=round(ms / rnnt_ms[torch.float32], 3))
+        xm = base.clone().requires_grad_()
+        ms = _step_timer(lambda z: dt.multiblank_rnnt_loss(z, y, il, tl, blank=v - 1,
+                                                           big_blank_durations=[2, 4, 8],
+                                                           impl="device"), xm, reps, cuda)
+        emit(loss="multiblank_rnnt_loss", impl="duoloss", dtype="float32", shape=shape,
+             ms=round(ms, 4), vs_rnnt=round(ms / rnnt_ms[torch.float32], 3))
+        if (n, t, u, v) == shapes[0]:
+            old_tile, old_warps = _rnnt_ops._TILE, _rnnt_ops._recursion_warps
+            try:
+                for tile in (256, 512, 1024):
+                    for per_warp in (32, 64, 128):
+                        _rnnt_ops._TILE = tile
+                        _rnnt_ops._recursion_warps = (
+                            lambda block, k=per_warp: max(1, min(16, block // k)))
+                        x = base.clone().requires_grad_()
+                        ms = _step_timer(lambda z: dt.rnnt_loss(z, y, il, tl, impl="device"),
+                                         x, reps, cuda)
+                        emit(loss="rnnt_loss", knob=dict(tile=tile, lanes_per_warp=per_warp),
+                             shape=shape, ms=round(ms, 4))
+            finally:
+                _rnnt_ops._TILE, _rnnt_ops._recursion_warps = old_tile, old_warps
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
