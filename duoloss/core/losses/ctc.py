@@ -330,6 +330,8 @@ def ctc_states(targets, b, n_labels, blank):
 # access, which turned the contiguous loads into gathers); uint64 ones it takes
 # as they are.  (int64 + uint64 is a float64 in numba: keep both sides uint64.)
 _U = np.uint64
+# (constants, not ``_U(k)`` calls: each call is one more thing to type at compile time)
+_U1, _U2, _U3, _U4, _U5, _U6, _U7, _U8 = (np.uint64(k) for k in range(1, 9))
 
 
 @numba.njit(**HELPER)
@@ -342,17 +344,17 @@ def _lane_sum(x, lo, hi):
     s = _U(lo)
     for _ in range(n // 8):
         a0 += x[s]
-        a1 += x[s + _U(1)]
-        a2 += x[s + _U(2)]
-        a3 += x[s + _U(3)]
-        a4 += x[s + _U(4)]
-        a5 += x[s + _U(5)]
-        a6 += x[s + _U(6)]
-        a7 += x[s + _U(7)]
-        s += _U(8)
+        a1 += x[s + _U1]
+        a2 += x[s + _U2]
+        a3 += x[s + _U3]
+        a4 += x[s + _U4]
+        a5 += x[s + _U5]
+        a6 += x[s + _U6]
+        a7 += x[s + _U7]
+        s += _U8
     for _ in range(n % 8):
         a0 += x[s]
-        s += _U(1)
+        s += _U1
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
@@ -367,18 +369,18 @@ def _pair_lane_sums(x, lo, hi):
     s = _U(first)
     for _ in range(n_pairs // 4):
         a0 += x[s]
-        a1 += x[s + _U(1)]
-        a2 += x[s + _U(2)]
-        a3 += x[s + _U(3)]
-        a4 += x[s + _U(4)]
-        a5 += x[s + _U(5)]
-        a6 += x[s + _U(6)]
-        a7 += x[s + _U(7)]
-        s += _U(8)
+        a1 += x[s + _U1]
+        a2 += x[s + _U2]
+        a3 += x[s + _U3]
+        a4 += x[s + _U4]
+        a5 += x[s + _U5]
+        a6 += x[s + _U6]
+        a7 += x[s + _U7]
+        s += _U8
     for _ in range(n_pairs % 4):
         a0 += x[s]
-        a1 += x[s + _U(1)]
-        s += _U(2)
+        a1 += x[s + _U1]
+        s += _U2
     return (a0 + a2) + (a4 + a6), (a1 + a3) + (a5 + a7)
 
 
@@ -490,17 +492,17 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed, scratch):
                 s = lo_u + _U(i)
                 p = prow[s]
                 n_flushed += (p < _FLUSH) & (p > 0.0)
-                row[s + _U(2)] = p
+                row[s + _U2] = p
         else:
             prev = alpha[t - 1]
             for i in range(width):  # branch-free: packed on AVX2/AVX-512
                 s = lo_u + _U(i)
-                v = prev[s + _U(2)] + prev[s + _U(1)]
+                v = prev[s + _U2] + prev[s + _U1]
                 v += prev[s] if skip_f[s] != 0.0 else 0.0
                 p = prow[s]
                 w = v * p
                 n_flushed += (w < _FLUSH) & (v > 0.0) & (p > 0.0)
-                row[s + _U(2)] = w
+                row[s + _U2] = w
         c = _lane_sum(row, lo + 2, hi + 2)
         if c != c or c == np.inf:
             status = 2
@@ -589,8 +591,8 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
             emit_beta[hi1 + 2] = 0.0
             for i in range(hi + 1 - lo):  # branch-free: packed on AVX2/AVX-512
                 s = lo_u + _U(i)
-                v = emit_beta[s] + emit_beta[s + _U(1)]
-                v += emit_beta[s + _U(2)] if skip_from[s] != 0.0 else 0.0
+                v = emit_beta[s] + emit_beta[s + _U1]
+                v += emit_beta[s + _U2] if skip_from[s] != 0.0 else 0.0
                 beta[s] = v
             # States above hi are never read again (the window shrinks
             # going back), those below lo were never written.
@@ -600,7 +602,7 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
                 break
         for i in range(hi + 1 - lo):
             s = lo_u + _U(i)
-            ab[s] = a_row[s + _U(2)] * beta[s]
+            ab[s] = a_row[s + _U2] * beta[s]
         ab[hi + 1] = 0.0  # (cells below lo were never written: zeros)
         blank_ab, label_ab = _pair_lane_sums(ab, lo, hi)
         r = blank_ab + label_ab  # sum of alpha * beta as stored (beta-hat / bscale)
