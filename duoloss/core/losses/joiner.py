@@ -179,10 +179,12 @@ def _cast_like_impl(a, value):
     return lambda a, value: np.float64(value)
 
 
-#: float64 sum of ``buf[:n]`` (any float dtype) in a fixed order of 8 lanes
-#: (`duoloss.core.losses.transducer._lane_sum`): vectorised without fastmath
-#: reassociation, so the normaliser's bits do not depend on the CPU's vector width.
-_sum64 = numba.njit(**HELPER)(_lane_sum.py_func)
+#: float64 sum of ``buf[:n]`` (C-contiguous, any float dtype) in a fixed order of
+#: lanes (`duoloss.core.losses.transducer._lane_sum`, inlined: rows of a few dozen
+#: logits are summed back to back): vectorised without fastmath reassociation, so
+#: the normaliser's bits do not depend on the CPU's vector width (a reassociated
+#: loop's order is the vectoriser's choice for the target).
+_sum64 = _lane_sum
 
 
 #: The exponential loops run over whole blocks of this many entries (LLVM
