@@ -293,5 +293,15 @@ def test_backward_scales_the_saved_gradient_in_place():
     loss = dt.ctc_loss(x, targets, il, tl, impl="device")
     (loss * 2.5).backward(retain_graph=True)
     _close(x.grad, gh, torch.float64, "retain_graph: first backward")
-    with pytest.raises(RuntimeError, match="second backward through the device path"):
+    # a second backward of the retained graph computes the gradient again (as native
+    # F.ctc_loss's, whose backward recomputes from alpha): it accumulates 2.5 g + 1.0 g
+    g1 = x.grad.clone()
+    loss.backward(retain_graph=True)
+    _close(x.grad, g1 * (3.5 / 2.5), torch.float64, "retain_graph: second backward")
+    g2, = torch.autograd.grad(loss, x, retain_graph=True)
+    _close(g2, g1 / 2.5, torch.float64, "retain_graph: third backward")
+    # the input changed in place since the forward: torch's own error, not a stale value
+    with torch.no_grad():
+        x.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()

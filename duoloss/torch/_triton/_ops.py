@@ -290,6 +290,9 @@ class _CTC(torch.autograd.Function):
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # (no zeros for the gradient output's cotangent)
         ctx.save_for_backward(output[1], inputs[0])
+        # what a second backward (retain_graph=True) needs to compute the gradient
+        # again: the first one scaled the saved gradient in place (no logits-sized copy)
+        ctx.again = (inputs[0], inputs[0]._version) + tuple(inputs[1:])
 
     @staticmethod
     def backward(ctx, g, _unused):
@@ -298,11 +301,12 @@ class _CTC(torch.autograd.Function):
         except RuntimeError as e:
             if "inplace operation" not in str(e):
                 raise
-            raise RuntimeError(
-                "ctc_loss: a second backward through the device path's graph "
-                "(retain_graph=True) is not supported: the first backward scaled the "
-                "gradient saved by the forward in place (no logits-sized copy); compute "
-                "the loss again for another backward") from None
+            lp, version, *args = ctx.again
+            if lp._version != version:  # the input itself changed since the forward
+                raise
+            # a later backward of a retained graph: the kernel once more (its
+            # gradient, a fresh tensor, is this backward's to scale)
+            grad = _ctc_impl(lp.detach(), *args)[1]
         scale = _ctc_cotangent(g, grad)
         if torch.is_grad_enabled() or transforms_active() or type(g) is not torch.Tensor:
             # create_graph (the second derivative must raise) or a torch.func transform
@@ -333,7 +337,7 @@ class _CTCEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lp, targets, il, tl, *static):
         out = _ctc_impl(lp, targets, il, tl, *static)
-        _CTC.setup_context(ctx, (lp,), out)
+        _CTC.setup_context(ctx, (lp, targets, il, tl) + static, out)
         return out
 
     backward = _CTC.backward
