@@ -15,7 +15,8 @@ import pytest
 
 from ctc_reference import brute_force_ctc, log_space_ctc
 from duoloss.core.losses.align import ctc_align
-from duoloss.core.losses.ctc import _lane_sum, _pair_lane_sums, ctc_loss_and_grad
+from duoloss.core.losses.ctc import (_ctc_trellis_final, _ctc_trellis_forward, _lane_sum,
+                                     _pair_lane_sums, ctc_loss_and_grad, ctc_states)
 
 
 @numba.njit(cache=False)
@@ -203,3 +204,31 @@ def test_empty_bands_of_infeasible_sequences(want_grad):
             assert (losses[1:] == (0.0 if zero_infinity else np.inf)).all()
             if want_grad:
                 assert not grad[:, 1:, :].any()
+
+
+@numba.njit(cache=False)
+def _trellis_viterbi_score(logp, targets, b, input_len, n_labels, blank):
+    lab, skip = ctc_states(targets, b, n_labels, blank)
+    table = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
+    score, _ = _ctc_trellis_final(table, True)
+    return score
+
+
+@pytest.mark.parametrize("checkpoint_cells", [None, 0])
+def test_ctc_align_scores_are_the_trellis_definition_bit_for_bit(checkpoint_cells):
+    """The aligner's vectorised rows against the branchy tropical trellis of
+    ``ctc.py`` (the definition, written once): the same score bits, ties, -inf and
+    rounded values included."""
+    rng = np.random.default_rng(21)
+    t_max, n, n_cls, s_max = 50, 6, 5, 10
+    logp = np.round(rng.normal(size=(t_max, n, n_cls)) * 3.0, 1)
+    logp[5:9, 2, :] = -np.inf
+    logp[rng.random(logp.shape) < 0.03] = -np.inf
+    targets = rng.integers(1, n_cls, size=(n, s_max))
+    targets[0, 1] = targets[0, 0]
+    il = np.array([50, 47, 50, 21, 33, 9])
+    tl = np.array([10, 9, 10, 10, 3, 4])
+    _, scores = ctc_align(logp, targets, il, tl, _checkpoint_cells=checkpoint_cells)
+    for b in range(n):
+        want = _trellis_viterbi_score(logp, targets, b, il[b], tl[b], 0)
+        assert np.float64(scores[b]).tobytes() == np.float64(want).tobytes(), b

@@ -5,9 +5,10 @@ length; sequence ``b`` has ``T_b = input_lengths[b]`` frames and ``L_b =
 target_lengths[b]`` labels.
 
 Both alignments run the same trellis as the corresponding loss with
-``logsumexp`` replaced by ``max`` (literally: the CTC and ASG aligners call the
-loss modules' exact log-space trellis code with the tropical semiring as a
-compile-time constant, and recompute each back-pointer while backtracking
+``logsumexp`` replaced by ``max`` (the ASG aligner calls the loss module's exact
+log-space trellis code with the tropical semiring as a compile-time constant; the
+CTC aligner runs the same recursion, cell for cell, in a branch-free vectorised
+row, `_ctc_tropical_row`; both recompute each back-pointer while backtracking
 instead of storing them) and return the best path:
 
 .. math::
@@ -73,7 +74,7 @@ import numpy.typing as npt
 from .asg import _asg_best_previous_token, _asg_token_final, _asg_token_forward
 from .asg import _asg_best_target_step, _asg_target_forward, _asg_target_weights
 from .ctc import ctc_states
-from .ctc import _ctc_best_step, _ctc_trellis_final, _ctc_trellis_forward
+from .ctc import _ctc_best_step
 from .graph_loss import PackedGraphs, _frames_forward, _load_graph
 from .. import _numerics
 from .._numerics import HELPER
@@ -147,11 +148,27 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, la
         scores[b] = 0.0 if target_len == 0 else _NEG_INF
         return
     lab, skip = ctc_states(targets, b, target_len, blank)
-    if input_len * lab.shape[0] > checkpoint_cells:
+    n_states = lab.shape[0]
+    if input_len * n_states > checkpoint_cells:
         pending[b] = 1
         return
-    delta = _ctc_trellis_forward(b, input_len, lab, skip, logp, True)
-    score, s = _ctc_trellis_final(delta, True)
+    # delta[t, 2 + s]: the table of `_ctc_trellis_forward` in the tropical semiring
+    # (the same values, bit for bit) with two guard columns of -inf, row by row
+    # with the branch-free `_ctc_tropical_row`
+    delta = np.empty((input_len, n_states + 2))
+    emit = np.empty(n_states)
+    skip_f = np.empty(n_states)
+    for x in range(n_states):
+        skip_f[x] = 1.0 if skip[x] else 0.0
+    _ctc_tropical_first_row(b, input_len, lab, logp, delta[0])
+    for t in range(1, input_len):
+        _ctc_tropical_row(b, t, input_len, lab, skip_f, logp, delta[t - 1], delta[t], 0,
+                          n_states - 1, emit)
+    last = delta[input_len - 1]
+    s = n_states - 1  # the trailing blank wins a tie (`_ctc_trellis_final`)
+    if n_states > 1 and last[n_states] > last[n_states + 1]:
+        s = n_states - 2
+    score = last[2 + s]
     if score == _NEG_INF:
         scores[b] = _NEG_INF
         return
@@ -159,8 +176,9 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, la
     for t in range(input_len - 1, -1, -1):
         labels[b, t] = lab[s]
         if t > 0:
-            _, step = _ctc_best_step(delta[t - 1, s], delta[t - 1, s - 1] if s >= 1 else _NEG_INF,
-                                     delta[t - 1, s - 2] if skip[s] else _NEG_INF)
+            row = delta[t - 1]
+            _, step = _ctc_best_step(row[2 + s], row[1 + s] if s >= 1 else _NEG_INF,
+                                     row[s] if skip[s] else _NEG_INF)
             s -= step
 
 
@@ -223,6 +241,19 @@ def _ctc_tropical_row(b, t, input_len, lab, skip_f, logp, prev, cur, w_lo, w_hi,
         cur[j] = best + emit[x]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _ctc_tropical_first_row(b, input_len, lab, logp, row):
+    """Row 0 of the tropical CTC trellis with its two guard cells (``row[2 + x]``):
+    the emissions of the states a path can start in, ``-inf`` elsewhere."""
+    n_states = lab.shape[0]
+    row[0] = _NEG_INF
+    row[1] = _NEG_INF
+    hi0 = min(n_states - 1, 1)
+    lo0 = max(0, n_states - 2 * input_len)
+    for x in range(n_states):
+        row[2 + x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
+
+
 @numba.njit(cache=True, nogil=True)
 def _ctc_segment(input_len, n_states):
     """The checkpoint spacing ``k``: about ``(T S / 4)^(1/3)`` (the memory
@@ -246,12 +277,7 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
     for x in range(n_states):
         skip_f[x] = 1.0 if skip[x] else 0.0
     row0 = rows[0]
-    row0[0] = _NEG_INF
-    row0[1] = _NEG_INF
-    hi0 = min(n_states - 1, 1)
-    lo0 = max(0, n_states - 2 * input_len)
-    for x in range(n_states):
-        row0[2 + x] = np.float64(logp[0, b, lab[x]]) if lo0 <= x <= hi0 else _NEG_INF
+    _ctc_tropical_first_row(b, input_len, lab, logp, row0)
     for x in range(n_states):  # element loops: no array-broadcast setitem to compile
         ckpt[0, x] = row0[2 + x]
     for t in range(1, input_len):

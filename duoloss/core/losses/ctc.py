@@ -34,10 +34,11 @@ sum to one.  If that fails, or a frame's mass falls below ``1e-200`` of its
 maximum (a needed label hundreds of nats below the frame's best, where linear
 space would underflow), the sequence is recomputed exactly in log space.  Both
 paths produce float64-accurate results for float32 and float64 inputs.  The
-exact log-space trellis is the same code as the Viterbi aligner
-(`duoloss.core.losses.align.ctc_align`) in the other semiring (logsumexp vs
-max, a compile-time constant); the rescaled linear-space kernels are a
-different algorithm, specialised for speed.
+exact log-space trellis is the same code as the Viterbi trellis in the other
+semiring (logsumexp vs max, a compile-time constant), which the aligner
+(`duoloss.core.losses.align.ctc_align`) reproduces bit for bit in vectorised
+rows; the rescaled linear-space kernels are a different algorithm,
+specialised for speed and vectorised along the row (see below).
 
 The loss is the same number whether or not a gradient is asked for.  The
 forward pass records whether any positive value left float64's normal range
@@ -135,9 +136,11 @@ def _store_row(grad, t, b, used, row, scale):
 
 # ---- the CTC trellis in the log and tropical semirings -----------------------
 # One recursion serves the exact log-space loss (logsumexp over predecessors)
-# and the Viterbi aligner in ``align.py`` (max over predecessors): ``tropical``
-# is a literal constant at every call site, and the cores are inlined, so LLVM
-# drops the other semiring's branch (one kernel, no runtime test in the loop).
+# and, as the definition the aligner's vectorised rows reproduce bit for bit
+# (``align._ctc_tropical_row``, tested against it), the Viterbi trellis (max over
+# predecessors): ``tropical`` is a literal constant at every call site, and the
+# cores are inlined, so LLVM drops the other semiring's branch.  ``ctc_align``
+# itself calls `_ctc_best_step` (backtracking) and `ctc_states` from here.
 # NB: numba's on-disk cache of a caller in another module is keyed on that
 # module's mtime only: touch ``align.py`` after editing these.
 
