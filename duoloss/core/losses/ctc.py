@@ -667,12 +667,16 @@ def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, ze
     t_max, _, n_cls = logp.shape
     s_cap = targets.shape[1]
     need = 0
+    need_probs = 0
     for i in range(order.shape[0]):
         b = order[i]
-        n_st = 2 * min(max(tg_len[b], 0), s_cap) + 1
-        need = max(need, min(max(in_len[b], 0), t_max) * (n_st + 4))
+        n_lab = min(max(tg_len[b], 0), s_cap)
+        frames = min(max(in_len[b], 0), t_max)
+        need = max(need, frames * (2 * n_lab + 5))
+        # (distinct classes of the target, blank included: at most L + 1 and C)
+        need_probs = max(need_probs, frames * min(n_lab + 1, n_cls))
     alpha_buf = np.empty(need, np.float64)
-    probs_buf = np.empty(need, np.float64)
+    probs_buf = np.empty(need_probs, np.float64)
     for i in range(order.shape[0]):
         b = order[i]
         scale = gscale[b] if gscale.shape[0] > b else 1.0
