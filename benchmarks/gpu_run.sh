@@ -18,10 +18,14 @@ timeout "${CHECK_TIMEOUT:-480}" python3 -m benchmarks.device --check \
   --json "$OUT/device-check.json" "$@" 2>&1 | tee "$OUT/device-check.log"
 echo "check exit ${PIPESTATUS[0]}"
 # then the kernels' knobs, each bounded (SWEEPS=0 skips them): the torch CTC kernel's
-# launch configurations and the Pallas CTC's num_warps / posterior placement
+# launch configurations, the fused transducer kernels' tiles and warps, and the Pallas
+# CTC's num_warps / posterior placement
 if [ "${SWEEPS:-1}" != 0 ]; then
   timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.ctc_device_sweep --quick --reps 20 \
     > "$OUT/ctc-device-sweep.json" 2> "$OUT/ctc-device-sweep.log"; echo "ctc sweep exit $?"
+  timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.transducer_fused_sweep \
+    > "$OUT/transducer-fused-sweep.jsonl" 2> "$OUT/transducer-fused-sweep.log"
+  echo "transducer sweep exit $?"
   timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.pallas_ctc_sweep \
     > "$OUT/pallas-ctc-sweep.txt" 2>&1; echo "pallas sweep exit $?"
 fi
