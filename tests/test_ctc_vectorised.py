@@ -25,27 +25,40 @@ def _sums(x, lo, hi):
     return _lane_sum(x, lo, hi), a, b
 
 
-def _fixed_lanes(x, lo, hi):
-    """The documented order of `_lane_sum`, written out in Python floats: lane
-    ``(s - lo) % 8`` for whole blocks of 8, the tail into lane 0, then the tree."""
-    lanes = [0.0] * 8
-    n = hi + 1 - lo
-    whole = n - n % 8
-    for i in range(whole):
-        lanes[i % 8] += float(x[lo + i])
-    for i in range(whole, n):
-        lanes[0] += float(x[lo + i])
-    a = lanes
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+def _fixed_lanes(x, start, n):
+    """The documented order of `_vector_pair_sums`, in Python floats: blocks of 16
+    to two accumulators of 8 lanes, one more block of 8 to the first, the two added
+    lane by lane, the even and the odd lanes each as a pair of pairs, then the tail
+    in order by parity.  Returns (even, odd)."""
+    acc = [[0.0] * 8, [0.0] * 8]
+    k = 0
+    while k + 16 <= n:
+        for q in range(2):
+            for lane in range(8):
+                acc[q][lane] += float(x[start + k + 8 * q + lane])
+        k += 16
+    if n - k >= 8:
+        for lane in range(8):
+            acc[0][lane] += float(x[start + k + lane])
+        k += 8
+    a = [acc[0][lane] + acc[1][lane] for lane in range(8)]
+    sums = [(a[p] + a[p + 2]) + (a[p + 4] + a[p + 6]) for p in range(2)]
+    for j in range(k, n):
+        sums[j % 2] += float(x[start + j])
+    return sums[0], sums[1]
 
 
-@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 6), (0, 7), (3, 3), (1, 17), (2, 40), (5, 64)])
+@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 6), (0, 7), (3, 3), (1, 17), (2, 40), (5, 64),
+                                   (0, 15), (0, 23), (4, 27), (7, 200)])
 def test_lane_sums_are_the_fixed_order_and_exact_to_rounding(lo, hi):
     rng = np.random.default_rng(lo * 100 + hi)
     x = np.zeros(hi + 3)
     x[lo:hi + 1] = rng.random(hi + 1 - lo) * 10.0 ** rng.integers(-3, 4, size=hi + 1 - lo)
     total, even, odd = _sums(x, lo, hi)
-    assert total == _fixed_lanes(x, lo, hi)  # bit for bit: the order is the source's
+    e, o = _fixed_lanes(x, lo, hi + 1 - lo)
+    assert total == e + o  # bit for bit: the order is the source's
+    first = lo - (lo & 1)
+    assert (even, odd) == _fixed_lanes(x, first, hi + 1 - first)
     exact = sum(Fraction(float(v)) for v in x[lo:hi + 1])
     assert abs(Fraction(total) - exact) <= 1e-15 * exact
     exact_even = sum(Fraction(float(x[s])) for s in range(lo, hi + 1) if s % 2 == 0)

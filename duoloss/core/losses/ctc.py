@@ -71,6 +71,9 @@ import math
 import numba
 import numpy as np
 import numpy.typing as npt
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .. import _numerics
 from .._numerics import CHECK_TOL as _CHECK_TOL
@@ -337,54 +340,88 @@ _U = np.uint64
 _U1, _U2, _U3, _U4, _U5, _U6, _U7, _U8 = (np.uint64(k) for k in range(1, 9))
 
 
+@intrinsic
+def _vector_pair_sums(typingctx, x, start, n):
+    """``(sum of x[start + k] over even k, over odd k)``, ``0 <= k < n``, for a
+    C-contiguous 1-D float64 ``x`` (``start + n <= len(x)``, unchecked), in a
+    fixed order written as LLVM vectors: blocks of 16 entries go to two
+    ``<8 x double>`` accumulators (entry ``16 j + 8 q + l`` to accumulator
+    ``q``, lane ``l``), one more block of 8 to accumulator 0; the two are added
+    lane by lane, then the even lanes ``(l0 + l2) + (l4 + l6)`` and the odd ones
+    likewise, then the last ``n % 8`` entries in order, each to its parity's sum.
+    AVX-512 holds an accumulator in one register, AVX2 in two, SSE in four:
+    every lane sees the same additions in the same order, whatever the width.
+    (LLVM keeps 8 scalar running sums written in numba scalar: no packed adds.)"""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C"
+            and x.dtype == types.float64 and isinstance(start, types.Integer)
+            and isinstance(n, types.Integer)):
+        return None
+    sig = types.UniTuple(types.float64, 2)(x, start, n)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        first = context.cast(builder, args[1], signature.args[1], types.int64)
+        count = context.cast(builder, args[2], signature.args[2], types.int64)
+        i64 = ir.IntType(64)
+        v8 = ir.VectorType(ir.DoubleType(), 8)
+        base = builder.gep(data, [first])
+
+        def const(k):
+            return ir.Constant(i64, k)
+
+        def load8(offset):
+            ptr = builder.bitcast(builder.gep(base, [offset]), v8.as_pointer())
+            return builder.load(ptr, align=8)
+
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(v8, None)) for _ in range(2)]
+        blocks = builder.sdiv(count, const(16))
+        with cgutils.for_range(builder, blocks) as loop:
+            offset = builder.mul(loop.index, const(16))
+            for q in range(2):
+                x8 = load8(builder.add(offset, const(8 * q)))
+                builder.store(builder.fadd(builder.load(accs[q]), x8), accs[q])
+        done = builder.mul(blocks, const(16))
+        one_more = builder.icmp_signed(">=", builder.sub(count, done), const(8))
+        with builder.if_then(one_more):
+            builder.store(builder.fadd(builder.load(accs[0]), load8(done)), accs[0])
+        done = builder.select(one_more, builder.add(done, const(8)), done)
+        lanes = builder.fadd(builder.load(accs[0]), builder.load(accs[1]))
+        lane = [builder.extract_element(lanes, ir.Constant(ir.IntType(32), k)) for k in range(8)]
+        add = builder.fadd
+        sums = [cgutils.alloca_once_value(builder, add(add(lane[p], lane[p + 2]),
+                                                       add(lane[p + 4], lane[p + 6])))
+                for p in range(2)]
+        with cgutils.for_range(builder, builder.sub(count, done)) as loop:
+            k = builder.add(done, loop.index)
+            xk = builder.load(builder.gep(base, [k]))
+            odd = builder.trunc(k, ir.IntType(1))
+            with builder.if_else(odd) as (then, otherwise):
+                with then:
+                    builder.store(add(builder.load(sums[1]), xk), sums[1])
+                with otherwise:
+                    builder.store(add(builder.load(sums[0]), xk), sums[0])
+        return context.make_tuple(builder, signature.return_type,
+                                  [builder.load(sums[0]), builder.load(sums[1])])
+
+    return sig, codegen
+
+
 @numba.njit(**HELPER)
 def _lane_sum(x, lo, hi):
-    """``sum(x[lo:hi + 1])`` in 8 lanes (``(s - lo) % 8``, the tail into lane 0)
-    combined in a fixed tree: the same additions in the same order whatever
-    the vector width."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-    n = max(hi + 1 - lo, 0)  # (an empty band: hi < lo)
-    s = _U(lo)
-    for _ in range(n // 8):
-        a0 += x[s]
-        a1 += x[s + _U1]
-        a2 += x[s + _U2]
-        a3 += x[s + _U3]
-        a4 += x[s + _U4]
-        a5 += x[s + _U5]
-        a6 += x[s + _U6]
-        a7 += x[s + _U7]
-        s += _U8
-    for _ in range(n % 8):
-        a0 += x[s]
-        s += _U1
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    """``sum(x[lo:hi + 1])`` in the fixed order of `_vector_pair_sums` (its
+    even and odd sums, then their sum): the same bits whatever the vector
+    width; 0 for an empty band (``hi < lo``)."""
+    even, odd = _vector_pair_sums(x, lo, max(hi + 1 - lo, 0))
+    return even + odd
 
 
 @numba.njit(**HELPER)
 def _pair_lane_sums(x, lo, hi):
     """``(sum of x[s] over even s, over odd s)`` for ``s`` in ``[lo, hi]``, in
-    8 fixed lanes (4 of each parity) like `_lane_sum`.  Reads ``x[lo - 1]``
-    (``lo`` odd) and ``x[hi + 1]`` (``hi`` even), which must be zero."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    the fixed order of `_vector_pair_sums` from the even state at or below
+    ``lo``.  Reads ``x[lo - 1]`` when ``lo`` is odd, which must be zero."""
     first = lo - (lo & 1)
-    n_pairs = (hi - first) // 2 + 1 if hi >= lo else 0
-    s = _U(first)
-    for _ in range(n_pairs // 4):
-        a0 += x[s]
-        a1 += x[s + _U1]
-        a2 += x[s + _U2]
-        a3 += x[s + _U3]
-        a4 += x[s + _U4]
-        a5 += x[s + _U5]
-        a6 += x[s + _U6]
-        a7 += x[s + _U7]
-        s += _U8
-    for _ in range(n_pairs % 4):
-        a0 += x[s]
-        a1 += x[s + _U1]
-        s += _U2
-    return (a0 + a2) + (a4 + a6), (a1 + a3) + (a5 + a7)
+    return _vector_pair_sums(x, first, max(hi + 1 - first, 0))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
