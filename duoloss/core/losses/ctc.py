@@ -122,7 +122,7 @@ def _flush_row(grad, t, b, lab, lo, hi, row, scale):
             row[k] = 0.0
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _store_row(grad, t, b, used, row, scale):
     """grad[t, b, used[j]] = -scale * row[j] for every j (then row[j] = 0), as
     `_flush_row` writes it: one rounding, subnormals of the gradient's dtype to
@@ -406,7 +406,7 @@ def _vector_pair_sums(typingctx, x, start, n):
     return sig, codegen
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _lane_sum(x, lo, hi):
     """``sum(x[lo:hi + 1])`` in the fixed order of `_vector_pair_sums` (its
     even and odd sums, then their sum): the same bits whatever the vector
@@ -415,7 +415,7 @@ def _lane_sum(x, lo, hi):
     return even + odd
 
 
-@numba.njit(**HELPER)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _pair_lane_sums(x, lo, hi):
     """``(sum of x[s] over even s, over odd s)`` for ``s`` in ``[lo, hi]``, in
     the fixed order of `_vector_pair_sums` from the even state at or below
@@ -429,11 +429,11 @@ def _ctc_frame_probs(b, logp, lab, input_len, scratch):
     """Per frame the probabilities of the classes the sequence reads (the
     input of the specialised linear-space kernels, see the comment above).
 
-    Returns ``(probs, frame_max, column, flushed)``: ``probs[t, j] =
+    Returns ``(probs, frame_max, column, used, flushed)``: ``probs[t, j] =
     p_t(k_j) / max_j' p_t(k_j')`` over the distinct classes ``k_j`` of the
     states (blank first; one exp per frame and class, no log),
     ``frame_max[t]`` the log of that maximum, ``column[s]`` the ``j`` of
-    state ``s``, and whether a probability from a finite score came out
+    state ``s``, ``used[j]`` the class ``k_j``, and whether a probability from a finite score came out
     below ``_FLUSH``.
     """
     n_cls = logp.shape[2]
@@ -482,11 +482,11 @@ def _ctc_frame_probs(b, logp, lab, input_len, scratch):
             for j in range(n_used):
                 row[j] = fast_exp(scores[j] - m)
             n_flushed += n_frame
-    return probs, frame_max, column, n_flushed > 0
+    return probs, frame_max, column, used[:n_used], n_flushed > 0
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_forward_linear(probs, frame_max, column, skip, flushed, scratch):
+def _ctc_forward_linear(probs, frame_max, column, skip_f, flushed, scratch, prow):
     """Rescaled forward: ``(alpha, log_scale, status, logz, flushed)``.
 
     Specialised, not the shared log/tropical trellis: products of rescaled
@@ -505,10 +505,6 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed, scratch):
     # before at s, s - 1, s - 2 for s in the band: inside that row's band, its
     # guard columns, or the two cells above its band (zeroed below).
     alpha = scratch[:input_len * (n_states + 4)].reshape((input_len, n_states + 4))
-    prow = np.empty(n_states, np.float64)
-    skip_f = np.empty(n_states, np.float64)  # the skip rule as 1.0 / 0.0
-    for s in range(n_states):
-        skip_f[s] = 1.0 if skip[s] else 0.0
     log_scale = np.empty(input_len, np.float64)
     status = 0
     acc = 0.0
@@ -569,7 +565,7 @@ def _ctc_forward_linear(probs, frame_max, column, skip, flushed, scratch):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip, logz,
+def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, used, skip_f, prow, logz,
                          want_grad, grad, scale):
     """Rescaled backward sweep with the per-frame check; returns the status
     (0 fine, 1 fall back to log space).  Specialised like
@@ -580,32 +576,22 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
     only the check runs (the verdict on a flushed forward's loss).
     """
     input_len = probs.shape[0]
-    n_states = lab.shape[0]
+    n_states = column.shape[0]
     status = 0
     beta = np.empty(n_states, np.float64)
     # emission times beta at the frame after, two guard zeros after the last state
     emit_beta = np.empty(n_states + 2, np.float64)
-    # the skip rule shifted by two: state s + 2 can be entered from s
-    skip_from = np.empty(n_states, np.float64)
     # alpha * beta per state; a zero before and after the band (`_pair_lane_sums`)
     ab = np.empty(n_states + 1, np.float64)
-    prow = np.empty(n_states, np.float64)
     for s in range(n_states):
         beta[s] = 0.0
         ab[s] = 0.0
-        skip_from[s] = 1.0 if s + 2 < n_states and skip[s + 2] else 0.0
     ab[n_states] = 0.0
     emit_beta[n_states] = 0.0
     emit_beta[n_states + 1] = 0.0
-    # Per distinct class of the target (the column j of `_ctc_frame_probs`, blank
-    # first): its class and its summed alpha * beta at the frame.
-    n_used = 0
-    for s in range(n_states):
-        n_used = max(n_used, column[s] + 1)
-    used = np.empty(n_used, np.int64)
-    for s in range(n_states):
-        used[column[s]] = lab[s]
-    row = np.empty(n_used if want_grad else 0, np.float64)
+    # Per distinct class of the target (``used[j]``, the column j of
+    # `_ctc_frame_probs`, blank first): its summed alpha * beta at the frame.
+    row = np.empty(used.shape[0] if want_grad else 0, np.float64)
     for j in range(row.shape[0]):
         row[j] = 0.0
     beta[n_states - 1] = 1.0
@@ -632,7 +618,7 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
             for i in range(hi + 1 - lo):  # branch-free: packed on AVX2/AVX-512
                 s = lo_u + _U(i)
                 v = emit_beta[s] + emit_beta[s + _U1]
-                v += emit_beta[s + _U2] if skip_from[s] != 0.0 else 0.0
+                v += emit_beta[s + _U2] if skip_f[s + _U2] != 0.0 else 0.0
                 beta[s] = v
             # States above hi are never read again (the window shrinks
             # going back), those below lo were never written.
@@ -678,10 +664,9 @@ def _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, ski
 # loop's module: 0.6 s more), nor in one inlined into the loop (numba's inliner
 # copies and retypes its IR: 1.4 s more).  The steps below are inlined (as a
 # function of its own, the backward sweep compiled as fast but ran 3% slower).
-# The small helpers called from several places (`_lane_sum`, `_pair_lane_sums`,
-# `_fill_rows`, `_store_row`) are compiled once each instead (`HELPER`: no
-# wrappers; LLVM still inlines them): inlined by numba, every call site was
-# another copy to retype (issue 36: about 1 CPU s of the first call).
+# `_fill_rows` (four call sites, once per sequence) is compiled once instead
+# (`HELPER`: no wrappers); a helper compiled on its own is called, not inlined,
+# so those called every frame stay inlined.
 
 
 @numba.njit(cache=True, nogil=True)
@@ -737,17 +722,26 @@ def _ctc_batch_serial(order, logp, targets, in_len, tg_len, blank, want_grad, ze
         # probability from a finite score, or a cell whose inputs are positive)
         # comes out below _FLUSH: only then can the rescaled forward differ from the
         # exact one, and only then does the loss need the backward sweep's verdict.
-        probs, frame_max, column, flushed = _ctc_frame_probs(b, logp, lab, input_len,
-                                                             probs_buf)
-        alpha, log_scale, state, logz, flushed = _ctc_forward_linear(probs, frame_max, column, skip,
-                                                                     flushed, alpha_buf)
+        probs, frame_max, column, used, flushed = _ctc_frame_probs(b, logp, lab, input_len,
+                                                                   probs_buf)
+        n_states = lab.shape[0]
+        # the skip rule as 1.0 / 0.0, two zeros after the last state (the backward
+        # reads state s + 2's); the per-frame gathered probabilities
+        skip_f = np.empty(n_states + 2, np.float64)
+        for s in range(n_states):
+            skip_f[s] = 1.0 if skip[s] else 0.0
+        skip_f[n_states] = 0.0
+        skip_f[n_states + 1] = 0.0
+        prow = np.empty(n_states, np.float64)
+        alpha, log_scale, state, logz, flushed = _ctc_forward_linear(
+            probs, frame_max, column, skip_f, flushed, alpha_buf, prow)
         # Without a gradient the sweep still runs when the forward flushed something:
         # its per-frame check is the verdict on the loss, so a loss is the same number
         # whether or not a gradient was asked for.
         linear_loss = state == 0 and not flushed
         if state == 0 and (want_grad or flushed):
-            state = _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, lab, skip,
-                                         logz, want_grad, grad, scale)
+            state = _ctc_backward_linear(b, alpha, log_scale, probs, frame_max, column, used,
+                                         skip_f, prow, logz, want_grad, grad, scale)
         if state == 2:
             losses[b] = np.nan
             if want_grad:
