@@ -39,16 +39,21 @@ def batch(t, n, c, s, dtype):
     tg[0, 1] = tg[0, 0]  # a repeated label: the skip rule's other branch
     il = np.array([t] + [t - 3 - b for b in range(1, n)])
     tl = np.array([s] + [s - 1 - (b % 3) for b in range(1, n)])
+    il = np.minimum(np.maximum(il, 2 * tl + 1), t)
     return x.astype(dtype), tg, il, tl
 
 def ctc_cases():
     # float32 (one signature: compile time); the log-space fallback is scalar code
     # and is left out for the same reason
     from duoloss.core.losses.ctc import ctc_loss_and_grad
-    x, tg, il, tl = batch(37, 5, 9, 11, np.float32)
-    losses, grad = ctc_loss_and_grad(x, tg, il, tl, grad_weights=np.linspace(0.5, 2.0, 5))
-    out["ctc_loss"] = losses
-    out["ctc_grad"] = grad
+    # 9 classes: the scalar exp of the frame probabilities; 40 classes and 30 labels:
+    # the packed one (`_PACKED_EXP_MIN` distinct classes or more)
+    for name, size in (("small", (37, 5, 9, 11)), ("wide", (70, 3, 40, 30))):
+        x, tg, il, tl = batch(*size, np.float32)
+        w = np.linspace(0.5, 2.0, size[1])
+        losses, grad = ctc_loss_and_grad(x, tg, il, tl, grad_weights=w)
+        out[f"ctc_loss_{name}"] = losses
+        out[f"ctc_grad_{name}"] = grad
     from duoloss.core.losses import ctc
     packed("ctc", ctc._ctc_batch_serial)
 

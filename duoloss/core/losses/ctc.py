@@ -89,6 +89,11 @@ __all__ = ["ctc_loss_and_grad", "concat_to_padded", "CTC_KERNEL"]
 # A frame whose total mass (relative to its best class) falls below this is
 # recomputed in log space: float64's range ends near 1e-308.
 _TINY = 1e-200
+# A target of at least this many distinct classes (blank included) takes the packed
+# `exp_poly` for its frame probabilities; fewer, the scalar `fast_exp` (for a few
+# classes the packed loop's set-up and scalar tail cost more than they save: 1.6 us
+# of a 14 us kernel call at (1, 50, 20, 10)).  The choice depends on the input only.
+_PACKED_EXP_MIN = 16
 # Below this many trellis cells in a batch, a serial loop beats the thread launch.
 _PARALLEL_MIN_CELLS = 40_000
 
@@ -470,11 +475,18 @@ def _ctc_frame_probs(b, logp, lab, input_len, scratch):
             m = 0.0
         frame_max[t] = m
         n_frame = 0
-        for j in range(n_used):  # branch-free exp (`exp_poly`): packed
-            x = scores[j]
-            p = exp_poly(x - m)
-            row[j] = p
-            n_frame += (p < _FLUSH) & (x != -np.inf)
+        if n_used >= _PACKED_EXP_MIN:
+            for j in range(n_used):  # branch-free exp (`exp_poly`): packed
+                x = scores[j]
+                p = exp_poly(x - m)
+                row[j] = p
+                n_frame += (p < _FLUSH) & (x != -np.inf)
+        else:
+            for j in range(n_used):
+                x = scores[j]
+                p = fast_exp(x - m)
+                row[j] = p
+                n_frame += (p < _FLUSH) & (x != -np.inf)
         if n_frame:
             # (rare) a class hundreds of nats below the frame's best: `fast_exp`
             # keeps the C library's subnormals where `exp_poly` gives 0 below
