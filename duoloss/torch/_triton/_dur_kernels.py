@@ -43,37 +43,12 @@ import triton.language as tl
 #: Whether the kernels were defined under the Triton interpreter (CPU tensors).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
 NONE = tl.constexpr(4095)
 
 
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _maxnum(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _sum(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _add)
-
-
-@triton.jit
-def _max(x, axis: tl.constexpr):
-    return tl.reduce(x, axis, _maxnum)
-
-
-@triton.jit
-def _lae2(a, b):
-    """``log2(2^a + 2^b)``; NaN in, NaN out; ``-inf`` for two ``-inf``."""
-    mx = tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-    r = mx + tl.log2(1.0 + tl.exp2(-tl.abs(a - b)))
-    return tl.where(mx == float("-inf"), mx, r)
+# the combine functions, reductions and base-2 log-add of the RNN-T kernels (one
+# definition; Triton resolves them as this module's globals)
+from ._rnnt_kernels import LN2, LOG2E, _add, _lae2, _max, _maxnum, _sum  # noqa: E402,F401
 
 
 @triton.jit

@@ -26,28 +26,8 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 from ._ctc_kernels import ctc_kernel  # noqa: E402,F401
 
 
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _maxnum(a, b):
-    return tl.maximum(a, b)
-
-
-# Reductions through tl.reduce with combine functions of this module (not
-# tl.sum / tl.max, which are @triton.jit functions of triton.language: under the
-# interpreter those work only when triton itself was imported with
-# TRITON_INTERPRET=1, and torch may import triton first).
-@triton.jit
-def _sum(x):
-    return tl.reduce(x, 0, _add)
-
-
-@triton.jit
-def _max(x):
-    return tl.reduce(x, 0, _maxnum)
+# the combine functions and reductions of the CTC kernel's module (one definition)
+from ._ctc_kernels import _add, _max, _maxnum, _sum  # noqa: E402,F401
 
 
 @triton.jit
