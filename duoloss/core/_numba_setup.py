@@ -164,7 +164,7 @@ _FAMILY_OF_PACKAGE = {"decoding": "decode"}
 #: first ``graph_decode`` call compiles less (5.5 CPU s).  "rnnt": 7.9 CPU s, "asg": 6.9
 #: (2026-11-28, after issue 36's vectorised transducer sweeps; docs/speed.md).
 FAMILIES = {
-    "ctc": ("CTC", 3), "asg": ("ASG", 7), "graph": ("WFST graph", 11),
+    "ctc": ("CTC", 4), "asg": ("ASG", 7), "graph": ("WFST graph", 11),
     "rnnt": ("RNN-T", 8), "k2": ("k2 RNN-T", 3), "tdt": ("TDT/multi-blank RNN-T", 8),
     "align": ("alignment", 3), "decode": ("CTC beam search and WFST decoding", 15),
     "core": ("shared", 2),
