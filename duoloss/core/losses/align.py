@@ -157,7 +157,7 @@ def _ctc_align_one(b, logp, targets, in_len, tg_len, blank, checkpoint_cells, la
     # with the branch-free `_ctc_tropical_row`
     delta = np.empty((input_len, n_states + 2))
     emit = np.empty(n_states)
-    skip_f = np.empty(n_states)
+    skip_f = np.empty(n_states, np.float32)  # (4 bytes a state: rows are L2-bound)
     for x in range(n_states):
         skip_f[x] = 1.0 if skip[x] else 0.0
     _ctc_tropical_first_row(b, input_len, lab, logp, delta[0])
@@ -273,7 +273,7 @@ def _ctc_align_checkpointed(b, input_len, lab, skip, logp, labels, scores):
     ckpt = np.empty((n_seg, n_states))
     rows = np.empty((2, n_states + 2))
     emit = np.empty(n_states)
-    skip_f = np.empty(n_states)
+    skip_f = np.empty(n_states, np.float32)  # (4 bytes a state: rows are L2-bound)
     for x in range(n_states):
         skip_f[x] = 1.0 if skip[x] else 0.0
     row0 = rows[0]
