@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU session (issues 33/34): one command on a lent GPU machine.
 #   bash benchmarks/gpu_run.sh [extra args for `benchmarks.device --check`]
+# The wheel folder is not in git; make it here first (then pass carry: [".whl"]):
+#   echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --implementation cp -d .whl warprnnt-numba==0.4.1
 # Installs the carried peer wheels (.whl/, e.g. warprnnt-numba) if present, then runs the
 # one-shot check with its rows rewritten to $OUT/device-check.json after every row (a run
 # killed at its limit keeps what it measured) and the log to $OUT/device-check.log.
