@@ -11,18 +11,9 @@ import torch
 
 from . import _ops
 
-__all__ = ["ctc_device", "reduce_batch", "reduce_weighted", "rnnt_device_tail"]
+__all__ = ["ctc_device", "reduce_batch", "rnnt_device_tail"]
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def reduce_weighted(losses: torch.Tensor, weights) -> torch.Tensor:
-    """``sum_b w_b loss_b`` in float64, returned in the losses' dtype (the host
-    path's `weigh_host` arithmetic); ``weights``
-    None: the losses unchanged."""
-    if weights is None:
-        return losses
-    return (losses.to(torch.float64) * weights).sum().to(losses.dtype)
 
 
 def ctc_device(lp: torch.Tensor, targets, input_lengths, target_lengths, blank: int,
