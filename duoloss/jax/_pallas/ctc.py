@@ -68,6 +68,7 @@ from jax.experimental import pallas as pl
 
 from .._adapter import _gradient
 from .._sharding import mark_varying, varying_axes
+from .._xla.ctc import prepare
 from . import pallas_call_options, pallas_target
 
 __all__ = ["ctc_losses"]
@@ -107,20 +108,14 @@ def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
     w.r.t. ``log_probs``; arguments as `duoloss.jax._xla.ctc.ctc_losses`, and
     ``backend`` one of `duoloss.jax._pallas.backend_for`'s Pallas answers."""
     form, interpret = pallas_target(backend)
-    t_max, n, n_cls = log_probs.shape
+    t_max, n, _ = log_probs.shape
     if form == "tpu" and log_probs.dtype == jnp.float64:
         raise ValueError("ctc_loss: impl='pallas' computes in float32 or narrower on a TPU "
                          "(Mosaic has no float64), got float64 log_probs; use impl='xla'")
     s_max = targets.shape[1]
     dtype = log_probs.dtype
-    lp_all = log_probs.astype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else log_probs
-    tg = targets.astype(jnp.int32)
-    il = input_lengths.astype(jnp.int32)
-    tl = target_lengths.astype(jnp.int32)
-    in_len = jnp.arange(s_max)[None, :] < tl[:, None]
-    bad = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
-    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s_max) & ~bad.any(axis=1))
-    labels = jnp.where(in_len & ~bad, tg, blank)
+    lp_all, il, tl, valid, labels = prepare(log_probs, targets, input_lengths,
+                                            target_lengths, blank)
     s_ext = 2 * s_max + 1
     w = _row_width(s_ext, form)
     ext = jnp.stack([jnp.full_like(labels, blank), labels], axis=2).reshape(n, 2 * s_max)

@@ -40,9 +40,28 @@ from .._adapter import _gradient
 from .._sharding import mark_varying, varying_axes
 from ._logsem import NEG_INF, lse2, lse3, shift_left, shift_right
 
-__all__ = ["ctc_losses"]
+__all__ = ["ctc_losses", "prepare"]
 
 _NAME = "ctc_loss (impl='device')"
+
+
+def prepare(log_probs, targets, input_lengths, target_lengths, blank: int):
+    """What every device CTC path computes first (the XLA scan, the Pallas kernels):
+    ``(lp, il, tl, valid, labels)`` -- the log-probabilities (half precision in
+    float32), int32 lengths, whether each sequence's lengths and labels are in
+    range, and its labels with the padding and invalid labels set to ``blank``."""
+    t_max, _, n_cls = log_probs.shape
+    s_max = targets.shape[1]
+    dtype = log_probs.dtype
+    lp_all = log_probs.astype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else log_probs
+    tg = targets.astype(jnp.int32)
+    il = input_lengths.astype(jnp.int32)
+    tl = target_lengths.astype(jnp.int32)
+    in_len = jnp.arange(s_max)[None, :] < tl[:, None]
+    bad = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
+    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s_max) & ~bad.any(axis=1))
+    labels = jnp.where(in_len & ~bad, tg, blank)
+    return lp_all, il, tl, valid, labels
 
 
 def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
@@ -57,17 +76,11 @@ def ctc_losses(log_probs, targets, input_lengths, target_lengths, blank: int,
       blank: the blank class (a Python int in ``[0, C)``).
       zero_infinity: infeasible sequences get loss 0 (and zero gradient).
     """
-    t_max, n, n_cls = log_probs.shape
+    t_max, n, _ = log_probs.shape
     s_max = targets.shape[1]
     dtype = log_probs.dtype
-    lp_all = log_probs.astype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else log_probs
-    tg = targets.astype(jnp.int32)
-    il = input_lengths.astype(jnp.int32)
-    tl = target_lengths.astype(jnp.int32)
-    in_len = jnp.arange(s_max)[None, :] < tl[:, None]
-    bad = in_len & ((tg < 0) | (tg >= n_cls) | (tg == blank))
-    valid = ((il >= 0) & (il <= t_max) & (tl >= 0) & (tl <= s_max) & ~bad.any(axis=1))
-    labels = jnp.where(in_len & ~bad, tg, blank)
+    lp_all, il, tl, valid, labels = prepare(log_probs, targets, input_lengths,
+                                            target_lengths, blank)
     ext = jnp.stack([jnp.full_like(labels, blank), labels], axis=2).reshape(n, 2 * s_max)
     ext = jnp.concatenate([ext, jnp.full((n, 1), blank, jnp.int32)], axis=1)   # (N, S')
     s_ext = 2 * s_max + 1
