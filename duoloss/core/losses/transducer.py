@@ -518,7 +518,8 @@ def _exp_moves(b, px, py, s0, t0, ns, nt, modified):
         jhi = i + nt - ns if modified else nt - 1
         n_flush += _exp_row(py, b, s0 + i, t0, ylo, yhi, m, buf)
         _skew_row(ey, i, step, jlo, jhi, ylo, yhi, buf)
-        n_flush += _exp_row(px, b, s0 + i, t0, xlo, xhi, m, buf)
+        if xhi > xlo:  # the last row has no symbol move (and no row of px)
+            n_flush += _exp_row(px, b, s0 + i, t0, xlo, xhi, m, buf)
         _skew_row(ex, i, step, jlo, jhi, xlo, xhi, buf)
     return ex, ey, m, bad, n_flush > 0
 
@@ -650,7 +651,7 @@ def _linear_backward(b, s0, t0, ns, nt, modified, n_lev, ex, ey, alpha, ka, want
             ylo, yhi, xlo, xhi = _moves(i, ns, nt, modified)
             if want_y:
                 _unskew_row(ey, i, step, ylo, yhi, gy[b, s0 + i, t0 + ylo:t0 + yhi])
-            if want_x:
+            if want_x and xhi > xlo:  # px has no row past the last symbol
                 _unskew_row(ex, i, step, xlo, xhi, gx[b, s0 + i, t0 + xlo:t0 + xhi])
     return 0
 
