@@ -2,8 +2,9 @@
 
 Every kernel variant the launchers produce for a table of representative shapes (CTC
 ``(N, T, C, S) = (32, 500, 50, S)`` with ``S`` up to 4000, i.e. every ``BLOCK`` from 2
-to 8192; RNN-T ``(32, 150, U, 28)`` with ``U`` up to 2000, regular and modified; TDT with
-2 to 8 durations; ``rnnt_loss``'s fused kernels for ``(U, V)`` up to ``(1000, 8000)``;
+to 8192; RNN-T ``(32, 150, U, 28)`` with ``U`` up to 2000, regular and modified;
+``rnnt_loss``'s fused kernels for ``(U, V)`` up to ``(1000, 8000)``; the fused TDT and
+multi-blank kernels with 1 to 8 durations and ``U`` up to 2047;
 float32 and float64; with and without gradient) is compiled for sm_80
 and sm_90 with the ``ptxas`` inside the Triton wheel (`duoloss.torch._triton._aot`),
 and one row per variant gives registers, spills, stack, shared memory, warps and how many
@@ -35,18 +36,10 @@ RNNT_LOSS = ((1, 2), (40, 28), (60, 256), (100, 500), (255, 1024), (1000, 8000),
 DUR = (("tdt", 40, 28, (0, 1, 2, 3, 4)), ("tdt", 127, 28, (1, 2, 3, 4, 5, 6, 7, 8)),
        ("tdt", 1023, 28, (0, 1, 2)), ("tdt", 2047, 1024, (0, 1, 2, 3, 4, 5, 6, 7)),
        ("multiblank", 40, 500, (2, 4, 8)), ("multiblank", 1023, 28, (2,)))
-TDT_DURATIONS = ((0, 1), (1, 2), (0, 1, 2), (0, 1, 2, 3, 4), (0, 2, 4, 6, 8), (2, 3),
-                 (1, 2, 3, 4, 5, 6, 7, 8), (0, 1, 2, 3, 4, 5, 6, 7))
-TDT_U = (7, 127, 1023)
-#: TDT beyond U = 1023 (BLOCK 2048): the smallest and largest duration sets, with and
-#: without a duration 0
-TDT_WIDE = ((2047, (0, 1, 2, 3, 4)), (2047, (1, 2)), (2047, (1, 2, 3, 4, 5, 6, 7, 8)),
-            (2047, (0, 1, 2, 3, 4, 5, 6, 7)))
 CAPABILITIES = (80, 90)
 
-# the test's subset: (family, shape parameter, dtype name, grad, extra); the TDT rows
-# are variants that spilled before the kernel's 32-bit in-sequence offsets (BLOCK 128
-# with 8 durations, BLOCK 1024 and 2048, float32 and float64, grad and no grad)
+# the test's subset: (family, shape parameter, dtype name, grad, extra); the duration
+# rows span BLOCK 64 to 2048, 1 to 8 durations, float32 and float64, grad and no grad
 SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
           ("ctc", 20, "float64", True, None), ("ctc", 100, "bfloat16", True, None),
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
@@ -54,12 +47,8 @@ SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, No
           ("rnnt_loss", 1000, "bfloat16", True, 8000),
           ("dur", 127, "float64", True, ("tdt", 28, (1, 2, 3, 4, 5, 6, 7, 8))),
           ("dur", 40, "float32", True, ("multiblank", 500, (2, 4, 8))),
-          ("tdt", 127, "float32", True, (0, 1, 2, 4)), ("tdt", 1023, "float32", False, (1, 2)),
-          ("tdt", 127, "float32", True, (1, 2, 3, 4, 5, 6, 7, 8)),
-          ("tdt", 1023, "float64", True, (1, 2)),
-          ("tdt", 1023, "float32", True, (0, 2, 4, 6, 8)),
-          ("tdt", 2047, "float32", True, (0, 1, 2, 3, 4)),
-          ("tdt", 2047, "float64", False, (0, 1, 2, 3, 4)))
+          ("dur", 1023, "float32", False, ("tdt", 28, (1, 2))),
+          ("dur", 2047, "float64", True, ("tdt", 28, (0, 1, 2, 3, 4))))
 
 
 def cases(subset: bool = False) -> List[tuple]:
@@ -73,8 +62,6 @@ def cases(subset: bool = False) -> List[tuple]:
             out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
             out += [("rnnt_loss", u, dt, grad, v) for u, v in RNNT_LOSS]
             out += [("dur", u, dt, grad, (f, v, d)) for f, u, v, d in DUR]
-            out += [("tdt", u, dt, grad, d) for u in TDT_U for d in TDT_DURATIONS]
-            out += [("tdt", u, dt, grad, d) for u, d in TDT_WIDE]
     return out
 
 
@@ -90,9 +77,7 @@ def launches(case) -> list:
         return _aot.transducer_launches(32, 150, p, dtype, grad, modified=bool(extra))
     if family == "rnnt_loss":
         return _aot.rnnt_loss_launches(16, 150, p, extra, dtype, grad)
-    if family == "dur":
-        return _aot.dur_launches(4, 40, p, extra[1], extra[0], tuple(extra[2]), dtype, grad)
-    return _aot.tdt_launches(4, 40, p, 28, tuple(extra), dtype, grad)
+    return _aot.dur_launches(4, 40, p, extra[1], extra[0], tuple(extra[2]), dtype, grad)
 
 
 def describe(case) -> str:
@@ -103,10 +88,8 @@ def describe(case) -> str:
         what = f"RNN-T U={p}" + (" modified" if extra else "")
     elif family == "rnnt_loss":
         what = f"rnnt_loss U={p} V={extra}"
-    elif family == "dur":
-        what = f"{extra[0]} fused U={p} V={extra[1]} d={','.join(map(str, extra[2]))}"
     else:
-        what = f"TDT U={p} d={','.join(map(str, extra))}"
+        what = f"{extra[0]} fused U={p} V={extra[1]} d={','.join(map(str, extra[2]))}"
     return f"{what} {dt} {'grad' if grad else 'no grad'}"
 
 

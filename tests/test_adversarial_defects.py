@@ -55,7 +55,7 @@ def triton_interpreted():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     from test_device_torch import interpreted
-    gens = [interpreted("_kernels"), interpreted("_tdt_kernels")]
+    gens = [interpreted("_kernels"), interpreted("_dur_kernels")]
     for g in gens:
         next(g)
     yield

@@ -45,8 +45,6 @@ for n, t, s in ((32, 500, 100), (7, 333, 70), (1, 17, 127), (64, 1000, 65)):
     launches += _aot.ctc_launches(n, t, 50, s, torch.float32, True)
 for n, t, u in ((32, 150, 28), (3, 77, 17), (16, 1000, 31)):
     launches += _aot.transducer_launches(n, t, u, torch.float32, True)
-for n, t, u in ((4, 40, 127), (9, 333, 70)):
-    launches += _aot.tdt_launches(n, t, u, 28, (0, 1, 2, 4), torch.float32, True)
 for n, t, u in ((32, 150, 40), (3, 77, 50), (16, 1000, 33)):
     launches += _aot.rnnt_loss_launches(n, t, u, 28, torch.float32, True)
     launches += _aot.dur_launches(n, t, u, 28, "tdt", (0, 1, 2, 4), torch.float32, True)
@@ -57,12 +55,15 @@ for v in _aot.variants(launches, t90).values():
 # one variant per duration set, and no tensor of durations passed at run time
 tdt = []
 for d in ((0, 1, 2), (0, 1, 3), (0, 1, 2)):
-    tdt += _aot.tdt_launches(2, 10, 5, 8, d, torch.float32, True)
+    tdt += _aot.dur_launches(2, 10, 5, 8, "tdt", d, torch.float32, True)
 int_tensors = sum(1 for _k, _g, args, _kw in tdt for a in args
                   if isinstance(a, torch.Tensor) and not a.is_floating_point()
                   and a.shape[0] != 2)
-print(json.dumps({"rows": rows, "counts": counts,
-                  "tdt_variants": len(_aot.variants(tdt, t90)),
+per_kernel = {}
+for v in _aot.variants(tdt, t90).values():
+    name = v["kernel"].fn.__name__
+    per_kernel[name] = per_kernel.get(name, 0) + 1
+print(json.dumps({"rows": rows, "counts": counts, "tdt_variants": per_kernel,
                   "tdt_int_tensors": int_tensors}))
 """
 
@@ -93,7 +94,7 @@ def test_every_subset_variant_compiles_for_sm80_and_sm90(table):
         for sm in (80, 90):
             assert (aot_table.describe(case), sm) in seen
     kernels = {r["kernel"] for r in rows}
-    assert kernels >= {"ctc_kernel", "transducer_kernel", "tdt_kernel"} | RNNT_LOSS_KERNELS
+    assert kernels >= {"ctc_kernel", "transducer_kernel"} | RNNT_LOSS_KERNELS
     for r in rows:
         assert r["regs"] > 0 and r["regs"] <= 255, r
 
@@ -117,43 +118,48 @@ def test_warps_follow_block(table):
 def test_new_lengths_do_not_compile_anew(table):
     """Shapes of one ``BLOCK`` share one variant per kernel (lengths, batch sizes and
     strides are not specialised)."""
-    assert table["counts"] == {"ctc_kernel": 1, "transducer_kernel": 1, "tdt_kernel": 1,
+    assert table["counts"] == {"ctc_kernel": 1, "transducer_kernel": 1,
                                **{k: 1 for k in RNNT_LOSS_KERNELS}}
 
 
 def test_durations_are_compile_time_constants(table):
-    """Every TDT duration set is a variant of its own (the move loops unrolled), and
-    no table of durations is passed (copied to the device) at run time."""
-    from duoloss.torch._triton import _tdt
-    assert table["tdt_variants"] == 2
+    """Every TDT duration set is a variant of its own (the move loops unrolled) of the
+    kernels that read durations, and no table of durations is passed (copied to the
+    device) at run time."""
+    from duoloss.torch._triton import _dur_ops
+    assert table["tdt_variants"]["dur_alpha_beta_kernel"] == 2
+    assert table["tdt_variants"]["dur_grad_kernel"] == 2
     assert table["tdt_int_tensors"] == 0  # only the (N,) lengths are integer tensors
-    assert _tdt._pack([1, 2, 4]) == 1 + (2 << 12) + (4 << 24)
+    assert _dur_ops._pack([1, 2, 4]) == 1 + (2 << 12) + (4 << 24)
     with pytest.raises(ValueError, match="tdt_loss: argument 'durations'"):
-        _tdt._pack([4096])
+        _dur_ops._pack([4096])
 
 
-def test_tdt_lattice_beyond_32_bit_offsets_is_refused():
-    """The TDT kernel addresses one sequence's lattice with 32-bit offsets from 64-bit
-    per-sequence bases: a lattice with ``(T + 1) (U + 1) > 2**31 - 1`` cells is refused
-    on the host (shapes only, ``meta`` tensors: nothing allocated, no kernel), while a
-    batch whose total size exceeds ``2**31`` elements is not limited."""
+def test_duration_lattice_beyond_32_bit_offsets_is_refused():
+    """The fused TDT / multi-blank kernels address one sequence's workspace (``5 + NB +
+    D`` planes of ``T (U + 1)`` cells) with 32-bit offsets from 64-bit per-sequence
+    bases: a larger workspace is refused on the host (shapes only, ``meta`` tensors:
+    nothing allocated, no kernel), while a batch whose total size exceeds ``2**31``
+    elements is not limited."""
     import torch
 
-    from duoloss.torch._triton import _tdt
+    from duoloss.torch._triton import _dur_ops
     meta = torch.device("meta")
+    tdt = _dur_ops.tdt_spec((0, 1), 0.0, 2)          # 5 + 1 + 2 = 8 planes
+    mb = _dur_ops.multiblank_spec((2,), 0.0)         # 5 + 2 + 0 = 7 planes
 
-    def call(fn, n, t, u, **kw):
-        x = torch.empty((n, t, u + 1, 3), device=meta)
-        tg = torch.empty((n, u), dtype=torch.int64, device=meta)
-        il = torch.empty((n,), dtype=torch.int64, device=meta)
-        return fn(x, tg, il, il, blank=0, sigma=0.0, fastemit_lambda=0.0, clamp=0.0, **kw)
+    def logits(n, t, u1):
+        return torch.empty((n, t, u1, 3), device=meta)
 
-    # (T + 1)(U + 1) = 2**31 exactly: one cell too many
-    with pytest.raises(ValueError, match=r"tdt_loss: argument 'logits' .*2147483647"):
-        call(_tdt.tdt_losses, 1, 2 ** 16 - 1, 2 ** 15 - 1, durations=(0, 1), omega=0.0)
+    # 8 T (U + 1) + 3 <= 2**31 - 1  <=>  T (U + 1) <= 268435455 = 3 * 5 * 17 * 257 * 4097
+    _dur_ops.check_lattice("tdt_loss", logits(1, 268435455, 1), tdt)
+    with pytest.raises(ValueError, match=r"tdt_loss: argument 'logits' .*268435456 cells"):
+        _dur_ops.check_lattice("tdt_loss", logits(1, 268435456, 1), tdt)
     with pytest.raises(ValueError, match=r"multiblank_rnnt_loss: argument 'logits'"):
-        call(_tdt.multiblank_losses, 1, 2 ** 16 - 1, 2 ** 15 - 1, big_blank_durations=(2,))
-    # the largest accepted lattice: (T + 1)(U + 1) = 2**31 - 1 (a prime: U + 1 = 1)
-    _tdt._check_lattice("tdt_loss", torch.empty((1, 2 ** 31 - 2, 1, 3), device=meta))
+        _dur_ops.check_lattice("multiblank_rnnt_loss", logits(1, 2 ** 16, 2 ** 15), mb)
+    # TDT's omega mixture: the widest spec decides
+    omega = [(tdt, 0.9), (_dur_ops.rnnt_on_tokens_spec(2), 0.1)]
+    with pytest.raises(ValueError, match=r"tdt_loss: argument 'logits'"):
+        _dur_ops.check_lattice("tdt_loss", logits(1, 268435456, 1), omega)
     # many sequences whose logits together exceed 2**31 elements: accepted (64-bit bases)
-    _tdt._check_lattice("tdt_loss", torch.empty((4096, 1000, 201, 1030), device=meta))
+    _dur_ops.check_lattice("tdt_loss", logits(4096, 1000, 201), tdt)

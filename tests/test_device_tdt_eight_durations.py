@@ -1,8 +1,7 @@
 """TDT on the torch device path with the largest duration sets the AOT table compiles
-(8 durations, with and without 0) and beyond it (10): the kernel's move loops read each
-duration from 48-bit chunks of one compile-time constant (``_tdt_kernels._dur``), moves
-4 to 7 from the second chunk, 8 and 9 from the third.  Compared with the host path
-(the numba core, itself tested against brute-force path enumeration in
+(8 durations, with and without 0) and beyond it (10): the kernels' move loops read
+each duration from one compile-time constant, 12 bits per entry
+(``_dur_kernels._entry``).  Compared with the host path (the numba core, itself tested against brute-force path enumeration in
 tests/test_tdt.py) on tiny inputs, under ``TRITON_INTERPRET=1`` (as
 tests/test_device_tdt_torch.py).
 """
@@ -20,7 +19,7 @@ from test_device_tdt_torch import _check, _logits  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def _interpreter():
-    yield from interpreted("_tdt_kernels")
+    yield from interpreted("_dur_kernels")
 
 
 @pytest.mark.parametrize("durations", [(0, 1, 2, 3, 4, 5, 6, 7), (1, 2, 3, 4, 5, 6, 7, 8),

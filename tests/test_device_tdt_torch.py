@@ -21,7 +21,7 @@ from test_device_torch import TOL, _close, interpreted  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def _interpreter():
-    yield from interpreted("_tdt_kernels")
+    yield from interpreted("_dur_kernels")
 
 
 def _logits(seed, shape, dtype):

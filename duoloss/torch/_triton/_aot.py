@@ -1,6 +1,6 @@
 """Ahead-of-time compilation of the device path's kernel variants (no GPU needed).
 
-The launchers (`duoloss.torch._triton._ops`, `duoloss.torch._triton._tdt`) are run
+The launchers (`duoloss.torch._triton._ops`, `_rnnt_ops`, `_dur_ops`) are run
 on ``meta`` tensors of a given shape with `duoloss.torch._triton._ops.RECORD` set:
 every launch they would make is recorded instead, with its arguments.  Triton's own
 binder (``create_function_from_signature`` + ``JITFunction._pack_args``, what a
@@ -28,7 +28,7 @@ import torch
 from . import _ops
 
 __all__ = ["compile_variant", "record", "variants", "ctc_launches", "transducer_launches",
-           "tdt_launches", "rnnt_loss_launches", "dur_launches"]
+           "rnnt_loss_launches", "dur_launches"]
 
 _META = torch.device("meta")
 
@@ -106,19 +106,6 @@ def dur_launches(n: int, t: int, u: int, v: int, family: str, durations: Tuple[i
         if want_grad:
             _dur_ops.grad_impl(x, work, tg, il, il, out, spec, v - 1, reduction, 0.0, 0.5)
     return record(run)
-
-
-def tdt_launches(n: int, t: int, u: int, v: int, durations: Tuple[int, ...],
-                 dtype: torch.dtype, want_grad: bool) -> List[tuple]:
-    """Launches of ``tdt_loss``'s device path for logits ``(N, T, U + 1, V + D)``."""
-    from . import _tdt
-    x = torch.empty((n, t, u + 1, v + len(durations)), dtype=dtype, device=_META,
-                    requires_grad=want_grad)
-    tg = torch.empty((n, u), dtype=torch.int64, device=_META)
-    il = torch.empty((n,), dtype=torch.int64, device=_META)
-    return record(lambda: _tdt.tdt_losses(x, tg, il, il, blank=0, durations=durations,
-                                          sigma=0.0, fastemit_lambda=0.0, clamp=0.0,
-                                          omega=0.0))
 
 
 # ------------------------------------------------------------ the variants

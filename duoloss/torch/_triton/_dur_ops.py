@@ -246,6 +246,19 @@ class _Dur(torch.autograd.Function):
         return (losses, work.reshape(m, n, work.shape[1])), (0, 0)
 
 
+def check_lattice(fn: str, x, spec) -> None:
+    """Refuse logits whose per-sequence workspace outgrows the kernels' 32-bit
+    in-sequence offsets (shapes only; the per-sequence bases are 64-bit, so the batch
+    as a whole is not limited)."""
+    widest = max(workspace_width(x.shape[1], x.shape[2], sp)
+                 for sp in ([w[0] for w in spec] if isinstance(spec, list) else [spec]))
+    if widest > 2 ** 31 - 1:
+        raise ValueError(f"{fn}: argument 'logits' of shape {tuple(x.shape)} has a lattice of "
+                         f"T * (U + 1) = {x.shape[1] * x.shape[2]} cells per sequence, too "
+                         f"many for the device path's 32-bit in-sequence offsets (use "
+                         f"impl='host' or shorter sequences)")
+
+
 def dur_loss(fn: str, x, targets, il, tl, spec, *, blank: int, reduction: str, lam: float,
              clamp: float) -> torch.Tensor:
     """The reduced loss (or ``(N,)`` losses) of one spec (or of a list of ``(spec,
@@ -262,13 +275,7 @@ def dur_loss(fn: str, x, targets, il, tl, spec, *, blank: int, reduction: str, l
     if targets.device != x.device:
         from . import int_to
         targets = int_to(targets, x.device)
-    widest = max(workspace_width(x.shape[1], x.shape[2], sp)
-                 for sp in ([w[0] for w in spec] if isinstance(spec, list) else [spec]))
-    if widest > 2 ** 31 - 1:
-        raise ValueError(f"{fn}: argument 'logits' of shape {tuple(x.shape)} has a lattice of "
-                         f"T * (U + 1) = {x.shape[1] * x.shape[2]} cells per sequence, too "
-                         f"many for the device path's 32-bit in-sequence offsets (use "
-                         f"impl='host' or shorter sequences)")
+    check_lattice(fn, x, spec)
     want = _want(x)
     if isinstance(spec, list):
         return _mixture(x, targets, il, tl, spec, want, blank, reduction, lam, clamp, fn)
