@@ -132,5 +132,6 @@ def test_the_scanner_finds_what_it_should(src, hits, tmp_path):
 
 def test_the_scanner_sees_the_device_modules():
     names = {p.name for p in MODULES}
-    assert {"_ops.py", "_tdt.py", "_frontend.py", "__init__.py", "_kernels.py"} <= names
+    assert {"_ops.py", "_rnnt_ops.py", "_dur_ops.py", "_frontend.py", "__init__.py",
+            "_kernels.py", "_ctc_kernels.py", "_rnnt_kernels.py", "_dur_kernels.py"} <= names
     assert all(p.exists() for p in MODULES + BRANCHES)
