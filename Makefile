@@ -23,8 +23,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m duoloss
 
+# two workers (pytest-xdist), each taking whole test files (--dist loadfile: a file's tests
+# keep their order and module fixtures); the suite needs a few GB of memory per worker
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
