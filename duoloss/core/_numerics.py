@@ -89,6 +89,23 @@ _f32_to_bits = _bitcast("_f32_to_bits", types.Float, types.float32, types.int32,
                         ir.IntType(32))
 
 
+@intrinsic
+def _fdiv(typingctx, a, b):
+    """float64 ``a / b`` by IEEE rules (no zero-divisor check): numba's ``/``
+    tests the divisor and raises ``ZeroDivisionError``, and that branch keeps a
+    loop around it from vectorising (`log_poly`).  The quotient is correctly
+    rounded either way: the same bits."""
+    if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        x = context.cast(builder, args[0], signature.args[0], types.float64)
+        y = context.cast(builder, args[1], signature.args[1], types.float64)
+        return builder.fdiv(x, y)
+
+    return types.float64(a, b), codegen
+
+
 def _tables():
     with localcontext() as ctx:
         ctx.prec = 50
@@ -240,7 +257,7 @@ def log_poly(x):
     big = f > _SQRT2
     f = f * 0.5 if big else f
     k = k + 1 if big else k
-    z = (f - 1.0) / (f + 1.0)
+    z = _fdiv(f - 1.0, f + 1.0)  # f + 1 >= 1.7: never a zero divisor
     z2 = z * z
     p = _L12[11]
     p = p * z2 + _L12[10]
