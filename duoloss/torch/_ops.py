@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from duoloss.core import LossKernel
+from duoloss.core import _pool
 
 from ._private import mark_constant_result
 from duoloss.core._reduce import run_reduced
@@ -49,6 +50,11 @@ __all__ = ["GRAD_OP_NAME", "OP_NAME", "fold", "host", "kernel_grad_op", "kernel_
            "vmap_fold"]
 
 OP_NAME = "duoloss::kernel_loss"
+
+# torch's CPU wheels load GNU OpenMP for their intra-op threads: the host losses run
+# their batches on that team (duoloss.core._pool: its threads busy-wait after every torch
+# operator, and duoloss's own threads beside them ran a CTC step 1.6x slower)
+_pool.attach_openmp()
 
 # Key of the static JSON that carries LossKernel.weighted to the operator, so
 # the compiled path folds the reduction weights exactly as the eager one.
@@ -143,7 +149,8 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
     those of that sum; a kernel that takes ``grad_weights`` (``weighted``)
     weighs them in its own stores.
     """
-    return run_reduced(run, weighted, batch_axes, arrays, want, weights, static)
+    with _pool.openmp_batches():
+        return run_reduced(run, weighted, batch_axes, arrays, want, weights, static)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())

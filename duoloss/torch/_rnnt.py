@@ -19,6 +19,7 @@ import numba
 import numpy as np
 import torch
 
+from duoloss.core import _pool
 from duoloss.core._validate import check_int_type as _check_int_type
 from duoloss.core._reduce import reduction_weights, weighted_sum
 from duoloss.core.losses.joiner import INACTIVE, NO_LABEL, rnnt_loss_from_logits
@@ -143,8 +144,9 @@ class _FusedRNNT(torch.autograd.Function):
         # reduction applies it: the float64 weight rounded to the logits' dtype
         xv = _joiner._view(x, x.shape)
         scale = float(w[0].astype(xv.dtype)) if n else 1.0
-        losses, lse, gx, gy, grad = rnnt_loss_from_logits(
-            xv, targets.numpy(), il.numpy(), tl.numpy(), blank, boundary.numpy(), scale)
+        with _pool.openmp_batches():
+            losses, lse, gx, gy, grad = rnnt_loss_from_logits(
+                xv, targets.numpy(), il.numpy(), tl.numpy(), blank, boundary.numpy(), scale)
         ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
                               torch.from_numpy(gy))
         # not a saved tensor: handed out once, it is the caller's to change in place

@@ -25,6 +25,7 @@ from typing import Callable, Literal, Optional, Sequence
 
 import torch
 
+from duoloss.core import _pool
 from duoloss.core.losses.joiner import (check_chunk_size, check_joiner_output,
                                         transducer_log_probs, transducer_log_probs_grad)
 from duoloss.core.losses.transducer import TRANSDUCER_KERNEL, check_rnnt_options
@@ -125,8 +126,9 @@ class _ChunkLattice(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, tg, il, tl, blank):
-        px, py, lse = transducer_log_probs(_view(x, x.shape), _view(tg, tg.shape), _view(il, -1),
-                                           _view(tl, -1), blank)
+        with _pool.openmp_batches():
+            px, py, lse = transducer_log_probs(_view(x, x.shape), _view(tg, tg.shape),
+                                               _view(il, -1), _view(tl, -1), blank)
         lse = torch.from_numpy(lse)
         ctx.blank = blank
         ctx.save_for_backward(x, tg, il, tl, lse)
@@ -141,10 +143,11 @@ class _ChunkLattice(torch.autograd.Function):
             # runs once per cotangent (no host read of a batched tensor)
             return (lattice_backward(x, lse, tg, il, tl, g_px, g_py, ctx.blank),
                     None, None, None, None)
-        out = transducer_log_probs_grad(_view(x, x.shape), _view(lse, lse.shape),
-                                        _view(tg, tg.shape), _view(il, -1), _view(tl, -1),
-                                        ctx.blank, _view(g_px, g_px.shape),
-                                        _view(g_py, g_py.shape))
+        with _pool.openmp_batches():
+            out = transducer_log_probs_grad(_view(x, x.shape), _view(lse, lse.shape),
+                                            _view(tg, tg.shape), _view(il, -1), _view(tl, -1),
+                                            ctx.blank, _view(g_px, g_px.shape),
+                                            _view(g_py, g_py.shape))
         return torch.from_numpy(out), None, None, None, None
 
 
