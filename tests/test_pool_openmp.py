@@ -44,7 +44,7 @@ def test_batches_run_on_the_team_only_inside_openmp_batches(monkeypatch):
             _pool.run_batch(_record_kernel(seen), order, 10 ** 9, 1, (out,))
         assert np.array_equal(out, 3 * order + 1)
         assert len(calls) == int(inside)
-    assert not _pool._openmp_wanted.get()  # the block restored the default
+    assert getattr(_pool._local, "on", False) is False  # the block restored the default
 
 
 def test_an_exception_in_a_team_member_reaches_the_caller():

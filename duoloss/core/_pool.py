@@ -22,8 +22,8 @@ Threads: ``numba.get_num_threads()`` where numba's threading layer is already
 running (so ``numba.set_num_threads(n)`` applies), else ``NUMBA_NUM_THREADS`` (numba's
 default: the number of CPUs).
 
-Which threads.  By default the calling thread and this module's pool threads.  Inside
-`openmp_batches()` (the torch frontend's host losses) in a process where the GNU OpenMP
+Which threads.  By default the calling thread and this module's pool threads.  Where
+`openmp_wanted(True)` (the torch frontend's host losses) in a process where the GNU OpenMP
 runtime is already loaded (torch's CPU wheels load it; `attach_openmp`), the chunks
 run instead on an OpenMP team (``GOMP_parallel``, the calling thread its master): torch's
 own intra-op threads.  After each parallel operator those threads busy-wait for the
@@ -38,7 +38,6 @@ OpenMP's, and a team left spinning would compete with them).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import ctypes
 import os
 import sys
@@ -50,7 +49,7 @@ import numpy as np
 
 from ._numba_setup import gc_paused
 
-__all__ = ["attach_openmp", "num_threads", "openmp_batches", "run_batch"]
+__all__ = ["attach_openmp", "num_threads", "openmp_batches", "openmp_wanted", "run_batch"]
 
 _pool = None        # ThreadPoolExecutor of this process (None until needed)
 _pool_lock = threading.Lock()
@@ -58,10 +57,9 @@ _pool_lock = threading.Lock()
 #: ``GOMP_parallel`` of the OpenMP runtime this process had loaded (`attach_openmp`)
 _gomp = None
 _GOMP_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-#: whether this call's batches may run on an OpenMP team (`openmp_batches`)
-_openmp_wanted: contextvars.ContextVar = contextvars.ContextVar("duoloss_openmp",
-                                                                default=False)
-_on_team = threading.local()     # .active: this thread is running a team's chunks
+#: .on: whether this thread's batches may run on an OpenMP team (`openmp_wanted`);
+#: .team: this thread is running a team's chunks
+_local = threading.local()
 
 
 def _reset_in_child():
@@ -73,7 +71,7 @@ def _reset_in_child():
 
 
 def attach_openmp() -> bool:
-    """Run `openmp_batches` batches on the GNU OpenMP runtime this process has
+    """Run `openmp_wanted` batches on the GNU OpenMP runtime this process has
     already loaded (``libgomp.so.1``, e.g. by ``import torch``); never loads one.
     Returns whether one was found (Linux only; ``DUOLOSS_OPENMP=0`` disables)."""
     global _gomp
@@ -91,15 +89,24 @@ def attach_openmp() -> bool:
     return True
 
 
+def openmp_wanted(on: bool) -> bool:
+    """Set whether this thread's large batches run on an OpenMP team where
+    `attach_openmp` found a runtime (see the module docstring); returns the previous
+    setting, to restore in a ``finally`` (a thread attribute: about 0.2 us, where a
+    context manager cost a tiny CTC step a few per cent)."""
+    previous = getattr(_local, "on", False)
+    _local.on = on
+    return previous
+
+
 @contextlib.contextmanager
 def openmp_batches():
-    """Within this block, this thread's large batches run on an OpenMP team where
-    `attach_openmp` found a runtime (see the module docstring)."""
-    token = _openmp_wanted.set(True)
+    """`openmp_wanted` as a ``with`` block."""
+    previous = openmp_wanted(True)
     try:
         yield
     finally:
-        _openmp_wanted.reset(token)
+        openmp_wanted(previous)
 
 
 if hasattr(os, "register_at_fork"):
@@ -168,7 +175,7 @@ def _run_batch(kernel, order, cells, min_cells, args):
             kernel(chunks[i], *args)
 
     gomp = _gomp
-    if gomp is not None and _openmp_wanted.get() and not getattr(_on_team, "active", False):
+    if gomp is not None and getattr(_local, "on", False) and not getattr(_local, "team", False):
         _run_on_team(gomp, work, threads, state, lock, len(chunks))
         return
     pool = _executor()
@@ -191,7 +198,7 @@ def _run_on_team(gomp, work, threads, state, lock, n_chunks):
     errors = []
 
     def member(_data):
-        _on_team.active = True
+        _local.team = True
         try:
             work()
         except BaseException as error:  # noqa: BLE001 (re-raised by the caller)
@@ -199,7 +206,7 @@ def _run_on_team(gomp, work, threads, state, lock, n_chunks):
             with lock:
                 state["next"] = n_chunks
         finally:
-            _on_team.active = False
+            _local.team = False
 
     callback = _GOMP_FN(member)  # kept alive until GOMP_parallel returns
     gomp(callback, None, threads, 0)

@@ -149,8 +149,11 @@ def run_on_host(run, weighted: bool, batch_axes: Sequence[Optional[int]], arrays
     those of that sum; a kernel that takes ``grad_weights`` (``weighted``)
     weighs them in its own stores.
     """
-    with _pool.openmp_batches():
+    previous = _pool.openmp_wanted(True)
+    try:
         return run_reduced(run, weighted, batch_axes, arrays, want, weights, static)
+    finally:
+        _pool.openmp_wanted(previous)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=())

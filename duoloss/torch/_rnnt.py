@@ -144,9 +144,12 @@ class _FusedRNNT(torch.autograd.Function):
         # reduction applies it: the float64 weight rounded to the logits' dtype
         xv = _joiner._view(x, x.shape)
         scale = float(w[0].astype(xv.dtype)) if n else 1.0
-        with _pool.openmp_batches():
+        previous = _pool.openmp_wanted(True)
+        try:
             losses, lse, gx, gy, grad = rnnt_loss_from_logits(
                 xv, targets.numpy(), il.numpy(), tl.numpy(), blank, boundary.numpy(), scale)
+        finally:
+            _pool.openmp_wanted(previous)
         ctx.save_for_backward(x, targets, il, tl, torch.from_numpy(lse), torch.from_numpy(gx),
                               torch.from_numpy(gy))
         # not a saved tensor: handed out once, it is the caller's to change in place
