@@ -161,10 +161,10 @@ _FAMILY_OF_PACKAGE = {"decoding": "decode"}
 #: family -> (what it is, rough seconds of its first call with an empty cache on a
 #: 2-core machine, measured by benchmarks/cold_start.py; a busy machine takes longer).
 #: "decode": the first ``ctc_decoder`` call, 15 CPU s (2026-11-27, docs/warmup.md); the
-#: first ``graph_decode`` call compiles less (5.5 CPU s).  "rnnt": 7.9 CPU s, "asg": 6.9
-#: (2026-11-28, after issue 36's vectorised transducer sweeps; docs/speed.md).
+#: first ``graph_decode`` call compiles less (5.5 CPU s).  "ctc": 4.1 CPU s, "rnnt": 8.0,
+#: "asg": 6.5 (2026-11-28 11:20 UTC, idle machine; docs/speed.md).
 FAMILIES = {
-    "ctc": ("CTC", 4), "asg": ("ASG", 7), "graph": ("WFST graph", 11),
+    "ctc": ("CTC", 4), "asg": ("ASG", 6), "graph": ("WFST graph", 11),
     "rnnt": ("RNN-T", 8), "k2": ("k2 RNN-T", 3), "tdt": ("TDT/multi-blank RNN-T", 8),
     "align": ("alignment", 3), "decode": ("CTC beam search and WFST decoding", 15),
     "core": ("shared", 2),
