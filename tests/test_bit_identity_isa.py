@@ -15,15 +15,10 @@ path and a sequence that takes the exact log-space one), ``ctc_align`` (full
 table and bounded-memory paths), and the transducer recursion under
 ``rnnt_loss`` (`duoloss.core.losses.transducer.transducer_loss_and_grad`).
 """
-import os
-import subprocess
-import sys
-import tempfile
-
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from isa_children import run_per_target
 
 #: What each child computes; every output array is saved to ``sys.argv[1]`` (npz).
 _CHILD = r"""
@@ -105,43 +100,9 @@ np.savez(sys.argv[1], **out)
 
 CASES = ("ctc", "align", "transducer")
 
-#: AVX2 and FMA, no AVX-512 (LLVM's features of a Haswell).
-_HASWELL_FEATURES = ",".join(
-    ["+64bit", "+avx", "+avx2", "+bmi", "+bmi2", "+cmov", "+cx16", "+f16c", "+fma", "+fxsr",
-     "+lzcnt", "+mmx", "+movbe", "+popcnt", "+sse", "+sse2", "+sse3", "+sse4.1", "+sse4.2",
-     "+ssse3", "+xsave", "-avx512f", "-avx512vl", "-avx512bw", "-avx512dq", "-avx512cd"])
-
-
-def _run_children(cases):
-    """Start one child per target (both at once: they compile on their own cores),
-    wait, and return ``{target: {name: array}}``."""
-    tmp = tempfile.mkdtemp(prefix="duoloss-isa-")
-    procs = {}
-    for cpu in ("haswell", "host"):
-        env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, cpu),
-                   DUOLOSS_QUIET_COMPILE="1", PYTHONPATH=ROOT)
-        env.pop("NUMBA_CPU_NAME", None)
-        env.pop("NUMBA_CPU_FEATURES", None)
-        if cpu != "host":
-            # without NUMBA_CPU_FEATURES numba would add the host's features
-            # (AVX-512 here) to the named CPU's
-            env.update(NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=_HASWELL_FEATURES)
-        path = os.path.join(tmp, f"{cpu}.npz")
-        procs[cpu] = (path, subprocess.Popen([sys.executable, "-c", _CHILD, path, ",".join(cases)],
-                                             env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True))
-    results = {}
-    for cpu, (path, proc) in procs.items():
-        log, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"child for NUMBA_CPU_NAME={cpu} failed:\n{log}"
-        with np.load(path) as data:
-            results[cpu] = {k: data[k] for k in data.files}
-    return results
-
-
 @pytest.fixture(scope="module")
 def outputs():
-    return _run_children(CASES)
+    return run_per_target(_CHILD, lambda _cpu: ",".join(CASES), timeout=300)
 
 
 def test_the_builds_differ(outputs):

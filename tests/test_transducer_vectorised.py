@@ -16,17 +16,12 @@ fixed lanes.  Checked here:
 * the sweeps' inner loops contain packed floating-point instructions.
 """
 import itertools
-import os
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 import pytest
 
 from duoloss.core.losses.transducer import transducer_loss_and_grad
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from isa_children import run_per_target
 
 
 def _lattice(rng, n, s, t, modified, dtype=np.float64, scale=1.0):
@@ -165,35 +160,9 @@ if sys.argv[2] == "asm":
 np.savez(sys.argv[1], **out)
 """
 
-#: LLVM features of an AVX2 + FMA machine without AVX-512.
-_AVX2 = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe,-avx512f"
-
-
-def _child(tmp, cpu, mode):
-    env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, cpu), DUOLOSS_QUIET_COMPILE="1",
-               PYTHONPATH=ROOT)
-    env.pop("NUMBA_CPU_NAME", None)
-    env.pop("NUMBA_CPU_FEATURES", None)
-    if cpu == "haswell":
-        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=_AVX2)
-    path = os.path.join(tmp, f"{cpu}.npz")
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, path, mode], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return path, proc
-
-
 @pytest.fixture(scope="module")
 def builds():
-    tmp = tempfile.mkdtemp(prefix="duoloss-rnnt-isa-")
-    procs = {cpu: _child(tmp, cpu, "asm" if cpu == "host" else "values")
-             for cpu in ("haswell", "host")}
-    res = {}
-    for cpu, (path, proc) in procs.items():
-        log, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{cpu} child failed:\n{log[-3000:]}"
-        with np.load(path) as data:
-            res[cpu] = {k: data[k] for k in data.files}
-    return res
+    return run_per_target(_CHILD, lambda cpu: "asm" if cpu == "host" else "values")
 
 
 def test_avx2_and_host_builds_give_the_same_bytes(builds):
