@@ -55,7 +55,7 @@ from numba.extending import overload
 # NB: the kernels inline exp_core and call transducer._one_linear; numba's
 # on-disk cache is keyed on this file's mtime only, so touch it after editing
 # _numerics.py or transducer.py.
-from .. import _numerics
+from .. import _buffers, _numerics
 from .._numerics import HELPER, _bits_to_f32, _f32_to_bits, exp_core, exp_poly, log_poly
 from .._pool import run_batch
 from .._reduce import flush_subnormals
@@ -537,9 +537,11 @@ def _rows(fn, x, labels, blank):
 
 
 def _out_array(fn, out, x):
-    """``out`` checked to be a writeable C-contiguous array like ``x``, or a new one."""
+    """``out`` checked to be a writeable C-contiguous array like ``x``, or a new one
+    (a cached buffer when large: `duoloss.core._buffers`; the kernels write every
+    entry)."""
     if out is None:
-        return np.empty_like(x)
+        return _buffers.empty(x.shape, x.dtype)
     if (out.shape != x.shape or out.dtype != x.dtype or not out.flags.c_contiguous
             or not out.flags.writeable):
         raise ValueError(f"{fn}: 'out' must be a writeable C-contiguous {x.dtype} array of "
@@ -1026,7 +1028,8 @@ def rnnt_loss_from_logits(x, targets, logit_lengths, target_lengths, blank, boun
     gy = np.zeros(shape_y, x.dtype)
     cx = np.empty(shape_x, x.dtype)
     cy = np.empty(shape_y, x.dtype)
-    out = np.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
+    # (the joiner's size: a cached buffer, see duoloss.core._buffers)
+    out = _buffers.empty(x.shape if want else (0,) + x.shape[1:], x.dtype)
     pending = np.zeros(n, np.int8)
     if n:
         args = (x, targets, il, tl, blank, bd, False, float(scale), want, px, py, lse, losses,
