@@ -180,6 +180,10 @@ def _jax_calls(family: str) -> List[Callable[[str], None]]:
     def ctc(dtype):
         lp = jnp.asarray(np.log(_softmax(_rng().standard_normal((12, 2, 6)))), dtype)
         run(lambda x: dj.ctc_loss(x, tg, il, tl), lp)
+        # optax's API: log_softmax on the host beside the kernel (duoloss.core.losses.ctc_logits)
+        lpad = np.zeros((2, 12), np.float32)
+        labpad = (np.arange(3)[None] >= tl[:, None]).astype(np.float32)
+        run(lambda x: dj.optax_ctc_loss(x, lpad, tg, labpad).sum(), lp.transpose(1, 0, 2))
 
     def asg(dtype):
         x = jnp.asarray(_rng().standard_normal((12, 2, 6)), dtype)

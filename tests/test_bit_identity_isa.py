@@ -75,6 +75,17 @@ def transducer_cases():
     out["transducer_gx"] = gx
     out["transducer_gy"] = gy
 
+def logits_cases():
+    # optax_ctc_loss's host path: log_softmax and its backward around the CTC kernel
+    from duoloss.core.losses.ctc_logits import ctc_logits_loss_and_grad
+    x, tg, il, tl = batch(70, 3, 40, 30, np.float32)
+    x = np.ascontiguousarray(x.transpose(1, 0, 2) * 2.0)
+    x[1, 5] += 120.0  # a row outside the unshifted range: the max-shifted pass
+    w = np.linspace(0.5, 2.0, 3)
+    losses, grad = ctc_logits_loss_and_grad(x, tg, il, tl, grad_weights=w)
+    out["logits_loss"] = losses
+    out["logits_grad"] = grad
+
 def packed(family, kernel):
     # packed double-precision arithmetic in the compiled kernel (its loops inlined)
     import re
@@ -94,11 +105,12 @@ def probe():
 
 probe()
 for case in sys.argv[2].split(","):
-    {"ctc": ctc_cases, "align": align_cases, "transducer": transducer_cases}[case]()
+    {"ctc": ctc_cases, "align": align_cases, "transducer": transducer_cases,
+     "logits": logits_cases}[case]()
 np.savez(sys.argv[1], **out)
 """
 
-CASES = ("ctc", "align", "transducer")
+CASES = ("ctc", "align", "transducer", "logits")
 
 @pytest.fixture(scope="module")
 def outputs():

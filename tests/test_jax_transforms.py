@@ -85,7 +85,7 @@ def _cases(rand, tg, il, tl, pads, lpads, graphs, idx, period, sl, n):
               lambda x, reduction="mean", lo=0, hi=n: dj.ctc_loss(
                   jax.nn.log_softmax(x), sl(tg, lo, hi), sl(il, lo, hi), sl(tl, lo, hi),
                   reduction=reduction), (False,)),
-        JCase("optax_ctc", "duoloss.jax._ctc", "CTC_KERNEL", (rand(T, n, C),),
+        JCase("optax_ctc", "duoloss.jax._ctc", "CTC_LOGITS_KERNEL", (rand(T, n, C),),
               lambda x, reduction="none", lo=0, hi=n: _reduce(dj.optax_ctc_loss(
                   x.transpose(1, 0, 2), sl(pads, lo, hi), sl(tg, lo, hi), sl(lpads, lo, hi)),
                   reduction), (False,)),

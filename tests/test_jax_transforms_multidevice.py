@@ -112,7 +112,7 @@ else:
         sizes = []
 
         def run(arrs, want, **static):  # record each host call's batch size
-            sizes.append(int(arrs[0].shape[1]))
+            sizes.append(int(arrs[0].shape[kernel.batch_axes[0]]))
             return kernel.run(arrs, want, **static)
         mp = pytest.MonkeyPatch()
         mp.setattr(mod, case.kernel_attr, dataclasses.replace(kernel, run=run))

@@ -51,26 +51,38 @@ def _batch_size(kernel: LossKernel, shapes) -> int:
 
 # Byte offset alignment of the inputs inside a packed operand.
 _ALIGN = 8
+#: Inputs of at least this many bytes travel as operands of their own: packing them
+#: costs XLA a byte-wise copy (a concatenation of their ``uint8`` bitcast), which on
+#: CPU took 7-13 ms for 3-6 MB of CTC logits, more than the kernel.
+_SEPARATE_BYTES = 1 << 16
 
 
 def _pack_operands(kernel: LossKernel, arrays, batch_axes=None):
-    """The inputs as at most two uint8 operands: per-sequence inputs, shared inputs.
+    """The inputs as few operands: the small per-sequence inputs packed into one
+    ``uint8`` operand, the small shared inputs into another, and each input of at
+    least `_SEPARATE_BYTES` as an operand of its own (as it is).
 
     Returns ``(operands, layout)``; ``layout[i] = (operand, offset, nbytes,
-    dtype, shape)`` locates input ``i``.  Every piece starts at a multiple of
-    ``_ALIGN`` bytes and each operand's size is one too, so the host's views
-    are aligned, also for the rows of a vmapped operand.  Under ``vmap`` the
-    concatenation broadcasts the unbatched pieces of a batched operand, which
-    the host treats like its own broadcast of ``expand_dims`` operands.
+    dtype, shape)`` locates input ``i`` (``offset`` -1: the whole operand).  Every
+    packed piece starts at a multiple of ``_ALIGN`` bytes and each operand's size is
+    one too, so the host's views are aligned, also for the rows of a vmapped
+    operand.  Under ``vmap`` the concatenation broadcasts the unbatched pieces of a
+    batched operand, which the host treats like its own broadcast of
+    ``expand_dims`` operands.
     """
     pieces = ([], [])
     sizes = [0, 0]
     layout = []
+    whole = []
     for a, axis in zip(arrays, kernel.batch_axes if batch_axes is None else batch_axes):
         g = 0 if axis is not None else 1
         dt = np.dtype(a.dtype)
         shape = tuple(int(s) for s in a.shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if nbytes >= _SEPARATE_BYTES:
+            layout.append((2, len(whole), nbytes, dt, shape))
+            whole.append(a)
+            continue
         layout.append((g, sizes[g], nbytes, dt, shape))
         flat = jax.lax.bitcast_convert_type(a, jnp.uint8).reshape(-1)
         pad = -nbytes % _ALIGN
@@ -84,8 +96,9 @@ def _pack_operands(kernel: LossKernel, arrays, batch_axes=None):
         if pieces[g]:
             index[g] = len(operands)
             operands.append(pieces[g][0] if len(pieces[g]) == 1 else jnp.concatenate(pieces[g]))
-    layout = tuple((index[g], off, nb, dt, shape) for g, off, nb, dt, shape in layout)
-    return tuple(operands), layout
+    layout = tuple((len(operands) + off, -1, nb, dt, shape) if g == 2 else
+                   (index[g], off, nb, dt, shape) for g, off, nb, dt, shape in layout)
+    return tuple(operands) + tuple(whole), layout
 
 
 def _unpack_operands(layout, operands):
@@ -95,6 +108,9 @@ def _unpack_operands(layout, operands):
     out = []
     for g, off, nbytes, dt, shape in layout:
         buf = bufs[g]
+        if off < 0:  # an operand of its own
+            out.append(buf)
+            continue
         if buf.ndim == 1 and buf.flags.c_contiguous:  # (no vmap: one view, not three)
             out.append(np.ndarray(shape, dt, buf, off))
             continue

@@ -9,6 +9,7 @@ import numpy as np
 from duoloss.core import _validate as _v
 from duoloss.core.losses.ctc import (_NO_REDUCTION, CTC_KERNEL, check_ctc_static, check_ctc_values,
                                ctc_gather_worthwhile)
+from duoloss.core.losses.ctc_logits import CTC_LOGITS_KERNEL
 
 from duoloss._xp import JaxOps
 from duoloss._xp import ctc as _xp_ctc
@@ -186,6 +187,12 @@ def optax_ctc_loss(logits: ArrayLike, logit_paddings: ArrayLike, labels: ArrayLi
       optax, float16/bfloat16 ``logits`` give float32 losses (the gradient
       w.r.t. ``logits`` keeps their dtype).
 
+    On CPU (``impl='auto'`` or ``'host'``) ``log_softmax``, the CTC kernel and the
+    way back to the logits run in one host call, batch first
+    (`duoloss.core.losses.ctc_logits`): no XLA work around the callback.  A large
+    vocabulary (many more classes than labels) instead gathers the columns the
+    kernel reads before the callback, as [`ctc_loss`][duoloss.jax.ctc_loss] does.
+
     NB: paddings must be right-aligned (as optax assumes); lengths are
     ``T - sum(logit_paddings)`` and ``N - sum(label_paddings)``.  Deliberate
     difference: an infeasible sequence (too few frames for its labels) gets
@@ -229,9 +236,32 @@ def optax_ctc_loss(logits: ArrayLike, logit_paddings: ArrayLike, labels: ArrayLi
     int_t = jnp.int32
     input_lengths = (t - jnp.round(logit_paddings.sum(axis=1))).astype(int_t)
     target_lengths = (labels.shape[1] - jnp.round(label_paddings.sum(axis=1))).astype(int_t)
+    if (logits.dtype in (jnp.float32, jnp.float64)
+            and not ctc_gather_worthwhile(t, b, k, labels.shape[1])
+            and backend_for(fn, impl, logits, dtype=logits.dtype) == "host"):
+        # one host call for log_softmax, the CTC kernel and the way back, batch first
+        # (duoloss.core.losses.ctc_logits): no XLA work around the callback.  (A large
+        # vocabulary keeps the gathered crossing: the callback then sees S + 1 columns.)
+        return _host_logits_losses(fn, logits, labels, input_lengths, target_lengths,
+                                   int(blank_id))
     log_probs = jax.nn.log_softmax(logits, axis=-1).transpose(1, 0, 2)
     losses, _, _ = _ctc_losses(fn, log_probs, labels, input_lengths, target_lengths, blank_id,
                                "none", False, impl)
     if is_half(logits.dtype):
         losses = losses.astype(jnp.float32)  # as optax: float32 losses for half logits
     return losses
+
+
+def _host_logits_losses(fn, logits, labels, input_lengths, target_lengths, blank):
+    """`optax_ctc_loss`'s host path: ``(B,)`` losses of `CTC_LOGITS_KERNEL`, with the
+    value checks of the general path when the lengths are concrete."""
+    b, t, k = logits.shape
+    padded = None
+    if is_concrete(labels, input_lengths, target_lengths):
+        padded = check_ctc_values(fn, np.asarray(labels).astype(np.int64),
+                                  np.asarray(input_lengths).astype(np.int64),
+                                  np.asarray(target_lengths).astype(np.int64), t, k, blank,
+                                  False)
+    targets = padded_targets(labels, target_lengths, padded)
+    return apply_kernel(CTC_LOGITS_KERNEL, (logits, targets, input_lengths, target_lengths),
+                        blank=blank)
