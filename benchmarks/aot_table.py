@@ -114,9 +114,9 @@ def run(subset: bool = False, capabilities=CAPABILITIES, progress=True,
                     r["compile_s"] = time.perf_counter() - t0
                     done[(k, cap)] = r
                 r = done[(k, cap)]
-                names = v["kernel"].arg_names  # (the cell-parallel kernels: BLOCK_V)
-                block = int(v["constexprs"].get(
-                    (names.index("BLOCK" if "BLOCK" in names else "BLOCK_V"),), 0))
+                names = v["kernel"].arg_names  # (the cell-parallel kernels: BLOCK_V, ROWS)
+                block_arg = next(b for b in ("BLOCK", "BLOCK_V", "ROWS") if b in names)
+                block = int(v["constexprs"].get((names.index(block_arg),), 0))
                 rows.append({"case": describe(case), "family": case[0], "kernel":
                              v["kernel"].fn.__name__, "variant": k, "sm": cap, "block": block,
                              **{x: r[x] for x in ("regs", "spill_stores", "spill_loads",

@@ -72,7 +72,9 @@ print(json.dumps({"rows": rows, "counts": counts, "tdt_variants": per_kernel,
 RNNT_LOSS_KERNELS = {"rnnt_norm_kernel", "rnnt_alpha_beta_kernel", "rnnt_reduce_kernel",
                      "rnnt_grad_kernel", "dur_norm_kernel", "dur_alpha_beta_kernel",
                      "dur_reduce_kernel", "dur_grad_kernel"}
-CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel", "dur_norm_kernel", "dur_grad_kernel"}
+CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel", "dur_norm_kernel", "dur_grad_kernel",
+                 "k2_grad_kernel"}
+K2_KERNELS = {"k2_alpha_beta_kernel", "k2_grad_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def test_every_subset_variant_compiles_for_sm80_and_sm90(table):
         for sm in (80, 90):
             assert (aot_table.describe(case), sm) in seen
     kernels = {r["kernel"] for r in rows}
-    assert kernels >= {"ctc_kernel", "transducer_kernel"} | RNNT_LOSS_KERNELS
+    assert kernels >= {"ctc_kernel"} | K2_KERNELS | RNNT_LOSS_KERNELS
     for r in rows:
         assert r["regs"] > 0 and r["regs"] <= 255, r
 
@@ -118,7 +120,7 @@ def test_warps_follow_block(table):
 def test_new_lengths_do_not_compile_anew(table):
     """Shapes of one ``BLOCK`` share one variant per kernel (lengths, batch sizes and
     strides are not specialised)."""
-    assert table["counts"] == {"ctc_kernel": 1, "transducer_kernel": 1,
+    assert table["counts"] == {"ctc_kernel": 1, **{k: 1 for k in K2_KERNELS},
                                **{k: 1 for k in RNNT_LOSS_KERNELS}}
 
 

@@ -500,9 +500,9 @@ def test_ctc_device_compile_of_vmap():
 @pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_k2_device_boxes_inside_the_lattice(rnnt_type, dtype):
-    """Boxes that start inside the lattice (``s0, t0 > 0``) and end before its edge:
-    the level-major layout of the moves (`duoloss.torch._triton._ops.skew`) is indexed
-    from the box's corner; the host path (numba core) is the oracle."""
+    """Boxes that start inside the lattice (``s0, t0 > 0``) and end before its edge: the
+    kernels index ``px``/``py`` from the box's corner; the host path (numba core) is the
+    oracle."""
     g = torch.Generator().manual_seed(11)
     lm = torch.randn(3, 6, 5, generator=g, dtype=torch.float64).to(dtype)  # (B, S + 1, C)
     am = torch.randn(3, 7, 5, generator=g, dtype=torch.float64).to(dtype)  # (B, T, C)
@@ -517,20 +517,6 @@ def test_k2_device_boxes_inside_the_lattice(rnnt_type, dtype):
         out.append((loss, a.grad, b.grad))
     for what, d, h in zip(("loss", "lm grad", "am grad"), *out):
         _close(d, h, dtype, what)
-
-
-def test_transducer_skew_round_trip():
-    """`skew` lays ``a[b, r, c]`` at row ``r + c`` (regular) or ``c`` (modified),
-    lane ``r``; `unskew` inverts it."""
-    from duoloss.torch._triton import _ops
-    a = torch.arange(2 * 3 * 4, dtype=torch.float64).reshape(2, 3, 4)
-    for modified in (False, True):
-        s = _ops.skew(a, modified)
-        for b in range(2):
-            for r in range(3):
-                for c in range(4):
-                    assert s[b, c if modified else r + c, r] == a[b, r, c]
-        assert torch.equal(_ops.unskew(s, a.shape, modified), a)
 
 
 def test_k2_pruned_device_keeps_no_logits_sized_tensor():
@@ -561,3 +547,37 @@ def test_k2_pruned_device_keeps_no_logits_sized_tensor():
         out.append((loss, x.grad))
     _close(out[0][0], out[1][0], torch.float64, "loss")
     _close(out[0][1], out[1][1], torch.float64, "grad")
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_k2_device_special_boxes_equal_host(rnnt_type, dtype):
+    """The recursion on given ``(px, py)`` (what every k2 loss runs): a NaN move, an
+    invalid box (``s1 > S``), an infeasible one (modified: more symbols than frames),
+    an empty one (``s0 = s1``, ``t0 = t1``), strided inputs, and a batch whose states
+    outnumber one warp's 32 lanes; losses and both per-sequence gradients against the
+    host path (the numba core), NaN positions included."""
+    from duoloss.torch._triton import transducer_losses_and_grads
+    from duoloss.torch._rnnt_k2 import _recursion
+    g = torch.Generator().manual_seed(21)
+    for b, s, t in ((6, 4, 6), (2, 40, 9)):
+        tx = t + 1 if rnnt_type == "regular" else t
+        px = torch.randn(b, s, tx + 2, generator=g, dtype=torch.float64).to(dtype)
+        px = px[..., 1:tx + 1]
+        py = (torch.randn(b, s + 1, t, generator=g, dtype=torch.float64) - 1.0).to(dtype)
+        bd = torch.tensor([[0, 0, s, t]] * b)
+        if b == 6:
+            px[1, 2, 3] = float("nan")
+            bd[2] = torch.tensor([0, 0, s + 1, t])     # invalid: s1 > S
+            bd[3] = torch.tensor([1, 2, 4, 4])         # 3 symbols in 2 frames
+            bd[4] = torch.tensor([2, 3, 2, 3])         # a single cell
+            bd[5] = torch.tensor([1, 1, 3, 5])
+        assert not px.is_contiguous()
+        ld, gxd, gyd = transducer_losses_and_grads(px, py, bd, rnnt_type)
+        lh, (gxh, gyh) = _recursion(px.contiguous(), py, bd, rnnt_type, True, device=False)
+        _close(ld, lh, dtype, "losses")
+        _close(gxd, -gxh, dtype, "d loss / d px")
+        _close(gyd, -gyh, dtype, "d loss / d py")
+        if b == 6:
+            assert torch.isnan(ld[[1, 2]]).all() and ld[4] == 0
+            assert torch.isnan(gxd[2]).all() and torch.isnan(gyd[2]).all()

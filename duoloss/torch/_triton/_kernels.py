@@ -1,16 +1,43 @@
-"""Triton kernels of the torch device path: the transducer recursion (CTC: `_ctc_kernels`).
+r"""Triton kernels of the torch device path: k2's transducer recursion on ``(px, py)``
+(CTC: `_ctc_kernels`; ``rnnt_loss`` from joiner logits: `_rnnt_kernels`).
 
-Both are forward-backward recursions in log space, one program per sequence,
-a loop over the levels of the lattice (frames for CTC, anti-diagonals or frames
-for the transducer), the states of a level vectorised in one block.  The
-forward and backward tables live in global scratch buffers of the caller
-(``O(N x levels x block)``); a level reads the previous one through shifted,
-masked loads after a ``tl.debug_barrier()``.  Everything is computed in the
-inputs' dtype (float32 or float64).
+The recursion of k2's simple, smoothed and pruned losses (``rnnt_type`` 'regular',
+or 'modified' for 'modified' and 'constrained') on the box ``[s0, s1] x [t0, t1]``
+of each sequence's lattice:
 
-This module is imported only by `duoloss.torch._triton` when a call takes
-the device path; with ``TRITON_INTERPRET=1`` set *before* its import the same
-kernels run on CPU tensors (how the tests exercise them).
+.. math::
+
+    \alpha_{s,t} = \log\big(e^{\alpha_{s,t-1} + py_{s,t-1}}
+                   + e^{\alpha_{s-1,t'} + px_{s-1,t'}}\big),
+    \qquad \text{loss} = -\alpha_{s_1,t_1},
+
+with ``t' = t`` (regular) or ``t - 1`` (modified), and ``beta`` the same from the
+other corner.  Two kernels with one job each, as `_rnnt_kernels`:
+
+* `k2_alpha_beta_kernel` -- one program per sequence and side (``program_id(1)``:
+  0 alpha, also the loss, ``log Z`` and the validity flag; 1 beta; the two run
+  concurrently).  ``px`` and ``py`` are read where they lie (any strides; no
+  level-major copy).  A level is an anti-diagonal ``m = i + j`` (regular) or a frame
+  ``j`` (modified) of the box cell ``(s0 + i, t0 + j)``, its lanes the states ``i``;
+  the previous level stays in registers and its one-lane shift is a ``tl.gather``
+  (warp shuffles while the row fits one warp), the next level's moves are loaded
+  before the current level combines, and each log-add is the guarded base-2 form
+  ``max + log2(1 + 2^-|a-b|)`` (NaN in, NaN out; ``-inf`` for two ``-inf``).  The
+  kernel checks the box itself (``0 <= s0 <= s1 <= S``, ``0 <= t0 <= t1 <= T``): an
+  invalid one gets a NaN loss and NaN gradients.
+* `k2_grad_kernel` -- the per-sequence gradients ``d loss_b / d px`` and
+  ``d loss_b / d py`` in one cell-parallel pass, in the layouts of ``px`` and ``py``:
+  minus the move's posterior ``2^(alpha + move + beta_dest - log2 Z)`` inside the
+  box, 0 outside it and wherever no path survives (``log Z = -inf``); NaN over the
+  box's moves when ``log Z`` is NaN, and over the whole sequence when its box is
+  invalid (the host core's conventions).
+
+The workspace ``work`` ``(N, W)`` (the inputs' dtype) holds two ``(S + 1, T + 1)``
+planes, alpha and beta (base 2), then ``log2 Z`` and the validity flag.  Every
+per-sequence base is 64-bit; lengths and strides are not specialised.
+
+Imported on the first device call; with ``TRITON_INTERPRET=1`` set *before* its
+import the kernels run on CPU tensors (how the tests exercise them).
 """
 from __future__ import annotations
 
@@ -24,127 +51,216 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # the CTC kernel lives in a module of its own; looked up here by the launchers
 from ._ctc_kernels import ctc_kernel  # noqa: E402,F401
+# the base-2 log-add, constants and reductions of rnnt_loss's kernels (one definition)
+from ._rnnt_kernels import LN2, LOG2E, _lae2, _sum  # noqa: E402
 
-
-# the combine functions and reductions of the CTC kernel's module (one definition)
-from ._ctc_kernels import _add, _max, _maxnum, _sum  # noqa: E402,F401
+PLANE_ALPHA = tl.constexpr(0)
+PLANE_BETA = tl.constexpr(1)
+N_PLANES = tl.constexpr(2)
+SLOT_LOGZ = tl.constexpr(0)
+SLOT_OK = tl.constexpr(1)
 
 
 @triton.jit
-def _lse3(a, b, c):
-    """``log(exp(a) + exp(b) + exp(c))`` elementwise; ``-inf`` (not NaN) when all
-    three are ``-inf``; NaN or ``+inf`` inputs give NaN (the NaN policy)."""
-    m = tl.maximum(tl.maximum(a, b), c)
-    ms = tl.where(m == float("-inf"), 0.0, m)
-    return ms + tl.log(tl.exp(a - ms) + tl.exp(b - ms) + tl.exp(c - ms))
+def _box(bd_ptr, sbd_b, sbd_k, b, S, T):
+    """``(s0, t0, s1, t1, ok)`` of sequence ``b``'s boundary row (zeros when invalid)."""
+    row = bd_ptr + b * sbd_b
+    k = sbd_k.to(tl.int64)  # (64-bit scalar offsets throughout)
+    s0 = tl.load(row).to(tl.int32)
+    t0 = tl.load(row + k).to(tl.int32)
+    s1 = tl.load(row + 2 * k).to(tl.int32)
+    t1 = tl.load(row + 3 * k).to(tl.int32)
+    ok = (s0 >= 0) & (s0 <= s1) & (s1 <= S) & (t0 >= 0) & (t0 <= t1) & (t1 <= T)
+    return (tl.where(ok, s0, 0), tl.where(ok, t0, 0), tl.where(ok, s1, 0),
+            tl.where(ok, t1, 0), ok)
 
 
-@triton.jit(do_not_specialize=["stride_xb", "W_X", "stride_yb", "W_Y", "T_X", "N_LEV"])
-def transducer_kernel(xs_ptr, stride_xb, W_X, ys_ptr, stride_yb, W_Y,
-                      bd_ptr, alpha_ptr, q_ptr, loss_ptr,
-                      gx_ptr, gy_ptr, T_X, N_LEV,
-                      MODIFIED: tl.constexpr, WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    """k2's mutual-information recursion for sequence ``b = program_id(0)``.
+@triton.jit(do_not_specialize=["sx_b", "sx_s", "sx_t", "sy_b", "sy_s", "sy_t", "sbd_b",
+                                "sbd_k", "W", "P", "S", "T", "sout"])
+def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_ptr,
+                         sbd_b, sbd_k, work_ptr, W, P, S, T, out_ptr, sout,
+                         MODIFIED: tl.constexpr, BLOCK: tl.constexpr):
+    """Alpha (``program_id(1) == 0``: also ``log2 Z``, the validity flag and the loss
+    ``out[b * sout]``) or beta (``program_id(1) == 1``) of sequence ``b``.
 
-    The moves come level-major (`skew`): ``xs[b, m, r]`` is ``px[b, r, m - r]``
-    (regular: rows are the anti-diagonals ``m = s + t``) or ``px[b, r, m]``
-    (modified: rows are frames), ``W_X = S`` lanes per row; ``ys`` likewise from
-    ``py`` with ``W_Y = S + 1``.  A level's lanes are consecutive states ``s``:
-    every load and store of a level is one contiguous run (coalesced).  ``T_X``:
-    the frames of ``px`` (``T + 1`` regular, ``T`` modified).
-
-    Boundary rows ``[s0, t0, s1, t1]`` (valid: the wrapper replaces invalid rows).
-    Levels: anti-diagonals ``i + j`` (regular) or frames ``j`` (modified) of the box
-    node ``(s0 + i, t0 + j)``; lanes: ``i``.  Scratch ``alpha``/``q`` ``(N, N_LEV,
-    BLOCK)``.  ``gx``/``gy`` (zeros on entry, the layout of ``xs``/``ys``) receive
-    ``d loss_b / d px`` and ``d loss_b / d py``.  Per-sequence bases are 64-bit;
-    lengths and strides are not specialised.
-    """
+    ``alpha[s, t]``: log2-mass of the paths from ``(s0, t0)`` to ``(s, t)``;
+    ``beta[s, t]``: from ``(s, t)`` to ``(s1, t1)``; planes indexed ``s * (T + 1) + t``
+    (32-bit within a sequence: the launcher keeps a row below 2**31 entries)."""
     b = tl.program_id(0).to(tl.int64)
-    s0 = tl.load(bd_ptr + b * 4)
-    t0 = tl.load(bd_ptr + (b * 4 + 1))
-    s1 = tl.load(bd_ptr + (b * 4 + 2))
-    t1 = tl.load(bd_ptr + (b * 4 + 3))
+    side = tl.program_id(1)
+    T1 = T + 1
+    P = P.to(tl.int64)
+    lane = tl.arange(0, BLOCK)
+    zero = lane * 0
+    s0, t0, s1, t1, ok = _box(bd_ptr, sbd_b, sbd_k, b, S, T)
     ns = s1 - s0 + 1
     nt = t1 - t0 + 1
     if MODIFIED:
         n_lev = nt
-        base = t0            # the row of level lev's moves: base + lev - 1
     else:
         n_lev = ns + nt - 1
-        base = s0 + t0
-    i = tl.arange(0, BLOCK)
-    neg = tl.full((BLOCK,), float("-inf"), xs_ptr.dtype.element_ty)
-    a_seq = alpha_ptr + b * N_LEV * BLOCK
-    q_seq = q_ptr + b * N_LEV * BLOCK
-    x_b = xs_ptr + b * stride_xb + s0      # lane i: state s0 + i
-    y_b = ys_ptr + b * stride_yb + s0
-    tl.store(a_seq + i, tl.where(i == 0, 0.0, neg))
-    for lev in range(1, n_lev):
-        if MODIFIED:
-            j = i * 0 + lev
+    seq = work_ptr + b * W
+    cd = work_ptr.dtype.element_ty
+    neg = tl.full((BLOCK,), float("-inf"), cd)
+    xb = px_ptr + b * sx_b
+    yb = py_ptr + b * sy_b
+    st = s0 + lane                       # this lane's state
+    live = lane < ns
+    if side == 0:
+        a_p = seq + PLANE_ALPHA * P
+        alpha = tl.where(lane == 0, 0.0, neg)
+        if MODIFIED:  # frame t0: only the corner
+            tl.store(a_p + st * T1 + t0, alpha, mask=live)
         else:
-            j = lev - i
-        node = (i < ns) & (j >= 0) & (j < nt)
-        tl.debug_barrier()
-        prev = a_seq + (lev - 1) * BLOCK + i
-        row = base + lev - 1
-        # blank move from (i, j - 1); symbol move from (i - 1, j) or (i - 1, j - 1)
-        my = node & (j >= 1)
-        wy = tl.load(prev, mask=my, other=float("-inf")) + tl.load(
-            y_b + row * W_Y + i, mask=my, other=float("-inf"))
+            tl.store(a_p + st * T1 + t0, alpha, mask=lane == 0)
+        # the moves into level 1, loaded ahead (see the loop)
         if MODIFIED:
-            mx = node & (i >= 1) & (j >= 1)
+            j1 = zero + 1
         else:
-            mx = node & (i >= 1)
-        wx = tl.load(prev - 1, mask=mx, other=float("-inf")) + tl.load(
-            x_b + row * W_X + i - 1, mask=mx, other=float("-inf"))
-        alpha = tl.where(node, _lse3(wy, wx, neg), neg)
-        tl.store(a_seq + lev * BLOCK + i, alpha)
-    tl.debug_barrier()
-    fin = tl.load(a_seq + (n_lev - 1) * BLOCK + i, mask=i == ns - 1, other=float("-inf"))
-    # the single final cell, through a sum (a max may drop a NaN)
-    total = _sum(tl.where(i == ns - 1, fin, 0.0))
-    tl.store(loss_ptr + b, -total)
-    if WANT_GRAD:
-        # as vectors (scalar masks trip the interpreter); NaN stays NaN
-        total_v = tl.full((BLOCK,), 0.0, xs_ptr.dtype.element_ty) + total
-        feasible = total_v != float("-inf")
-        nan_total = total_v != total_v
-        gx_b = gx_ptr + b * stride_xb + s0
-        gy_b = gy_ptr + b * stride_yb + s0
-        for r in range(0, n_lev):
-            lev = n_lev - 1 - r
+            j1 = 1 - lane
+        c1 = live & (j1 >= 0) & (j1 < nt) & (zero + 1 < n_lev)
+        ey_n = tl.load(yb + st * sy_s + (t0 + j1 - 1) * sy_t, mask=c1 & (j1 >= 1),
+                       other=float("-inf")).to(cd) * LOG2E
+        if MODIFIED:
+            jx = j1 - 1
+        else:
+            jx = j1
+        ex_n = tl.load(xb + (st - 1) * sx_s + (t0 + jx) * sx_t, mask=c1 & (lane >= 1),
+                       other=float("-inf")).to(cd) * LOG2E
+        for m in range(1, n_lev):
+            ey = ey_n
+            ex = ex_n
             if MODIFIED:
-                j = i * 0 + lev
+                j2 = zero + m + 1
             else:
-                j = lev - i
-            node = (i < ns) & (j >= 0) & (j < nt)
-            alpha = tl.load(a_seq + lev * BLOCK + i)
-            if r == 0:
-                q = tl.where(node & (i == ns - 1), 0.0, neg)
+                j2 = m + 1 - lane
+            c2 = live & (j2 >= 0) & (j2 < nt) & (zero + m + 1 < n_lev)
+            ey_n = tl.load(yb + st * sy_s + (t0 + j2 - 1) * sy_t, mask=c2 & (j2 >= 1),
+                           other=float("-inf")).to(cd) * LOG2E
+            if MODIFIED:
+                jx2 = j2 - 1
             else:
-                tl.debug_barrier()
-                nxt = q_seq + (lev + 1) * BLOCK + i
-                row = base + lev       # the moves out of level lev
-                my = node & (j < nt - 1)
-                wy = tl.load(y_b + row * W_Y + i, mask=my,
-                             other=float("-inf")) + tl.load(nxt, mask=my, other=float("-inf"))
-                if MODIFIED:
-                    mx = node & (i < ns - 1) & (j < nt - 1)
-                else:
-                    mx = node & (i < ns - 1)
-                wx = tl.load(x_b + row * W_X + i, mask=mx,
-                             other=float("-inf")) + tl.load(nxt + 1, mask=mx,
-                                                            other=float("-inf"))
-                q = tl.where(node, _lse3(wy, wx, neg), neg)
-                gy = tl.where(feasible, -tl.exp(alpha + wy - total), 0.0)
-                tl.store(gy_b + row * W_Y + i, gy, mask=my)
-                gx = tl.where(feasible, -tl.exp(alpha + wx - total), 0.0)
-                tl.store(gx_b + row * W_X + i, gx, mask=mx)
-                if MODIFIED:
-                    # the host's NaN fill covers frame t1 of px too (when it exists)
-                    mlast = node & (i < ns - 1) & (j == nt - 1) & ((t0 + j) < T_X) & nan_total
-                    tl.store(gx_b + row * W_X + i, tl.where(mlast, float("nan"), 0.0),
-                             mask=mlast)
-            tl.store(q_seq + lev * BLOCK + i, q)
+                jx2 = j2
+            ex_n = tl.load(xb + (st - 1) * sx_s + (t0 + jx2) * sx_t, mask=c2 & (lane >= 1),
+                           other=float("-inf")).to(cd) * LOG2E
+            if MODIFIED:
+                j = zero + m
+            else:
+                j = m - lane
+            cell = live & (j >= 0) & (j < nt)
+            # alpha[s, t - 1]: this lane; alpha[s - 1, t'] : the lane below
+            below = tl.gather(alpha, tl.maximum(lane - 1, 0), 0)
+            below = tl.where(lane >= 1, below, float("-inf"))
+            alpha = tl.where(cell, _lae2(alpha + ey, below + ex), neg)
+            tl.store(a_p + st * T1 + (t0 + j), alpha, mask=cell)
+        fin = lane == ns - 1
+        logz = _sum(tl.where(fin, alpha, 0.0), 0)
+        logz = tl.where(ok, logz, float("nan"))
+        one = lane == 0
+        tl.store(seq + (N_PLANES * P + SLOT_LOGZ) + zero, tl.where(one, logz, 0.0), mask=one)
+        ok_l = (zero + ok.to(tl.int32)) != 0
+        tl.store(seq + (N_PLANES * P + SLOT_OK) + zero, tl.where(one & ok_l, 1.0, 0.0),
+                 mask=one)
+        tl.store(out_ptr + b * sout + zero, tl.where(one, -(logz * LN2), 0.0), mask=one)
+    else:
+        b_p = seq + PLANE_BETA * P
+        top = tl.minimum(lane + 1, BLOCK - 1)
+        fin = lane == ns - 1
+        beta = tl.where(fin, 0.0, neg)
+        if MODIFIED:
+            tl.store(b_p + st * T1 + t1, beta, mask=live)
+        else:
+            tl.store(b_p + st * T1 + t1, beta, mask=fin)
+        # the moves out of level n_lev - 2, loaded ahead
+        if MODIFIED:
+            j1 = zero + n_lev - 2
+        else:
+            j1 = n_lev - 2 - lane
+        c1 = live & (j1 >= 0) & (j1 < nt)
+        ey_n = tl.load(yb + st * sy_s + (t0 + j1) * sy_t, mask=c1 & (j1 + 1 < nt),
+                       other=float("-inf")).to(cd) * LOG2E
+        ex_n = tl.load(xb + st * sx_s + (t0 + j1) * sx_t, mask=c1 & (lane + 1 < ns),
+                       other=float("-inf")).to(cd) * LOG2E
+        for r in range(2, n_lev + 1):
+            m = n_lev - r
+            ey = ey_n
+            ex = ex_n
+            if MODIFIED:
+                j2 = zero + m - 1
+            else:
+                j2 = m - 1 - lane
+            c2 = live & (j2 >= 0) & (j2 < nt)
+            ey_n = tl.load(yb + st * sy_s + (t0 + j2) * sy_t, mask=c2 & (j2 + 1 < nt),
+                           other=float("-inf")).to(cd) * LOG2E
+            ex_n = tl.load(xb + st * sx_s + (t0 + j2) * sx_t, mask=c2 & (lane + 1 < ns),
+                           other=float("-inf")).to(cd) * LOG2E
+            if MODIFIED:
+                j = zero + m
+            else:
+                j = m - lane
+            cell = live & (j >= 0) & (j < nt)
+            # beta[s, t + 1]: this lane; beta[s + 1, t'']: the lane above
+            above = tl.gather(beta, top, 0)
+            above = tl.where(lane + 1 < BLOCK, above, float("-inf"))
+            beta = tl.where(cell, _lae2(beta + ey, above + ex), neg)
+            tl.store(b_p + st * T1 + (t0 + j), beta, mask=cell)
+
+
+@triton.jit(do_not_specialize=["sx_b", "sx_s", "sx_t", "sy_b", "sy_s", "sy_t", "sbd_b",
+                                "sbd_k", "W", "P", "S", "T", "TX", "n_cells"])
+def k2_grad_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, gx_ptr, gy_ptr,
+                   bd_ptr, sbd_b, sbd_k, work_ptr, W, P, S, T, TX, n_cells,
+                   MODIFIED: tl.constexpr, ROWS: tl.constexpr):
+    """``gx = d loss_b / d px`` (``(N, S, TX)``) and ``gy = d loss_b / d py``
+    (``(N, S + 1, T)``), contiguous, for ``ROWS`` cells ``(b, s, t)`` of the
+    ``(N, S + 1, T + 1)`` grid per program."""
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    in_grid = rows < n_cells
+    T1 = T + 1
+    per = (S + 1).to(tl.int64) * T1
+    b = rows // per
+    rem = rows - b * per
+    s = (rem // T1).to(tl.int32)
+    t = (rem - (rem // T1) * T1).to(tl.int32)
+    b = tl.where(in_grid, b, 0)
+    P = P.to(tl.int64)
+    seq = work_ptr + b * W
+    cd = work_ptr.dtype.element_ty
+    row = bd_ptr + b * sbd_b
+    s0 = tl.load(row, mask=in_grid, other=0).to(tl.int32)
+    t0 = tl.load(row + sbd_k, mask=in_grid, other=0).to(tl.int32)
+    s1 = tl.load(row + 2 * sbd_k, mask=in_grid, other=0).to(tl.int32)
+    t1 = tl.load(row + 3 * sbd_k, mask=in_grid, other=0).to(tl.int32)
+    ok = tl.load(seq + (N_PLANES * P + SLOT_OK), mask=in_grid, other=0.0) != 0.0
+    logz = tl.load(seq + (N_PLANES * P + SLOT_LOGZ), mask=in_grid, other=0.0)
+    in_s = ok & (s >= s0) & (s <= s1)
+    in_y = in_grid & in_s & (t >= t0) & (t < t1)
+    if MODIFIED:
+        in_x = in_grid & in_s & (s < s1) & (t >= t0) & (t < t1)
+        tx = t + 1
+    else:
+        in_x = in_grid & in_s & (s < s1) & (t >= t0) & (t <= t1)
+        tx = t
+    cell = s * T1 + t
+    alpha = tl.load(seq + (PLANE_ALPHA * P + cell), mask=in_x | in_y, other=float("-inf"))
+    ey = tl.load(py_ptr + b * sy_b + s * sy_s + t * sy_t, mask=in_y,
+                 other=float("-inf")).to(cd) * LOG2E
+    ex = tl.load(px_ptr + b * sx_b + s * sx_s + t * sx_t, mask=in_x,
+                 other=float("-inf")).to(cd) * LOG2E
+    by = tl.load(seq + (PLANE_BETA * P + cell + 1), mask=in_y, other=float("-inf"))
+    bx = tl.load(seq + (PLANE_BETA * P + (s + 1) * T1 + tx), mask=in_x, other=float("-inf"))
+    feas = logz > float("-inf")
+    nan_z = logz != logz
+    gy = tl.where(in_y & (feas | nan_z), -tl.exp2(alpha + ey + by - logz), 0.0)
+    gx = tl.where(in_x & (feas | nan_z), -tl.exp2(alpha + ex + bx - logz), 0.0)
+    # log Z NaN: NaN over the box's moves (frame t1 of px too, where it exists)
+    x_box = in_grid & in_s & (s < s1) & (t >= t0) & (t <= t1)
+    gx = tl.where(x_box & nan_z, float("nan"), gx)
+    bad = in_grid & ~ok
+    gy = tl.where(bad, float("nan"), gy)
+    gx = tl.where(bad, float("nan"), gx)
+    bl = b * (S + 1).to(tl.int64) * T
+    tl.store(gy_ptr + bl + s * T + t, gy, mask=in_grid & (t < T))
+    bx_l = b * S.to(tl.int64) * TX
+    tl.store(gx_ptr + bx_l + s * TX + t, gx, mask=in_grid & (s < S) & (t < TX))

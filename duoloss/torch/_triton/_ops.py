@@ -370,67 +370,62 @@ def transducer_op(px: torch.Tensor, py: torch.Tensor, boundary: torch.Tensor, mo
     return _transducer_impl(px, py, boundary, modified, want_grad)
 
 
+#: Cells per program of the k2 gradient kernel.
+_K2_ROWS = 256
+
+
+def k2_block(s1: int) -> Tuple[int, int]:
+    """``(BLOCK, num_warps)`` of the k2 recursion for ``S + 1`` states: one warp while a
+    level fits 64 lanes (its shift a warp shuffle), then one per 64 lanes, at most 16."""
+    block = max(_block(s1), 16)
+    return block, max(1, min(16, block // 64))
+
+
+def check_k2_lattice(fn: str, py) -> None:
+    """``ValueError`` when one sequence's workspace row (two ``(S + 1, T + 1)`` planes)
+    exceeds the kernels' 32-bit in-sequence offsets.  Shapes only."""
+    s1, t_max = py.shape[1], py.shape[2]
+    if 2 * s1 * (t_max + 1) + 2 > 2 ** 31 - 1:
+        raise ValueError(f"{fn}: a lattice of (S + 1) * (T + 1) = {s1 * (t_max + 1)} cells "
+                         f"per sequence is too large for the device path (at most "
+                         f"{(2 ** 31 - 3) // 2}); use impl='host'")
+
+
 def _transducer_impl(px, py, boundary, modified, want_grad):
+    """The k2 recursion's launches (`duoloss.torch._triton._kernels`): ``(losses,
+    gx, gy)`` in the inputs' dtypes, computed in float32 (float64 for float64 inputs);
+    ``px``/``py``/``boundary`` read where they lie, invalid boxes marked NaN by the
+    kernels."""
     n, s1, t_max = py.shape
-    s = s1 - 1
     t_x = px.shape[2]
-    bd = boundary.to(torch.int64)
-    ok = ((bd[:, 0] >= 0) & (bd[:, 0] <= bd[:, 2]) & (bd[:, 2] <= s)
-          & (bd[:, 1] >= 0) & (bd[:, 1] <= bd[:, 3]) & (bd[:, 3] <= t_max))
-    bd_k = torch.where(ok[:, None], bd, 0).contiguous()
-    block = _block(s + 1)
-    n_lev = (t_max + 1) if modified else (s + t_max + 1)
+    p = s1 * (t_max + 1)
+    w = 2 * p + 2
+    cd = torch.float64 if py.dtype == torch.float64 else torch.float32
     losses = py.new_empty((n,))
     gx = px.new_empty((0,))
     gy = py.new_empty((0,))
     if n:
-        # the moves level-major: each level's lanes read one contiguous run
-        xs, ys = skew(px, modified), skew(py, modified)
-        alpha = py.new_empty((n, n_lev, block))
-        q = py.new_empty((n, n_lev, block)) if want_grad else alpha
-        gxs = xs.new_zeros(xs.shape) if want_grad else xs
-        gys = ys.new_zeros(ys.shape) if want_grad else ys
+        k = _kernels()
+        work = py.new_empty((n, w), dtype=cd)
+        block, nw = k2_block(s1)
+        common = (px, px.stride(0), px.stride(1), px.stride(2), py, py.stride(0),
+                  py.stride(1), py.stride(2))
         with _launch_device(py):
-            launch(_kernels().transducer_kernel, (n,), (
-                _ptr(xs), xs.stride(0), xs.shape[2], _ptr(ys), ys.stride(0), ys.shape[2],
-                bd_k, alpha, q, losses, _ptr(gxs), _ptr(gys), t_x, n_lev),
-                dict(MODIFIED=bool(modified), WANT_GRAD=bool(want_grad), BLOCK=block,
-                     num_warps=warps(block, 1)))
-        if want_grad:
-            gx, gy = unskew(gxs, px.shape, modified), unskew(gys, py.shape, modified)
+            launch(k.k2_alpha_beta_kernel, (n, 2 if want_grad else 1), common + (
+                boundary, boundary.stride(0), boundary.stride(1), work, w, p, s1 - 1, t_max,
+                losses, losses.stride(0)),
+                dict(MODIFIED=bool(modified), BLOCK=block, num_warps=nw))
+            if want_grad:
+                gx = px.new_empty(px.shape)
+                gy = py.new_empty(py.shape)
+                cells = n * p
+                launch(k.k2_grad_kernel, (-(-cells // _K2_ROWS),), common + (
+                    gx, gy, boundary, boundary.stride(0), boundary.stride(1), work, w, p,
+                    s1 - 1, t_max, t_x, cells),
+                    dict(MODIFIED=bool(modified), ROWS=_K2_ROWS, num_warps=4))
     elif want_grad:
         gx, gy = px.new_zeros(px.shape), py.new_zeros(py.shape)
-    losses = torch.where(ok, losses, float("nan"))
-    if want_grad:
-        gx = torch.where(ok[:, None, None], gx, float("nan"))
-        gy = torch.where(ok[:, None, None], gy, float("nan"))
     return losses, gx, gy
-
-
-def skew(a: torch.Tensor, modified: bool) -> torch.Tensor:
-    """A transducer lattice ``(N, R, C)`` (states, frames) laid out level by level
-    (one copy): modified, ``(N, C, R)`` (rows are frames); regular, ``(N, R + C - 1,
-    R)`` with ``out[b, m, r] = a[b, r, m - r]`` (rows are the anti-diagonals; entries
-    with ``m - r`` outside ``[0, C)`` are left unset and never read)."""
-    n, r, c = a.shape
-    if modified:
-        return a.transpose(1, 2).contiguous()
-    m = max(r + c - 1, 0)
-    out = a.new_empty((n, m, r))
-    if out.numel() and a.numel():
-        out.as_strided((n, r, c), (m * r, r + 1, r)).copy_(a)
-    return out
-
-
-def unskew(g: torch.Tensor, shape, modified: bool) -> torch.Tensor:
-    """The inverse of `skew` (a contiguous ``shape`` tensor)."""
-    n, r, c = shape
-    if modified:
-        return g.transpose(1, 2).contiguous()
-    if g.numel() == 0 or n * r * c == 0:
-        return g.new_zeros(shape)
-    m = g.shape[1]
-    return g.as_strided((n, r, c), (m * r, r + 1, r)).contiguous()
 
 
 @transducer_op.register_fake
@@ -481,18 +476,19 @@ class _Transducer(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, px, py, boundary, modified, want_grad):
-        # the folded inputs made row-major again: the kernel's gradients share their strides
+        # the folded inputs made row-major again
         return _vmap(info, in_dims, (px, py, boundary), (0, 0, 0), 2, want_grad,
                      lambda x, y, bd: _Transducer.apply(*_prep(x, y), bd, modified, want_grad))
 
 
 def _prep(px, py):
-    # the gradients share the inputs' strides: make both plain row-major
+    # vmap's folded inputs, row-major again
     return px.contiguous(), py.contiguous()
 
 
 def transducer(px, py, boundary, modified: bool) -> torch.Tensor:
-    px, py = _prep(px, py)
+    # (the kernels read px and py with their strides and write contiguous gradients)
+    check_k2_lattice("the k2 transducer loss (impl='device')", py)
     want = _want(px, py)
     if torch.compiler.is_compiling():
         return transducer_op(px, py, boundary, modified, want)[0]
@@ -500,7 +496,7 @@ def transducer(px, py, boundary, modified: bool) -> torch.Tensor:
 
 
 def transducer_with_grads(px, py, boundary, modified: bool):
-    px, py = _prep(px, py)
+    check_k2_lattice("the k2 transducer loss (impl='device')", py)
     if torch.compiler.is_compiling():
         out = transducer_op(px, py, boundary, modified, True)
     else:
