@@ -183,3 +183,27 @@ def test_training_steps_reuse_the_gradients_memory(small_cache):
                  reduction="sum").backward()
     assert xt.grad.data_ptr() != kept.data_ptr()
     assert torch.equal(kept, before)
+
+
+def test_a_forked_child_starts_with_a_free_lock_and_no_cache(small_cache):
+    """A child forked while another thread holds the cache's lock (a DataLoader worker
+    forked mid-step) must not wait on it forever."""
+    import os
+    kept = _buffers.empty((4096,), np.float32)
+    _buffers._lock.acquire()  # as if another thread were inside `empty` at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: allocate, then report through the exit status
+            import signal
+            signal.alarm(30)  # a hang would end the child (exit status: killed), not the test
+            code = 1
+            try:
+                a = _buffers.empty((4096,), np.float32)
+                code = 0 if a.shape == (4096,) and _buffers._owners[0] is a.base else 2
+            finally:
+                os._exit(code)
+    finally:
+        _buffers._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert kept.base is not None

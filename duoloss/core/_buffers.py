@@ -101,6 +101,17 @@ def empty(shape, dtype) -> np.ndarray:
     return view.view(dtype).reshape(shape)
 
 
+def _after_fork_in_child() -> None:
+    # another thread may have held the lock at the fork: a fresh one, and no cache
+    # (the child's copies of the parent's buffers stay valid for whoever holds them)
+    global _lock, _owners
+    _lock = threading.Lock()
+    _owners = []
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def release() -> int:
     """Drop every idle cached buffer now; returns the bytes released."""
     with _lock:
