@@ -39,8 +39,7 @@ from .._pool import run_batch
 from .._reduce import subnormal_free
 from .._spec import LossKernel
 from .ctc import ctc_loss_and_grad
-from .._numerics import log_poly
-from .joiner import _cast_like, _exp_nonpos, _exp_unshifted, _unshifted_range
+from .joiner import _cast_like, _exp_nonpos, _unshifted_logs
 from .transducer import _lane_sum
 
 __all__ = ["CTC_LOGITS_KERNEL", "ctc_logits_loss_and_grad"]
@@ -67,9 +66,6 @@ def _log_softmax_tbk(order, x, lp, keep, scale):
     n_cls = x.shape[2]
     t_max = x.shape[1]
     per = max(1, _BLOCK_ELEMS // max(n_cls, 1))
-    lo, hi = _unshifted_range(x)
-    s_lo = math.exp(lo)
-    s_hi = math.exp(hi)
     scratch = np.empty(per * n_cls, x.dtype)
     sums = np.empty(per)
     with_keep = keep.shape[0] > 0
@@ -81,14 +77,7 @@ def _log_softmax_tbk(order, x, lp, keep, scale):
             nb = t1 - t0
             xs = xb[t0 * n_cls:t1 * n_cls]
             e = keep[b].reshape(-1)[t0 * n_cls:t1 * n_cls] if with_keep else scratch
-            for j in range(xs.shape[0]):
-                e[j] = _exp_unshifted(xs[j])
-            for r in range(nb):
-                sums[r] = _lane_sum(e[r * n_cls:], n_cls)
-            for r in range(nb):
-                sv = sums[r]
-                ok = s_lo <= sv <= s_hi
-                sums[r] = log_poly(sv if ok else 1.0) if ok else np.nan
+            _unshifted_logs(xs, nb, n_cls, e, sums)
             for r in range(nb):
                 t = t0 + r
                 row = x[b, t]

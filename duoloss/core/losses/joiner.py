@@ -265,6 +265,25 @@ _LONG_ROW = 256
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _unshifted_logs(xs, nb, n_cls, e, sums):
+    """The ``nb`` rows of ``n_cls`` logits in the flat ``xs``: their unshifted
+    exponentials into ``e`` (one vectorised pass), then per row the log of their
+    float64 sum into ``sums[i]``, or NaN where that sum lies outside
+    `_unshifted_range` (the rows the max-shifted path must redo)."""
+    lo, hi = _unshifted_range(xs)
+    s_lo = math.exp(lo)
+    s_hi = math.exp(hi)
+    for i in range(xs.shape[0]):
+        e[i] = _exp_unshifted(xs[i])
+    for i in range(nb):
+        sums[i] = _sum64(e[i * n_cls:], n_cls)
+    for i in range(nb):
+        sv = sums[i]
+        ok = s_lo <= sv <= s_hi
+        sums[i] = log_poly(sv if ok else 1.0) if ok else np.nan
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums):
     """Rows ``[r0, r1)`` of ``x``, all read by the lattice: one vectorised pass
     of *unshifted* exponentials over the block (into ``e``), per row a float64
@@ -283,19 +302,8 @@ def _forward_block(x, r0, r1, labs, blank, lab_o, blank_o, lse_o, e, sums):
     call which meets no such row never compiles it).
     """
     n_cls = x.shape[1]
-    lo, hi = _unshifted_range(x)
-    s_lo = math.exp(lo)
-    s_hi = math.exp(hi)
-    xs = x.reshape(-1)[r0 * n_cls:r1 * n_cls]
-    for i in range(xs.shape[0]):
-        e[i] = _exp_unshifted(xs[i])
     nb = r1 - r0
-    for i in range(nb):
-        sums[i] = _sum64(e[i * n_cls:], n_cls)
-    for i in range(nb):
-        sv = sums[i]
-        ok = s_lo <= sv <= s_hi
-        sums[i] = log_poly(sv if ok else 1.0) if ok else np.nan
+    _unshifted_logs(x.reshape(-1)[r0 * n_cls:r1 * n_cls], nb, n_cls, e, sums)
     for i in range(nb):
         row = x[r0 + i]
         lse = sums[i]

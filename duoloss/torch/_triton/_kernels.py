@@ -75,6 +75,15 @@ def _box(bd_ptr, sbd_b, sbd_k, b, S, T):
             tl.where(ok, t1, 0), ok)
 
 
+@triton.jit
+def _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, sy, ty, sx, tx, my, mx, cd: tl.constexpr):
+    """``(py[sy, ty], px[sx, tx])`` of a level's lanes in base 2 (``-inf`` where the
+    masks ``my``/``mx`` are off), read in the lattice's dtype, returned in ``cd``."""
+    ey = tl.load(yb + sy * sy_s + ty * sy_t, mask=my, other=float("-inf")).to(cd) * LOG2E
+    ex = tl.load(xb + sx * sx_s + tx * sx_t, mask=mx, other=float("-inf")).to(cd) * LOG2E
+    return ey, ex
+
+
 @triton.jit(do_not_specialize=["sx_b", "sx_s", "sx_t", "sy_b", "sy_s", "sy_t", "sbd_b",
                                 "sbd_k", "W", "P", "S", "T", "sout"])
 def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_ptr,
@@ -119,14 +128,13 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         else:
             j1 = 1 - lane
         c1 = live & (j1 >= 0) & (j1 < nt) & (zero + 1 < n_lev)
-        ey_n = tl.load(yb + st * sy_s + (t0 + j1 - 1) * sy_t, mask=c1 & (j1 >= 1),
-                       other=float("-inf")).to(cd) * LOG2E
         if MODIFIED:
             jx = j1 - 1
         else:
             jx = j1
-        ex_n = tl.load(xb + (st - 1) * sx_s + (t0 + jx) * sx_t, mask=c1 & (lane >= 1),
-                       other=float("-inf")).to(cd) * LOG2E
+        # (into lane i: the blank move of state i, the symbol move of state i - 1)
+        ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j1 - 1, st - 1, t0 + jx,
+                            c1 & (j1 >= 1), c1 & (lane >= 1), cd)
         for m in range(1, n_lev):
             ey = ey_n
             ex = ex_n
@@ -135,14 +143,12 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
             else:
                 j2 = m + 1 - lane
             c2 = live & (j2 >= 0) & (j2 < nt) & (zero + m + 1 < n_lev)
-            ey_n = tl.load(yb + st * sy_s + (t0 + j2 - 1) * sy_t, mask=c2 & (j2 >= 1),
-                           other=float("-inf")).to(cd) * LOG2E
             if MODIFIED:
                 jx2 = j2 - 1
             else:
                 jx2 = j2
-            ex_n = tl.load(xb + (st - 1) * sx_s + (t0 + jx2) * sx_t, mask=c2 & (lane >= 1),
-                           other=float("-inf")).to(cd) * LOG2E
+            ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j2 - 1, st - 1,
+                                t0 + jx2, c2 & (j2 >= 1), c2 & (lane >= 1), cd)
             if MODIFIED:
                 j = zero + m
             else:
@@ -177,10 +183,8 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         else:
             j1 = n_lev - 2 - lane
         c1 = live & (j1 >= 0) & (j1 < nt)
-        ey_n = tl.load(yb + st * sy_s + (t0 + j1) * sy_t, mask=c1 & (j1 + 1 < nt),
-                       other=float("-inf")).to(cd) * LOG2E
-        ex_n = tl.load(xb + st * sx_s + (t0 + j1) * sx_t, mask=c1 & (lane + 1 < ns),
-                       other=float("-inf")).to(cd) * LOG2E
+        ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j1, st, t0 + j1,
+                            c1 & (j1 + 1 < nt), c1 & (lane + 1 < ns), cd)
         for r in range(2, n_lev + 1):
             m = n_lev - r
             ey = ey_n
@@ -190,10 +194,8 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
             else:
                 j2 = m - 1 - lane
             c2 = live & (j2 >= 0) & (j2 < nt)
-            ey_n = tl.load(yb + st * sy_s + (t0 + j2) * sy_t, mask=c2 & (j2 + 1 < nt),
-                           other=float("-inf")).to(cd) * LOG2E
-            ex_n = tl.load(xb + st * sx_s + (t0 + j2) * sx_t, mask=c2 & (lane + 1 < ns),
-                           other=float("-inf")).to(cd) * LOG2E
+            ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j2, st, t0 + j2,
+                                c2 & (j2 + 1 < nt), c2 & (lane + 1 < ns), cd)
             if MODIFIED:
                 j = zero + m
             else:
