@@ -76,6 +76,15 @@ def _box(bd_ptr, sbd_b, sbd_k, b, S, T):
 
 
 @triton.jit
+def _frame(m, lane, MODIFIED: tl.constexpr):
+    """The box frame ``j`` of each lane's cell on level ``m``: ``m - lane`` on an
+    anti-diagonal (regular), ``m`` for every lane (modified)."""
+    if MODIFIED:
+        return lane * 0 + m
+    return m - lane
+
+
+@triton.jit
 def _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, sy, ty, sx, tx, my, mx, cd: tl.constexpr):
     """``(py[sy, ty], px[sx, tx])`` of a level's lanes in base 2 (``-inf`` where the
     masks ``my``/``mx`` are off), read in the lattice's dtype, returned in ``cd``."""
@@ -123,10 +132,7 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         else:
             tl.store(a_p + st * T1 + t0, alpha, mask=lane == 0)
         # the moves into level 1, loaded ahead (see the loop)
-        if MODIFIED:
-            j1 = zero + 1
-        else:
-            j1 = 1 - lane
+        j1 = _frame(1, lane, MODIFIED)
         c1 = live & (j1 >= 0) & (j1 < nt) & (zero + 1 < n_lev)
         if MODIFIED:
             jx = j1 - 1
@@ -138,10 +144,7 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         for m in range(1, n_lev):
             ey = ey_n
             ex = ex_n
-            if MODIFIED:
-                j2 = zero + m + 1
-            else:
-                j2 = m + 1 - lane
+            j2 = _frame(m + 1, lane, MODIFIED)
             c2 = live & (j2 >= 0) & (j2 < nt) & (zero + m + 1 < n_lev)
             if MODIFIED:
                 jx2 = j2 - 1
@@ -149,10 +152,7 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
                 jx2 = j2
             ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j2 - 1, st - 1,
                                 t0 + jx2, c2 & (j2 >= 1), c2 & (lane >= 1), cd)
-            if MODIFIED:
-                j = zero + m
-            else:
-                j = m - lane
+            j = _frame(m, lane, MODIFIED)
             cell = live & (j >= 0) & (j < nt)
             # alpha[s, t - 1]: this lane; alpha[s - 1, t'] : the lane below
             below = tl.gather(alpha, tl.maximum(lane - 1, 0), 0)
@@ -178,10 +178,7 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         else:
             tl.store(b_p + st * T1 + t1, beta, mask=fin)
         # the moves out of level n_lev - 2, loaded ahead
-        if MODIFIED:
-            j1 = zero + n_lev - 2
-        else:
-            j1 = n_lev - 2 - lane
+        j1 = _frame(n_lev - 2, lane, MODIFIED)
         c1 = live & (j1 >= 0) & (j1 < nt)
         ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j1, st, t0 + j1,
                             c1 & (j1 + 1 < nt), c1 & (lane + 1 < ns), cd)
@@ -189,17 +186,11 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
             m = n_lev - r
             ey = ey_n
             ex = ex_n
-            if MODIFIED:
-                j2 = zero + m - 1
-            else:
-                j2 = m - 1 - lane
+            j2 = _frame(m - 1, lane, MODIFIED)
             c2 = live & (j2 >= 0) & (j2 < nt)
             ey_n, ex_n = _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, st, t0 + j2, st, t0 + j2,
                                 c2 & (j2 + 1 < nt), c2 & (lane + 1 < ns), cd)
-            if MODIFIED:
-                j = zero + m
-            else:
-                j = m - lane
+            j = _frame(m, lane, MODIFIED)
             cell = live & (j >= 0) & (j < nt)
             # beta[s, t + 1]: this lane; beta[s + 1, t'']: the lane above
             above = tl.gather(beta, top, 0)
