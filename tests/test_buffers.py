@@ -82,6 +82,17 @@ def test_release_drops_idle_buffers_only(small_cache):
     assert _buffers.release() >= 1024 * 4
 
 
+def test_a_miss_gives_idle_memory_back_first(small_cache):
+    """Memory held while idle: at most the largest recent result, not every size seen."""
+    a = _buffers.empty((1000,), np.float32)
+    del a
+    b = _buffers.empty((5000,), np.float32)  # larger: a miss
+    assert [o.nbytes for o in _buffers._owners] == [5000 * 4 + 64]
+    c = _buffers.empty((2000,), np.float32)  # b is alive: a miss, and b is kept
+    assert sorted(o.nbytes for o in _buffers._owners) == [2000 * 4 + 64, 5000 * 4 + 64]
+    del b, c
+
+
 def test_at_most_max_buffers_are_tracked(small_cache):
     alive = [_buffers.empty((512,), np.float32) for _ in range(_buffers.MAX_BUFFERS + 3)]
     tracked = [a for a in alive if a.base is not None]  # plain np.empty: no base

@@ -90,7 +90,7 @@ def empty(shape, dtype) -> np.ndarray:
                 owner = _owners[i]
                 break
         if owner is None:
-            _owners[:] = [o for i, o in enumerate(_owners) if _refs(i) != free]
+            _drop_idle(free)
             if len(_owners) >= MAX_BUFFERS:
                 return np.empty(shape, dtype)
             # 64 spare bytes: a view starting on a cache line (np.empty aligns to 16)
@@ -117,8 +117,14 @@ def release() -> int:
     with _lock:
         if not _owners:
             return 0
-        free = _baseline()
-        idle = [i for i in range(len(_owners)) if _refs(i) == free]
-        freed = sum(_owners[i].nbytes for i in idle)
-        _owners[:] = [o for i, o in enumerate(_owners) if i not in idle]
-        return freed
+        return _drop_idle(_baseline())
+
+
+def _drop_idle(free: int) -> int:
+    """Forget the owners nothing else refers to (under `_lock`); their bytes.  (Indices,
+    not a loop over the owners: a loop variable would hold one more reference.)"""
+    idle = [i for i in range(len(_owners)) if _refs(i) == free]
+    freed = sum(_owners[i].nbytes for i in idle)
+    for i in reversed(idle):
+        del _owners[i]
+    return freed
