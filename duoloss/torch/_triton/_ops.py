@@ -56,8 +56,8 @@ def warps(block: int, per_thread: int = 2) -> int:
 
     Per kernel, the value with no register spill at any ``BLOCK <= 2048`` in float32
     and float64 on sm_80/sm_90 (``benchmarks/aot_table.py``): CTC 4 up to ``block =
-    512`` and 2 above (16 warps at 1024, 32 from 2048), the transducer 1 (32 warps from
-    1024), TDT 4 (8 warps at 1024, 16 at 2048)."""
+    512`` and 2 above (16 warps at 1024, 32 from 2048), TDT 4 (8 warps at 1024, 16 at
+    2048); k2's recursion has its own rule (`k2_block`)."""
     return max(1, min(32, block // (32 * per_thread)))
 
 
@@ -454,7 +454,7 @@ torch.library.register_autograd("duoloss::triton_transducer", _tr_backward,
 @transducer_op.register_vmap
 def _transducer_vmap(info, in_dims, px, py, boundary, modified, want_grad):
     return _vmap(info, in_dims, (px, py, boundary), (0, 0, 0), 2, want_grad,
-                 lambda x, y, bd: transducer_op(*_prep(x, y), bd, modified, want_grad))
+                 lambda x, y, bd: transducer_op(x, y, bd, modified, want_grad))
 
 
 class _Transducer(torch.autograd.Function):
@@ -476,14 +476,8 @@ class _Transducer(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, px, py, boundary, modified, want_grad):
-        # the folded inputs made row-major again
         return _vmap(info, in_dims, (px, py, boundary), (0, 0, 0), 2, want_grad,
-                     lambda x, y, bd: _Transducer.apply(*_prep(x, y), bd, modified, want_grad))
-
-
-def _prep(px, py):
-    # vmap's folded inputs, row-major again
-    return px.contiguous(), py.contiguous()
+                     lambda x, y, bd: _Transducer.apply(x, y, bd, modified, want_grad))
 
 
 def transducer(px, py, boundary, modified: bool) -> torch.Tensor:
