@@ -15,7 +15,7 @@ with ``t' = t`` (regular) or ``t - 1`` (modified), and ``beta`` the same from th
 other corner.  Two kernels with one job each, as `_rnnt_kernels`:
 
 * `k2_alpha_beta_kernel` -- one program per sequence and side (``program_id(1)``:
-  0 alpha, also the loss, ``log Z`` and the validity flag; 1 beta; the two run
+  0 alpha, also the loss and ``log Z``; 1 beta; the two run
   concurrently).  ``px`` and ``py`` are read where they lie (any strides; no
   level-major copy).  A level is an anti-diagonal ``m = i + j`` (regular) or a frame
   ``j`` (modified) of the box cell ``(s0 + i, t0 + j)``, its lanes the states ``i``;
@@ -33,7 +33,7 @@ other corner.  Two kernels with one job each, as `_rnnt_kernels`:
   invalid (the host core's conventions).
 
 The workspace ``work`` ``(N, W)`` (the inputs' dtype) holds two ``(S + 1, T + 1)``
-planes, alpha and beta (base 2), then ``log2 Z`` and the validity flag.  Every
+planes, alpha and beta (base 2), then ``log2 Z``.  Every
 per-sequence base is 64-bit; lengths and strides are not specialised.
 
 Imported on the first device call; with ``TRITON_INTERPRET=1`` set *before* its
@@ -58,12 +58,12 @@ PLANE_ALPHA = tl.constexpr(0)
 PLANE_BETA = tl.constexpr(1)
 N_PLANES = tl.constexpr(2)
 SLOT_LOGZ = tl.constexpr(0)
-SLOT_OK = tl.constexpr(1)
 
 
 @triton.jit
 def _box(bd_ptr, sbd_b, sbd_k, b, S, T):
-    """``(s0, t0, s1, t1, ok)`` of sequence ``b``'s boundary row (zeros when invalid)."""
+    """``(s0, t0, s1, t1, ok)`` of sequence ``b``'s boundary row (zeros when invalid;
+    ``b`` a scalar or a vector of rows in range)."""
     row = bd_ptr + b * sbd_b
     k = sbd_k.to(tl.int64)  # (64-bit scalar offsets throughout)
     s0 = tl.load(row).to(tl.int32)
@@ -98,7 +98,7 @@ def _moves(xb, sx_s, sx_t, yb, sy_s, sy_t, sy, ty, sx, tx, my, mx, cd: tl.conste
 def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_ptr,
                          sbd_b, sbd_k, work_ptr, W, P, S, T, out_ptr, sout,
                          MODIFIED: tl.constexpr, BLOCK: tl.constexpr):
-    """Alpha (``program_id(1) == 0``: also ``log2 Z``, the validity flag and the loss
+    """Alpha (``program_id(1) == 0``: also ``log2 Z`` and the loss
     ``out[b * sout]``) or beta (``program_id(1) == 1``) of sequence ``b``.
 
     ``alpha[s, t]``: log2-mass of the paths from ``(s0, t0)`` to ``(s, t)``;
@@ -164,9 +164,6 @@ def k2_alpha_beta_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, bd_
         logz = tl.where(ok, logz, float("nan"))
         one = lane == 0
         tl.store(seq + (N_PLANES * P + SLOT_LOGZ) + zero, tl.where(one, logz, 0.0), mask=one)
-        ok_l = (zero + ok.to(tl.int32)) != 0
-        tl.store(seq + (N_PLANES * P + SLOT_OK) + zero, tl.where(one & ok_l, 1.0, 0.0),
-                 mask=one)
         tl.store(out_ptr + b * sout + zero, tl.where(one, -(logz * LN2), 0.0), mask=one)
     else:
         b_p = seq + PLANE_BETA * P
@@ -220,12 +217,7 @@ def k2_grad_kernel(px_ptr, sx_b, sx_s, sx_t, py_ptr, sy_b, sy_s, sy_t, gx_ptr, g
     P = P.to(tl.int64)
     seq = work_ptr + b * W
     cd = work_ptr.dtype.element_ty
-    row = bd_ptr + b * sbd_b
-    s0 = tl.load(row, mask=in_grid, other=0).to(tl.int32)
-    t0 = tl.load(row + sbd_k, mask=in_grid, other=0).to(tl.int32)
-    s1 = tl.load(row + 2 * sbd_k, mask=in_grid, other=0).to(tl.int32)
-    t1 = tl.load(row + 3 * sbd_k, mask=in_grid, other=0).to(tl.int32)
-    ok = tl.load(seq + (N_PLANES * P + SLOT_OK), mask=in_grid, other=0.0) != 0.0
+    s0, t0, s1, t1, ok = _box(bd_ptr, sbd_b, sbd_k, b, S, T)  # (b = 0 outside the grid)
     logz = tl.load(seq + (N_PLANES * P + SLOT_LOGZ), mask=in_grid, other=0.0)
     in_s = ok & (s >= s0) & (s <= s1)
     in_y = in_grid & in_s & (t >= t0) & (t < t1)

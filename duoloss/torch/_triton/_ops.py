@@ -385,10 +385,10 @@ def check_k2_lattice(fn: str, py) -> None:
     """``ValueError`` when one sequence's workspace row (two ``(S + 1, T + 1)`` planes)
     exceeds the kernels' 32-bit in-sequence offsets.  Shapes only."""
     s1, t_max = py.shape[1], py.shape[2]
-    if 2 * s1 * (t_max + 1) + 2 > 2 ** 31 - 1:
+    if 2 * s1 * (t_max + 1) + 1 > 2 ** 31 - 1:
         raise ValueError(f"{fn}: a lattice of (S + 1) * (T + 1) = {s1 * (t_max + 1)} cells "
                          f"per sequence is too large for the device path (at most "
-                         f"{(2 ** 31 - 3) // 2}); use impl='host'")
+                         f"{(2 ** 31 - 2) // 2}); use impl='host'")
 
 
 def _transducer_impl(px, py, boundary, modified, want_grad):
@@ -399,7 +399,7 @@ def _transducer_impl(px, py, boundary, modified, want_grad):
     n, s1, t_max = py.shape
     t_x = px.shape[2]
     p = s1 * (t_max + 1)
-    w = 2 * p + 2
+    w = 2 * p + 1
     cd = torch.float64 if py.dtype == torch.float64 else torch.float32
     losses = py.new_empty((n,))
     gx = px.new_empty((0,))
