@@ -148,7 +148,8 @@ _setup_cache()
 
 #: Kernel module (below ``duoloss.core.``) -> family (as ``duoloss.warmup`` names them).
 _FAMILY_OF_MODULE = {
-    "losses.ctc": "ctc", "losses.ctc_logits": "ctc", "losses.asg": "asg", "losses.graph_loss": "graph",
+    "losses.ctc": "ctc", "losses.ctc_logits": "ctc", "losses.asg": "asg",
+    "losses.graph_loss": "graph",
     "graph.scores": "graph", "graph.compose": "graph", "graph.ops": "graph",
     "graph.graph": "graph", "graph.io": "graph", "graph.compare": "graph",
     "losses.transducer": "rnnt", "losses.joiner": "rnnt", "losses.tdt": "tdt",

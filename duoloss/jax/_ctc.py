@@ -44,14 +44,21 @@ def _prepare_ctc(fn, log_probs, targets, input_lengths, target_lengths, blank,
         targets = targets[None, :]
     input_lengths = input_lengths.reshape(-1)
     target_lengths = target_lengths.reshape(-1)
+    targets = _checked_targets(fn, targets, input_lengths, target_lengths, log_probs.shape[0],
+                               log_probs.shape[2], blank, concatenated)
+    return log_probs, targets, input_lengths, target_lengths, batched
+
+
+def _checked_targets(fn, targets, input_lengths, target_lengths, t_max, n_cls, blank,
+                     concatenated):
+    """The ``(N, S)`` padded targets, their values and the lengths checked by the core
+    when all three are concrete (traced values: the kernel marks bad rows NaN)."""
     padded = None
     if is_concrete(targets, input_lengths, target_lengths):
         padded = check_ctc_values(
             fn, np.asarray(targets).astype(np.int64), np.asarray(input_lengths).astype(np.int64),
-            np.asarray(target_lengths).astype(np.int64), log_probs.shape[0],
-            log_probs.shape[2], blank, concatenated)
-    targets = padded_targets(targets, target_lengths, padded)
-    return log_probs, targets, input_lengths, target_lengths, batched
+            np.asarray(target_lengths).astype(np.int64), t_max, n_cls, blank, concatenated)
+    return padded_targets(targets, target_lengths, padded)
 
 _xp = JaxOps()  # duoloss._xp's array vocabulary for jax.numpy
 
@@ -255,13 +262,7 @@ def optax_ctc_loss(logits: ArrayLike, logit_paddings: ArrayLike, labels: ArrayLi
 def _host_logits_losses(fn, logits, labels, input_lengths, target_lengths, blank):
     """`optax_ctc_loss`'s host path: ``(B,)`` losses of `CTC_LOGITS_KERNEL`, with the
     value checks of the general path when the lengths are concrete."""
-    b, t, k = logits.shape
-    padded = None
-    if is_concrete(labels, input_lengths, target_lengths):
-        padded = check_ctc_values(fn, np.asarray(labels).astype(np.int64),
-                                  np.asarray(input_lengths).astype(np.int64),
-                                  np.asarray(target_lengths).astype(np.int64), t, k, blank,
-                                  False)
-    targets = padded_targets(labels, target_lengths, padded)
+    _, t, k = logits.shape
+    targets = _checked_targets(fn, labels, input_lengths, target_lengths, t, k, blank, False)
     return apply_kernel(CTC_LOGITS_KERNEL, (logits, targets, input_lengths, target_lengths),
                         blank=blank)
