@@ -677,8 +677,10 @@ def main(argv=None) -> int:
     p.add_argument("--dry", action="store_true",
                    help="CPU, tiny sizes, Triton interpreter: a test of the script")
     p.add_argument("--skip", action="append", default=[],
-                   choices=("torch", "jax", "sync", "graph", "memory", "speed", "torch-speed"),
-                   help="leave out a step (repeatable)")
+                   choices=("validate", "torch", "jax", "sync", "graph", "memory", "speed",
+                            "torch-speed"),
+                   help="leave out a step (repeatable); 'validate' leaves out the device "
+                        "against host comparisons, 'torch'/'jax' a whole framework")
     p.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     if args.dry:
@@ -713,9 +715,11 @@ def main(argv=None) -> int:
             _row("jax", "import", "skip", f"jax not importable: {e}")
             jax_ok = False
     groups = []
-    if "torch" not in skip:
+    if "validate" in skip:
+        pass
+    elif "torch" not in skip:
         groups.append(("torch", lambda: torch_cases(sz, dev)))
-    if jax_ok:
+    if jax_ok and "validate" not in skip:
         groups.append(("jax", lambda: jax_cases(sz)))
     for section, make in groups:
         try:
