@@ -24,9 +24,17 @@ timeout "${SPEED_TIMEOUT:-270}" python3 -m benchmarks.device --check --skip vali
   --skip sync --skip graph --skip memory --json "$OUT/device-speed.json" "$@" 2>&1 \
   | tee "$OUT/device-speed.log"
 echo "speed exit ${PIPESTATUS[0]}"
+# CHECK_ARGS: more for the second process (e.g. "--skip jax" when the JAX kernels were
+# validated at an earlier commit and are unchanged)
 timeout "${CHECK_TIMEOUT:-240}" python3 -m benchmarks.device --check --skip speed \
-  --json "$OUT/device-check.json" "$@" 2>&1 | tee "$OUT/device-check.log"
+  ${CHECK_ARGS:-} --json "$OUT/device-check.json" "$@" 2>&1 | tee "$OUT/device-check.log"
 echo "check exit ${PIPESTATUS[0]}"
+# where each step's time goes (torch.profiler, per kernel); PROFILE_TIMEOUT=0 skips it
+if [ "${PROFILE_TIMEOUT:-90}" != 0 ]; then
+  timeout "${PROFILE_TIMEOUT:-90}" python3 -m benchmarks.device_profile \
+    --json "$OUT/device-profile.json" > "$OUT/device-profile.log" 2>&1
+  echo "profile exit $?"; grep -v "^USDT\|^STAGE" "$OUT/device-profile.log" | head -80
+fi
 # then the kernels' knobs, each bounded (SWEEPS=0 skips them): the torch CTC kernel's
 # launch configurations, the fused transducer kernels' tiles and warps, and the Pallas
 # CTC's num_warps / posterior placement

@@ -331,12 +331,14 @@ def test_auto_takes_the_device_path_under_an_accelerator_backend(monkeypatch):
     assert not use_device("f", "auto", lp) and not use_device("f", "auto", np.zeros(2))
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not use_device("f", "auto", lp)                   # committed to the CPU
+    from duoloss.jax import _pallas
+    assert "cuda" in _pallas.DEVICE_PALLAS_PLATFORMS          # validated on an H200
+    monkeypatch.setattr(_pallas, "DEVICE_PALLAS_PLATFORMS", frozenset())
     text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="auto"))(lp))
-    # the XLA scan until the Pallas kernels are validated on a GPU (DEVICE_PALLAS_PLATFORMS)
+    # a platform not validated: the XLA scan (DEVICE_PALLAS_PLATFORMS)
     assert "callback" not in text and "scan" in text and "pallas_call" not in text
     text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="pallas"))(lp))
     assert "callback" not in text and "pallas_call" in text
-    from duoloss.jax import _pallas
     monkeypatch.setattr(_pallas, "DEVICE_PALLAS_PLATFORMS", frozenset({"cuda"}))
     text = str(jax.make_jaxpr(lambda x: dj.ctc_loss(x, tg, il, tl, impl="auto"))(lp))
     assert "callback" not in text and "pallas_call" in text    # once validated: Pallas

@@ -232,3 +232,50 @@ def test_forward_keeps_no_logits_sized_tensor(kind):
     loss.backward()
     (_, gh), = _both(f, x, targets, il, tl, reduction="sum", **kw)[1:]
     _close(xi.grad, gh, torch.float64, f"{kind} grad")
+
+
+def test_validation_reads_once_with_the_same_checks(monkeypatch):
+    """On a GPU, targets and lengths on the device are read for validation in one copy
+    (`duoloss.torch._args.read_ints_together`): forced here on CPU tensors, TDT's and
+    multi-blank's losses, gradients and validation errors are those of one read per
+    argument, with mixed integer dtypes."""
+    from duoloss.torch import _tdt
+    x = _logits(5, (2, 6, 3, 4 + 3), torch.float64)
+    targets, il, tl = torch.tensor([[1, 2], [2, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1])
+    calls = {"tdt": lambda z, a: dt.tdt_loss(z, *a, blank=3, durations=[0, 1, 2],
+                                             reduction="none", impl="device"),
+             "multiblank": lambda z, a: dt.multiblank_rnnt_loss(
+                 z[..., :6], *a, blank=5, big_blank_durations=(2, 4), reduction="none",
+                 impl="device")}
+    good = {"int32": (targets.int(), il.int(), tl.int()),
+            "int64/int16": (targets, il.short(), tl.to(torch.uint8))}
+    bad = {"label out of range": (targets + 7, il, tl), "il > T": (targets, il + 3, tl),
+           "tl > U": (targets, il, tl + 2)}
+
+    def outcomes():
+        res = {}
+        for name, f in calls.items():
+            for what, a in good.items():
+                z = x.clone().requires_grad_()
+                loss = f(z, a)
+                loss.sum().backward()
+                res[name, what] = (loss.detach(), z.grad)
+            for what, a in bad.items():
+                with pytest.raises((ValueError, TypeError)) as e:
+                    f(x, a)
+                res[name, what] = (type(e.value), str(e.value))
+        return res
+
+    separate = outcomes()
+    seen = []
+    real = _tdt.read_ints_together
+    monkeypatch.setattr(_tdt, "read_together_applies", lambda dev, xs: True)
+    monkeypatch.setattr(_tdt, "read_ints_together", lambda xs: seen.append(1) or real(xs))
+    together = outcomes()
+    assert len(seen) == len(calls) * (len(good) + len(bad))
+    for key in list(separate):
+        a, b = together.pop(key), separate.pop(key)
+        if isinstance(a[0], torch.Tensor):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), key
+        else:
+            assert a == b, key

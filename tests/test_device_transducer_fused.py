@@ -374,3 +374,46 @@ def test_duration_host_work_of_a_step(which):
     step()
     total, ops = _count_ops(step)
     assert total <= 30, ops
+
+
+def test_validation_reads_once_with_the_same_checks(monkeypatch):
+    """On a GPU, targets and lengths on the device are read for validation in one copy
+    of their bytes (`duoloss.torch._args.read_ints_together`, mixed integer dtypes
+    included): forced here on CPU tensors, the losses, gradients and every validation
+    error (type and message) are those of one read per argument."""
+    from duoloss.torch import _rnnt
+    logits, y, il, tl = _batch(torch.float64, seed=11)
+    v = logits.shape[-1]
+    bad = {"label >= V": (y.clone().index_fill_(1, torch.tensor([0]), v), il, tl),
+           "blank label": (y.clone().index_fill_(1, torch.tensor([0]), v - 1), il, tl),
+           "il > T": (y, il + 1, tl), "tl > U": (y, il, tl + 1),
+           "negative tl": (y, il, tl - 10), "float lengths": (y, il.double(), tl)}
+    forms = {"int64/int32": (y, il.int(), tl.int()),
+             "int16/uint8": (y.short(), il.to(torch.uint8), tl.to(torch.int8))}
+
+    def outcomes():
+        res = {}
+        for what, a in forms.items():
+            x = logits.clone().requires_grad_()
+            loss = dt.rnnt_loss(x, *a, reduction="none", impl="device")
+            loss.sum().backward()
+            res[what] = (loss.detach(), x.grad)
+        for what, a in bad.items():
+            with pytest.raises((ValueError, TypeError)) as e:
+                dt.rnnt_loss(logits, *a, impl="device")
+            res[what] = (type(e.value), str(e.value))
+        return res
+
+    separate = outcomes()
+    calls = []
+    real = _rnnt.read_ints_together
+    monkeypatch.setattr(_rnnt, "read_together_applies",
+                        lambda dev, xs: all(x.dtype in (torch.int8, torch.uint8, torch.int16,
+                                                        torch.int32, torch.int64) for x in xs))
+    monkeypatch.setattr(_rnnt, "read_ints_together", lambda xs: calls.append(1) or real(xs))
+    together = outcomes()
+    assert len(calls) == len(forms) + len(bad) - 1    # (float lengths: read one by one)
+    for what in forms:
+        (la, ga), (lb, gb) = together.pop(what), separate.pop(what)
+        assert torch.equal(la, lb) and torch.equal(ga, gb), what
+    assert together == separate

@@ -338,7 +338,7 @@ def test_backend_for_on_this_cpu():
 def test_backend_for_traced_values_follow_the_default_backend(monkeypatch, platform, backend,
                                                               validated):
     """'pallas' takes the kernel on the accelerator; 'device' and 'auto' take it only on
-    a platform listed as validated on the hardware (none yet: the XLA scan)."""
+    a platform listed as validated on the hardware (CUDA; else the XLA scan)."""
     monkeypatch.setattr(jax, "default_backend", lambda: platform)
     monkeypatch.setattr(_pallas, "_gpu_is_rocm", lambda: False)
     plat = "cuda" if platform == "gpu" else platform

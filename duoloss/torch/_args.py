@@ -21,7 +21,37 @@ from duoloss.core.losses.graph_loss import PackedGraphs
 from ._adapter import check_not_torchscript, to_numpy
 
 __all__ = ["check_bool", "check_same_device", "check_tensor", "host_graphs", "int_array",
-           "int_lengths", "int_tensor", "padded_targets_traced", "per_sequence"]
+           "int_lengths", "int_tensor", "padded_targets_traced", "per_sequence",
+           "read_ints_together", "read_together_applies"]
+
+#: The integer dtypes `read_ints_together` reads (anything else takes the separate
+#: reads, whose validation names the argument and its dtype).
+_INT_DTYPES = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
+               torch.int32: np.int32, torch.int64: np.int64}
+
+
+def read_together_applies(device: torch.device, xs) -> bool:
+    """Whether the validation may read the integer tensors ``xs`` (targets and
+    lengths) in one copy (`read_ints_together`): all of them integer tensors on
+    ``device``, an accelerator, outside ``torch.func`` transforms."""
+    from ._private import transforms_active
+    return (device.type != "cpu" and not transforms_active()
+            and all(isinstance(x, torch.Tensor) and x.device == device
+                    and x.dtype in _INT_DTYPES for x in xs))
+
+
+def read_ints_together(xs) -> tuple:
+    """The host values of the integer tensors ``xs`` as numpy arrays of their shapes
+    and dtypes (the same arrays as one `to_numpy` each), read in one device-to-host
+    copy of their bytes: one synchronisation where one read each made ``len(xs)``."""
+    flat = torch.cat([x.reshape(-1).view(torch.uint8) for x in xs]).cpu().numpy()
+    out, at = [], 0
+    for x in xs:
+        dt = np.dtype(_INT_DTYPES[x.dtype])
+        nb = x.numel() * dt.itemsize
+        out.append(np.frombuffer(flat[at:at + nb].tobytes(), dt).reshape(tuple(x.shape)).copy())
+        at += nb
+    return tuple(out)
 
 
 def check_tensor(fn: str, arg: str, x, optional: bool = False):

@@ -14,7 +14,8 @@ from duoloss.core.losses.ctc import (CTC_KERNEL, _first_invalid, check_ctc_stati
 
 from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, is_concrete,
                        reduction_weights, to_numpy, torchscript_error)
-from ._args import check_bool, check_tensor, int_lengths, padded_targets_traced
+from ._args import (check_bool, check_tensor, int_lengths, padded_targets_traced,
+                    read_ints_together, read_together_applies)
 from ._private import transforms_active
 from ._triton import check_impl, ctc_device, int_to, resolve_impl
 
@@ -62,6 +63,12 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
     elif not batched:
         tg = tg.reshape(1, -1)
     if device:
+        if not torch.compiler.is_compiling():
+            # a CUDA graph capture (or a vmap) with integers on the host: they reach
+            # the kernel through pinned memory (`int_to`; no sync, allowed while
+            # capturing), never as host pointers
+            tg, il, tl = (x if x.device == lp.device else int_to(x, lp.device)
+                          for x in (tg, il, tl))
         out = ctc_device(lp, tg, il, tl, int(blank), reduction, bool(zero_infinity))
         return out[0] if (not batched and reduction == "none") else out
     lp, tg, blank = _gathered(lp, tg, tl, int(blank))
@@ -181,26 +188,14 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
 
 def _read_together_applies(log_probs, targets, input_lengths, target_lengths) -> bool:
     """Whether the validation reads targets and lengths in one copy (`_read_together`):
-    all three integer tensors of one dtype on ``log_probs``' accelerator."""
-    xs = (targets, input_lengths, target_lengths)
-    return (log_probs.device.type != "cpu" and not transforms_active()
-            and all(isinstance(x, torch.Tensor) and x.device == log_probs.device
-                    and x.dtype == targets.dtype for x in xs)
-            and not targets.is_floating_point() and not targets.is_complex()
-            and targets.dtype != torch.bool)
+    all three integer tensors on ``log_probs``' accelerator (`read_together_applies`)."""
+    return read_together_applies(log_probs.device, (targets, input_lengths, target_lengths))
 
 
 def _read_together(targets, input_lengths, target_lengths):
     """The host values of the three integer tensors, read in one device-to-host copy
-    (one synchronisation, where three reads made three), as numpy arrays of their
-    shapes and dtype."""
-    xs = (targets, input_lengths, target_lengths)
-    flat = torch.cat([x.reshape(-1) for x in xs]).cpu().numpy()
-    out, at = [], 0
-    for x in xs:
-        out.append(flat[at:at + x.numel()].reshape(tuple(x.shape)))
-        at += x.numel()
-    return tuple(out)
+    (one synchronisation, where three reads made three; `read_ints_together`)."""
+    return read_ints_together((targets, input_lengths, target_lengths))
 
 
 def _on_device(x, device) -> bool:

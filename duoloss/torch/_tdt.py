@@ -23,7 +23,8 @@ from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_durati
                                      check_multiblank_args, check_tdt_args, durations_key)
 
 from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._args import check_tensor, int_array, int_tensor
+from ._args import (check_tensor, int_array, int_tensor, read_ints_together,
+                    read_together_applies)
 from ._triton import int_to, resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
@@ -38,9 +39,14 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check, device=F
     tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
                if isinstance(x, torch.Tensor)]
     if is_concrete(*tensors):
-        il = int_array(fn, "logit_lengths", logit_lengths)
-        tl = int_array(fn, "target_lengths", target_lengths)
-        out = check(to_numpy(targets), il, tl, True)
+        ints = (targets, logit_lengths, target_lengths)
+        if device and read_together_applies(dev, ints):
+            tg, il, tl = read_ints_together(ints)  # (one device-to-host copy)
+        else:
+            il = int_array(fn, "logit_lengths", logit_lengths)
+            tl = int_array(fn, "target_lengths", target_lengths)
+            tg = to_numpy(targets)
+        out = check(tg, il, tl, True)
         if device:
             from ._rnnt import _on_device
             return out, _on_device(logit_lengths, np.asarray(il), dev), _on_device(
@@ -51,6 +57,11 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check, device=F
     il = int_tensor(fn, "logit_lengths", logit_lengths, dev)
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     out = check(targets, il, tl, False)
+    if not torch.compiler.is_compiling():
+        # a CUDA graph capture with host lengths: to the GPU through pinned memory
+        # (a pageable copy is refused while capturing; a host pointer would reach the
+        # kernel)
+        il, tl = (x if x.device == dev else int_to(x, dev) for x in (il, tl))
     return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 
