@@ -114,22 +114,18 @@ def _sync(dev):
 
 def _kernels(prof, steps, cuda):
     """``[(name, launches per step, µs per step)]`` of the profiled device events."""
+    from torch.autograd import DeviceType
     acc = {}
     for e in prof.key_averages():
         dt_us = getattr(e, "device_time_total", None)
         if dt_us is None:
             dt_us = getattr(e, "cuda_time_total", 0)
         if cuda:
-            if not dt_us or e.key.startswith(("ProfilerStep", "cuda")):
+            # device-side events only (kernels, memcpy/memset): a CPU op's device time
+            # is its kernels' again (counted twice before 2026-11-28's second run)
+            if e.device_type == DeviceType.CPU or not dt_us:
                 continue
-            # device-side rows only: kernels and memcpy/memset (their CPU twins have
-            # no self device time of their own)
-            self_dev = getattr(e, "self_device_time_total", None)
-            if self_dev is None:
-                self_dev = getattr(e, "self_cuda_time_total", 0)
-            if not self_dev:
-                continue
-            acc[e.key] = (e.count / steps, self_dev / steps)
+            acc[e.key] = (e.count / steps, dt_us / steps)
         else:
             acc[e.key] = (e.count / steps, e.self_cpu_time_total / steps)
     return sorted(((k, c, us) for k, (c, us) in acc.items()), key=lambda r: -r[2])

@@ -6,8 +6,10 @@ importable) at ``(N, T, U, V) = (32,150,40,28), (16,300,60,256), (16,500,100,500
 float32 and bfloat16 (duoloss reads bfloat16 logits as they are; torchaudio gets
 float32), ``tdt_loss`` (durations 0-4) and ``multiblank_rnnt_loss`` (big blanks 2, 4, 8)
 at the same shapes (their ratio to ``rnnt_loss``); the kernel knobs
-(`duoloss.torch._triton._rnnt_ops._TILE` and ``_recursion_warps``) swept at the first
-shape; peak extra memory per step.  Prints one JSON line per row.
+(`duoloss.torch._triton._rnnt_ops._TILE`, ``_TILE_WARPS`` and ``_recursion_warps``)
+swept at ``(16,300,60,256)``, whose kernels (not the host) set the step's time: the
+eager step and the step's GPU time replayed as a CUDA graph; peak extra memory per
+step.  Prints one JSON line per row.
 
     python -m benchmarks.transducer_fused_sweep            # on a GPU
     python -m benchmarks.transducer_fused_sweep --dry      # CPU interpreter smoke test
@@ -40,6 +42,32 @@ def _step_timer(fn, x, reps, cuda):
         if cuda:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _graph_timer(fn, x, reps):
+    """Median GPU ms of one step (forward + backward) captured as a CUDA graph and
+    replayed: the kernels' time without the host's dispatch and launches."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            x.grad = None
+            fn(x).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        fn(x).backward()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
     return statistics.median(times)
 
 
@@ -104,21 +132,33 @@ def main(argv=None) -> int:
                                                            impl="device"), xm, reps, cuda)
         emit(loss="multiblank_rnnt_loss", impl="duoloss", dtype="float32", shape=shape,
              ms=round(ms, 4), vs_rnnt=round(ms / rnnt_ms[torch.float32], 3))
-        if (n, t, u, v) == shapes[0]:
-            old_tile, old_warps = _rnnt_ops._TILE, _rnnt_ops._recursion_warps
+        if (n, t, u, v) == shapes[min(1, len(shapes) - 1)]:
+            # the knobs at a shape whose step is kernel-bound: GPU time of the step
+            # replayed as a CUDA graph (no host work in it), and the eager step
+            old = (_rnnt_ops._TILE, _rnnt_ops._TILE_WARPS, _rnnt_ops._recursion_warps)
             try:
-                for tile in (256, 512, 1024):
-                    for per_warp in (32, 64, 128):
-                        _rnnt_ops._TILE = tile
-                        _rnnt_ops._recursion_warps = (
-                            lambda block, k=per_warp: max(1, min(16, block // k)))
-                        x = base.clone().requires_grad_()
-                        ms = _step_timer(lambda z: dt.rnnt_loss(z, y, il, tl, impl="device"),
-                                         x, reps, cuda)
-                        emit(loss="rnnt_loss", knob=dict(tile=tile, lanes_per_warp=per_warp),
-                             shape=shape, ms=round(ms, 4))
+                for tile in (512, 1024, 2048, 4096):
+                    for tile_warps in (4, 8):
+                        for per_warp in (64, 128):
+                            _rnnt_ops._TILE, _rnnt_ops._TILE_WARPS = tile, tile_warps
+                            _rnnt_ops._recursion_warps = (
+                                lambda block, k=per_warp: max(1, min(16, block // k)))
+                            x = base.clone().requires_grad_()
+                            f = lambda z: dt.rnnt_loss(z, y, il, tl, impl="device")  # noqa: E731
+                            try:
+                                ms = _step_timer(f, x, reps, cuda)
+                                gms = _graph_timer(f, x, reps) if cuda else None
+                            except Exception as e:  # noqa: BLE001 (a variant that fails)
+                                emit(loss="rnnt_loss", knob=dict(tile=tile, tile_warps=tile_warps,
+                                                                 lanes_per_warp=per_warp),
+                                     shape=shape, error=f"{type(e).__name__}: {e}"[:200])
+                                continue
+                            emit(loss="rnnt_loss", knob=dict(tile=tile, tile_warps=tile_warps,
+                                                             lanes_per_warp=per_warp),
+                                 shape=shape, ms=round(ms, 4),
+                                 graph_ms=None if gms is None else round(gms, 4))
             finally:
-                _rnnt_ops._TILE, _rnnt_ops._recursion_warps = old_tile, old_warps
+                _rnnt_ops._TILE, _rnnt_ops._TILE_WARPS, _rnnt_ops._recursion_warps = old
     return 0
 
 
