@@ -209,6 +209,18 @@ def _both(fn, floats, dev, n_out=1):
     return errs
 
 
+def ctc_split(thunk):
+    """``thunk()`` with the torch CTC launcher's two-launch form forced
+    (`duoloss.torch._triton._ops.CTC_SPLIT_MIN_BLOCK`)."""
+    from duoloss.torch._triton import _ops
+    old = _ops.CTC_SPLIT_MIN_BLOCK
+    _ops.CTC_SPLIT_MIN_BLOCK = 0
+    try:
+        return thunk()
+    finally:
+        _ops.CTC_SPLIT_MIN_BLOCK = old
+
+
 def torch_cases(sz: Sizes, dev):
     """``[(name, dtype_name, thunk -> errs)]`` of the torch validation."""
     import torch
@@ -223,6 +235,11 @@ def torch_cases(sz: Sizes, dev):
             cases.append((f"torch ctc_loss {size}", dn, lambda lp=lp, a=(tgd, ild, tld), d=dev:
                           _both(lambda impl, x: dt.ctc_loss(x, *a, reduction="none",
                                                            impl=impl), [lp], d)))
+            # the two-launch form (alpha/beta concurrent, then the gradient rows)
+            cases.append((f"torch ctc_loss split {size}", dn,
+                          lambda lp=lp, a=(tgd, ild, tld), d=dev: ctc_split(lambda: _both(
+                              lambda impl, x: dt.ctc_loss(x, *a, reduction="none",
+                                                          impl=impl), [lp], d))))
 
             def align(lp=lp, a=(tgd, ild, tld)):
                 outs = [dt.ctc_align(lp, *a, impl=impl) for impl in ("device", "host")]

@@ -10,7 +10,8 @@ Torch (full step: logits -> ``log_softmax`` -> loss -> backward, unless a row sa
 otherwise):
 
 * CTC ``(N, T, C, S)`` at the issue's four sizes: duoloss ``impl='device'`` float32 and
-  bf16 logits, ``F.ctc_loss`` native, ``F.ctc_loss`` under cuDNN's conditions, duoloss
+  bf16 logits, its two-launch form (``duoloss device (split)``: alpha and beta
+  concurrent, then the gradient rows; ``CTC_SPLIT_MIN_BLOCK``), ``F.ctc_loss`` native, ``F.ctc_loss`` under cuDNN's conditions, duoloss
   host (small sizes only);
 * RNN-T ``(N, T, U, V)``: duoloss device (float32, bf16), torchaudio's CUDA
   ``rnnt_loss``, warprnnt-numba's CUDA kernel (carried as a wheel), the materialised
@@ -114,9 +115,14 @@ def torch_ctc(sizes, dev, rounds, row, short):
                 z.grad = None
                 f(z.log_softmax(-1)).backward()
             return run
+        def split(f):
+            from benchmarks._device_check import ctc_split
+            return lambda: ctc_split(f)
         fns = {
             "duoloss device": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld, impl="device")),
             "F.ctc_loss native": None,
+            "duoloss device (split)": split(step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
+                                                                        impl="device"))),
             "duoloss device bf16": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
                                                                impl="device"), xh),
         }
@@ -148,8 +154,10 @@ def torch_ctc(sizes, dev, rounds, row, short):
             fns["duoloss host"] = step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld, impl="host"))
         case = f"ctc {size}"
         ms = race(fns, dev, rounds, row, case, short)
-        pairs = [("duoloss device", "F.ctc_loss native",
-                  0.6 if size == (32, 500, 50, 100) else 1.0),
+        target = 0.6 if size == (32, 500, 50, 100) else 1.0
+        pairs = [("duoloss device", "F.ctc_loss native", target),
+                 ("duoloss device (split)", "F.ctc_loss native", target),
+                 ("duoloss device (split)", "duoloss device", None),
                  ("duoloss device bf16", "duoloss device", None)]
         cud = [k for k in ms if k.startswith("F.ctc_loss cuDNN")]
         if cud:

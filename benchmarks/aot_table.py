@@ -41,6 +41,7 @@ CAPABILITIES = (80, 90)
 # the test's subset: (family, shape parameter, dtype name, grad, extra); the duration
 # rows span BLOCK 64 to 2048, 1 to 8 durations, float32 and float64, grad and no grad
 SUBSET = (("ctc", 100, "float32", True, None), ("ctc", 1000, "float32", True, None),
+          ("ctc_split", 100, "float32", True, None), ("ctc_split", 1000, "float64", True, None),
           ("ctc", 20, "float64", True, None), ("ctc", 100, "bfloat16", True, None),
           ("rnnt", 28, "float32", True, False), ("rnnt", 1000, "float64", True, True),
           ("rnnt_loss", 40, "float32", True, 28), ("rnnt_loss", 100, "float64", True, 500),
@@ -59,6 +60,7 @@ def cases(subset: bool = False) -> List[tuple]:
     for dt in ("float32", "float64"):
         for grad in (True, False):
             out += [("ctc", s, dt, grad, None) for s in CTC_S]
+            out += [("ctc_split", s, dt, grad, None) for s in CTC_S]
             out += [("rnnt", u, dt, grad, m) for u in RNNT_U for m in (False, True)]
             out += [("rnnt_loss", u, dt, grad, v) for u, v in RNNT_LOSS]
             out += [("dur", u, dt, grad, (f, v, d)) for f, u, v, d in DUR]
@@ -71,8 +73,8 @@ def launches(case) -> list:
     from duoloss.torch._triton import _aot
     family, p, dt, grad, extra = case
     dtype = getattr(torch, dt)
-    if family == "ctc":
-        return _aot.ctc_launches(32, 500, 50, p, dtype, grad)
+    if family in ("ctc", "ctc_split"):
+        return _aot.ctc_launches(32, 500, 50, p, dtype, grad, split=family == "ctc_split")
     if family == "rnnt":
         return _aot.transducer_launches(32, 150, p, dtype, grad, modified=bool(extra))
     if family == "rnnt_loss":
@@ -82,8 +84,8 @@ def launches(case) -> list:
 
 def describe(case) -> str:
     family, p, dt, grad, extra = case
-    if family == "ctc":
-        what = f"CTC S={p}"
+    if family in ("ctc", "ctc_split"):
+        what = f"CTC S={p}" + (" split" if family == "ctc_split" else "")
     elif family == "rnnt":
         what = f"RNN-T U={p}" + (" modified" if extra else "")
     elif family == "rnnt_loss":

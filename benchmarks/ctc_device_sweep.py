@@ -56,13 +56,22 @@ def _configs(ops):
         return lambda block, n_cls, dtype: (head(block, n_cls, dtype)[0], on,
                                             head(block, n_cls, dtype)[2])
 
-    return {"head": None, "scratch pt1": scratch(1), "scratch pt2": scratch(2),
+    def split(cfg):
+        # the two-launch form (alpha/beta concurrent, then the gradient rows): the
+        # launcher's rule with CTC_SPLIT_MIN_BLOCK forced to 0 while the config is set
+        def run(block, n_cls, dtype):
+            ops.CTC_SPLIT_MIN_BLOCK = 0
+            return (head if cfg is None else cfg)(block, n_cls, dtype)
+        return run
+
+    return {"head": None, "split": split(None), "split scratch pt4": split(scratch(4)),
+            "scratch pt1": scratch(1), "scratch pt2": scratch(2),
             "scratch pt4": scratch(4), "scratch pt8": scratch(8), "gather w1": gather(None),
             "gather pt4": gather(4), "gather pt8": gather(8), "zero": zero(True),
             "fill": zero(False)}
 
 
-QUICK = ("head", "scratch pt4", "gather w1", "zero", "fill")
+QUICK = ("head", "split", "scratch pt4", "gather w1", "zero", "fill")
 
 
 def _time(fn, x, reps: int, warmup: int = 3) -> Dict[str, float]:
@@ -96,6 +105,7 @@ def sweep(sizes: Sequence[tuple] = SIZES, quick: bool = False, reps: int = 20,
     configs = _configs(_ops)
     names = list(only or (QUICK if quick else configs))
     head = _ops.ctc_config
+    split_min = _ops.CTC_SPLIT_MIN_BLOCK
     out = {}
     for n, t, c, s in sizes:
         g = torch.Generator().manual_seed(0)
@@ -116,6 +126,7 @@ def sweep(sizes: Sequence[tuple] = SIZES, quick: bool = False, reps: int = 20,
                 row[name] = {"error": repr(e)[:300]}
             finally:
                 _ops.ctc_config = head
+                _ops.CTC_SPLIT_MIN_BLOCK = split_min
         if not only and "head" in names:
             # the head's step on bfloat16 logits (read as they are by the kernel)
             xb = x.to(torch.bfloat16)

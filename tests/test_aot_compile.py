@@ -43,6 +43,7 @@ t90 = GPUTarget("cuda", 90, 32)
 launches = []
 for n, t, s in ((32, 500, 100), (7, 333, 70), (1, 17, 127), (64, 1000, 65)):
     launches += _aot.ctc_launches(n, t, 50, s, torch.float32, True)
+    launches += _aot.ctc_launches(n, t, 50, s, torch.float32, True, split=True)
 for n, t, u in ((32, 150, 28), (3, 77, 17), (16, 1000, 31)):
     launches += _aot.transducer_launches(n, t, u, torch.float32, True)
 for n, t, u in ((32, 150, 40), (3, 77, 50), (16, 1000, 33)):
@@ -75,6 +76,8 @@ RNNT_LOSS_KERNELS = {"rnnt_norm_kernel", "rnnt_alpha_beta_kernel", "rnnt_reduce_
 CELL_PARALLEL = {"rnnt_norm_kernel", "rnnt_grad_kernel", "dur_norm_kernel", "dur_grad_kernel",
                  "k2_grad_kernel"}
 K2_KERNELS = {"k2_alpha_beta_kernel", "k2_grad_kernel"}
+#: CTC's two-launch form (alpha/beta concurrent, then the gradient rows)
+CTC_SPLIT_KERNELS = {"ctc_ab_kernel", "ctc_post_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,7 @@ def test_every_subset_variant_compiles_for_sm80_and_sm90(table):
         for sm in (80, 90):
             assert (aot_table.describe(case), sm) in seen
     kernels = {r["kernel"] for r in rows}
-    assert kernels >= {"ctc_kernel"} | K2_KERNELS | RNNT_LOSS_KERNELS
+    assert kernels >= {"ctc_kernel"} | CTC_SPLIT_KERNELS | K2_KERNELS | RNNT_LOSS_KERNELS
     for r in rows:
         assert r["regs"] > 0 and r["regs"] <= 255, r
 
@@ -120,7 +123,8 @@ def test_warps_follow_block(table):
 def test_new_lengths_do_not_compile_anew(table):
     """Shapes of one ``BLOCK`` share one variant per kernel (lengths, batch sizes and
     strides are not specialised)."""
-    assert table["counts"] == {"ctc_kernel": 1, **{k: 1 for k in K2_KERNELS},
+    assert table["counts"] == {"ctc_kernel": 1, **{k: 1 for k in CTC_SPLIT_KERNELS},
+                               **{k: 1 for k in K2_KERNELS},
                                **{k: 1 for k in RNNT_LOSS_KERNELS}}
 
 

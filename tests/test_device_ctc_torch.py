@@ -27,17 +27,33 @@ def _interpreter():
     yield from interpreted("_ctc_kernels")
 
 
-#: (GATHER, ZERO_ROWS) forced through the launcher's knobs
-VARIANTS = {"gather+zero": (10 ** 9, 10 ** 9), "scratch+zero": (0, 10 ** 9),
-            "gather+fill": (10 ** 9, 0), "scratch+fill": (0, 0)}
+#: (GATHER, ZERO_ROWS, split) forced through the launcher's knobs; split: alpha and beta
+#: as concurrent programs, then the gradient rows (`_ctc_kernels.ctc_ab_kernel`,
+#: `ctc_post_kernel`) instead of the fused kernel
+VARIANTS = {"gather+zero": (10 ** 9, 10 ** 9, False), "scratch+zero": (0, 10 ** 9, False),
+            "gather+fill": (10 ** 9, 0, False), "scratch+fill": (0, 0, False),
+            "split gather+zero": (10 ** 9, 10 ** 9, True),
+            "split scratch+zero": (0, 10 ** 9, True),
+            "split gather+fill": (10 ** 9, 0, True), "split scratch+fill": (0, 0, True)}
 
 
 @pytest.fixture(params=list(VARIANTS))
 def variant(request, monkeypatch):
     from duoloss.torch._triton import _ops
-    gather_max, zero_max = VARIANTS[request.param]
+    gather_max, zero_max, split = VARIANTS[request.param]
     monkeypatch.setattr(_ops, "CTC_GATHER_MAX_BLOCK", gather_max)
     monkeypatch.setattr(_ops, "CTC_ZERO_ROWS_MAX_C", zero_max)
+    monkeypatch.setattr(_ops, "CTC_SPLIT_MIN_BLOCK", 0 if split else 1 << 30)
+    return request.param
+
+
+@pytest.fixture(params=["fused", "split"])
+def path(request, monkeypatch):
+    """The launcher's two forms at the default shifts and zeros: the fused kernel and
+    the split alpha/beta + gradient rows (``CTC_SPLIT_MIN_BLOCK``)."""
+    from duoloss.torch._triton import _ops
+    monkeypatch.setattr(_ops, "CTC_SPLIT_MIN_BLOCK",
+                        0 if request.param == "split" else 1 << 30)
     return request.param
 
 
@@ -95,7 +111,7 @@ def test_repeated_labels_against_brute_force(variant):
     np.testing.assert_allclose(z.grad[:, 0].numpy(), ref_grad, rtol=1e-10, atol=1e-13)
 
 
-def test_target_forms_read_as_given():
+def test_target_forms_read_as_given(path):
     """int32 and int64 tensors, concatenated 1-D targets, Python lengths, a blank
     other than 0, unbatched input: the host path's values."""
     lp, targets, il, tl = _batch(torch.float64, seed=1)
@@ -152,7 +168,7 @@ HALF_TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_read_as_they_are(dtype):
+def test_half_inputs_read_as_they_are(dtype, path):
     """Half log-probabilities: accumulated in float32, the loss and gradient in the
     input's dtype, within the dtype's rounding (``HALF_TOL`` relative to the loss,
     absolute on the gradient, whose entries are posteriors in [0, 1]) of the float64
@@ -193,6 +209,8 @@ def test_sweep_configurations_compute_the_same_values(monkeypatch):
     lp, targets, il, tl = _batch(torch.float64, seed=5)
     _, (lh, gh) = _both(lp, targets, il, tl, reduction="none")
     for name, cfg in ctc_device_sweep._configs(_ops).items():
+        # (the split configurations set the launcher's switch: restored by undo)
+        monkeypatch.setattr(_ops, "CTC_SPLIT_MIN_BLOCK", _ops.CTC_SPLIT_MIN_BLOCK)
         if cfg is not None:
             monkeypatch.setattr(_ops, "ctc_config", cfg)
         (ld, gd), _ = _both(lp, targets, il, tl, reduction="none")
@@ -234,7 +252,7 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_vmap_of_a_reduced_loss(reduction):
+def test_vmap_of_a_reduced_loss(reduction, path):
     """Under ``torch.func.vmap`` the kernel weighs each folded sequence by its own
     row's reduction (``'mean'`` over that row's ``N``) and each row is summed after:
     the values and gradients of a Python loop, and of the host path."""
@@ -259,7 +277,7 @@ def test_vmap_of_a_reduced_loss(reduction):
            torch.float64, "vmap(grad) vs host")
 
 
-def test_concatenated_starts_summed_over_many_chunks():
+def test_concatenated_starts_summed_over_many_chunks(path):
     """Concatenated targets with many more sequences than lanes (``BLOCK = 4``, 13
     sequences): each program sums the earlier target lengths in chunks of ``BLOCK``."""
     g = torch.Generator().manual_seed(8)
@@ -273,7 +291,7 @@ def test_concatenated_starts_summed_over_many_chunks():
     _close(gd, gh, torch.float64, "concatenated grad")
 
 
-def test_backward_scales_the_saved_gradient_in_place():
+def test_backward_scales_the_saved_gradient_in_place(path):
     """The forward's gradient becomes the backward's result (scaled in place: no
     logits-sized copy, and a leaf's ``.grad`` is that very buffer); a second backward
     through the same graph raises a clear error instead of a wrong value."""
@@ -305,3 +323,18 @@ def test_backward_scales_the_saved_gradient_in_place():
         x.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_no_grad_losses_equal_the_training_step(path, reduction):
+    """Validation under ``no_grad`` launches the forward only (the split form: alpha
+    alone): the losses are those of the step with a gradient, bit for bit, and the
+    host path's."""
+    lp, targets, il, tl = _batch(torch.float64, seed=8)
+    with torch.no_grad():
+        ln = dt.ctc_loss(lp, targets, il, tl, impl="device", reduction=reduction)
+    z = lp.clone().requires_grad_()
+    lg = dt.ctc_loss(z, targets, il, tl, impl="device", reduction=reduction)
+    assert torch.equal(ln, lg.detach())
+    _close(ln, dt.ctc_loss(lp, targets, il, tl, impl="host", reduction=reduction),
+           torch.float64, f"{path} no_grad")

@@ -46,14 +46,20 @@ def record(fn: Callable[[], object]) -> List[tuple]:
 
 # ------------------------------------------------------------- the launchers
 def ctc_launches(n: int, t: int, c: int, s: int, dtype: torch.dtype, want_grad: bool,
-                 zero_infinity: bool = False) -> List[tuple]:
+                 zero_infinity: bool = False, split: bool = False) -> List[tuple]:
     """Launches of the CTC operator for ``log_probs`` ``(T, N, C)`` and padded
-    targets ``(N, S)`` (reduction ``'mean'``)."""
+    targets ``(N, S)`` (reduction ``'mean'``); ``split``: its two-launch form
+    (``_ops.CTC_SPLIT_MIN_BLOCK``) whatever the block."""
     lp = torch.empty((t, n, c), dtype=dtype, device=_META)
     tg = torch.empty((n, s), dtype=torch.int64, device=_META)
     il = torch.empty((n,), dtype=torch.int64, device=_META)
-    return record(lambda: _ops._ctc_impl(lp, tg, il, il, 0, zero_infinity, 2, True, n, s,
-                                         False, False, want_grad))
+    old = _ops.CTC_SPLIT_MIN_BLOCK
+    _ops.CTC_SPLIT_MIN_BLOCK = 0 if split else old
+    try:
+        return record(lambda: _ops._ctc_impl(lp, tg, il, il, 0, zero_infinity, 2, True, n,
+                                             s, False, False, want_grad))
+    finally:
+        _ops.CTC_SPLIT_MIN_BLOCK = old
 
 
 def transducer_launches(n: int, t: int, u: int, dtype: torch.dtype, want_grad: bool,

@@ -47,7 +47,7 @@ import os
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "ctc_kernel"]
+__all__ = ["INTERPRETED", "ctc_ab_kernel", "ctc_kernel", "ctc_post_kernel"]
 
 #: Whether the kernel was defined under the Triton interpreter (CPU tensors).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -285,3 +285,198 @@ def ctc_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
             beta = tl.where(live, e + beta, neg)
             if not GATHER:
                 tl.store(b_seq + (t % 2) * BLOCK + k, beta)
+
+
+# ---------------------------------------------------------------- split α / β
+# The same loss and gradient in two launches (`duoloss.torch._triton._ops`, chosen by
+# ``CTC_SPLIT_MIN_BLOCK``): `ctc_ab_kernel` runs alpha and beta as two concurrent
+# programs per sequence (a dependent chain of T frames instead of the fused kernel's
+# 2 T), each storing its table; `ctc_post_kernel` writes the gradient row of one
+# frame of one sequence from both tables, every row in parallel.  Scratch: the two
+# tables (2 N T_MAX BLOCK), the lanes' classes and ranks (2 N BLOCK int32) and three
+# float64 statistics per sequence (log Z, the weight, the validity).
+
+
+@triton.jit(do_not_specialize=["stride_lt", "stride_ln", "C", "blank", "stride_tb", "S_MAX",
+                                "T_MAX", "n_div", "zero_inf"])
+def ctc_ab_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
+                  tg_ptr, stride_tb, il_ptr, tl_ptr, S_MAX, T_MAX,
+                  tab_ptr, ints_ptr, stat_ptr, out_ptr, n_div, zero_inf,
+                  CONCAT: tl.constexpr, MODE: tl.constexpr, GATHER: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Alpha (``program_id(1) == 0``: also the loss, ``out`` as `ctc_kernel`'s, and the
+    statistics, classes and ranks for `ctc_post_kernel`) or beta (``program_id(1) ==
+    1``) of sequence ``b = program_id(0)``.  ``tab``: ``(2, N, T_MAX, BLOCK)`` in the
+    compute dtype: ``alpha[t, k]`` and ``beta[t, k]`` both include frame ``t``'s
+    emission.  ``ints``: ``(N, 2, BLOCK)`` int32, each lane's class (``-1`` past the
+    states) and rank among equal labels; ``stat``: ``(N, 3)`` float64, log Z, the
+    reduction weight and 1.0 for a valid row.  The validation is `ctc_kernel`'s."""
+    b = tl.program_id(0).to(tl.int64)
+    side = tl.program_id(1)
+    n_seq = tl.num_programs(0).to(tl.int64)
+    C = C.to(tl.int64)
+    blank = blank.to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    odd = (k % 2) == 1
+    i = (k - 1) // 2
+    acc = tab_ptr.dtype.element_ty
+    neg = tl.full((BLOCK,), float("-inf"), acc)
+    t_b = tl.load(il_ptr + b).to(tl.int64)
+    s_b = tl.load(tl_ptr + b).to(tl.int64)
+    ok = (t_b >= 0) & (t_b <= T_MAX) & (s_b >= 0) & (s_b <= S_MAX)
+    s_b = tl.where(ok, s_b, 0)
+    if CONCAT:
+        start = b * 0
+        for j0 in range(0, b, BLOCK):
+            jj = j0 + k
+            start += _sum(tl.load(tl_ptr + jj, mask=jj < b, other=0).to(tl.int64))
+        tg_b = tg_ptr + start
+    else:
+        tg_b = tg_ptr + b * stride_tb
+    n_states = 2 * s_b + 1
+    is_lab = odd & (k < n_states)
+    lab = tl.load(tg_b + i, mask=is_lab, other=0).to(tl.int64)
+    bad = is_lab & ((lab < 0) | (lab >= C) | (lab == blank))
+    ok = ok & (_max(bad.to(tl.int32)) == 0)
+    t_b = tl.where(ok, t_b, 0)
+    s_b = tl.where(ok, s_b, 0)
+    n_states = 2 * s_b + 1
+    live = k < n_states
+    is_lab = odd & live
+    col = tl.where(is_lab, lab, blank)
+    ln2 = tl.log(tl.full((), 2.0, acc))
+    log2e = 1.0 / ln2
+    lp_b = lp_ptr + b * stride_ln
+    some = (k * 0 + t_b) > 0
+    if side == 0:
+        prev_lab = tl.load(tg_b + i - 1, mask=is_lab & (k >= 3), other=0).to(tl.int64)
+        skip = is_lab & (k >= 3) & (lab != prev_lab)
+        a_seq = tab_ptr + b * T_MAX * BLOCK
+        e = tl.load(lp_b + col, mask=live & some, other=float("-inf")).to(acc)
+        alpha = tl.where(k < 2, e, neg)
+        tl.store(a_seq + k, alpha, mask=some)
+        for t in range(1, t_b):
+            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc)
+            if not GATHER:
+                tl.debug_barrier()
+            prev = a_seq + (t - 1) * BLOCK + k
+            a1 = _shift_down(alpha, k, 1, prev - k, GATHER)
+            a2 = tl.where(skip, _shift_down(alpha, k, 2, prev - k, GATHER), float("-inf"))
+            alpha = tl.where(live, e + _lse3(alpha, a1, a2, log2e, ln2), neg)
+            tl.store(a_seq + t * BLOCK + k, alpha)
+        fin = live & (k >= n_states - 2)
+        a_fin = tl.where(fin, alpha, float("-inf"))
+        m = _max(a_fin)
+        ms = tl.where(m == float("-inf"), 0.0, m)
+        logz = ms + ln2 * tl.log2(_sum(tl.exp2((a_fin - ms) * log2e)))
+        logz = tl.where(t_b > 0, logz, tl.where(s_b == 0, 0.0, float("-inf")))
+        loss = 0.0 - logz
+        loss = tl.where((zero_inf != 0) & (loss == float("inf")), 0.0, loss)
+        loss = tl.where(ok, loss, float("nan"))
+        if MODE == 0:
+            w = tl.full((), 1.0, tl.float64)
+            tl.store(out_ptr + b, loss.to(out_ptr.dtype.element_ty))
+        else:
+            if MODE == 1:
+                w = tl.full((), 1.0, tl.float64)
+            else:
+                w = 1.0 / (n_div * tl.maximum(s_b, 1)).to(tl.float64)
+            tl.store(out_ptr + b, loss.to(tl.float64) * w)
+        # for the gradient pass: log Z, the weight, the validity; classes and ranks
+        one = k == 0
+        st = stat_ptr + b * 3 + k * 0
+        tl.store(st, tl.where(one, logz.to(tl.float64), 0.0), mask=one)
+        tl.store(st + 1, tl.where(one, w, 0.0), mask=one)
+        tl.store(st + 2, tl.where(one & ok, 1.0, 0.0).to(tl.float64), mask=one)
+        rank = k * 0
+        for j in range(0, s_b):
+            lj = tl.load(tg_b + j).to(tl.int64)
+            rank += (is_lab & (lab == lj) & (j < i)).to(rank.dtype)
+        iw = ints_ptr + b * 2 * BLOCK
+        tl.store(iw + k, tl.where(live, col, -1).to(tl.int32))
+        tl.store(iw + BLOCK + k, rank.to(tl.int32))
+    else:
+        nxt_lab = tl.load(tg_b + i + 1, mask=is_lab & ((k + 2) < n_states), other=0)
+        skip2 = is_lab & ((k + 2) < n_states) & (nxt_lab.to(tl.int64) != lab)
+        b_seq = tab_ptr + (n_seq + b) * T_MAX * BLOCK
+        t_last = tl.maximum(t_b - 1, 0)
+        e = tl.load(lp_b + t_last * stride_lt + col, mask=live & some,
+                    other=float("-inf")).to(acc)
+        beta = tl.where(live & (k >= n_states - 2), e, neg)
+        tl.store(b_seq + t_last * BLOCK + k, beta, mask=some)
+        for r in range(1, t_b):
+            t = t_b - 1 - r
+            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc)
+            if not GATHER:
+                tl.debug_barrier()
+            nxt = b_seq + (t + 1) * BLOCK + k
+            e1 = _shift_up(beta, k, 1, nxt - k, BLOCK, GATHER)
+            e2 = tl.where(skip2, _shift_up(beta, k, 2, nxt - k, BLOCK, GATHER),
+                          float("-inf"))
+            beta = tl.where(live, e + _lse3(beta, e1, e2, log2e, ln2), neg)
+            tl.store(b_seq + t * BLOCK + k, beta)
+
+
+@triton.jit(do_not_specialize=["stride_lt", "stride_ln", "C", "blank", "T_MAX", "stride_gt",
+                                "stride_gn"])
+def ctc_post_kernel(lp_ptr, stride_lt, stride_ln, C, blank, il_ptr, T_MAX,
+                    tab_ptr, ints_ptr, stat_ptr, grad_ptr, stride_gt, stride_gn,
+                    ZERO_ROWS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The gradient row of frame ``t = program_id(0)`` of sequence ``b =
+    program_id(1)`` from `ctc_ab_kernel`'s tables: ``-w_b`` times the posteriors
+    ``exp(alpha + beta - emission - log Z)``, the blank's summed, each label's added
+    rank by rank; zeros on frames past ``T_b`` (``ZERO_ROWS``: every other class's
+    zeros too; else the caller passes zeros), NaN over an invalid row."""
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
+    n_seq = tl.num_programs(1).to(tl.int64)
+    C = C.to(tl.int64)
+    blank = blank.to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    kc = tl.arange(0, BLOCK_C)
+    odd = (k % 2) == 1
+    acc = tab_ptr.dtype.element_ty
+    gty = grad_ptr.dtype.element_ty
+    # (as vectors: scalar masks trip the interpreter; 64-bit offsets throughout)
+    logz = tl.load(stat_ptr + b * 3 + k * 0).to(acc)
+    w = tl.load(stat_ptr + (b * 3 + 1) + k * 0)
+    ok = tl.load(stat_ptr + (b * 3 + 2) + k * 0) != 0.0
+    t_b = tl.where(ok, tl.load(il_ptr + b + k * 0).to(tl.int64), 0)
+    g_t = grad_ptr + b * stride_gn + t * stride_gt
+    run = ok & ((k * 0 + t) < t_b)
+    if _max(run.to(tl.int32)) == 0:
+        # past T_b (zeros, written here with ZERO_ROWS) or an invalid row (NaN): the
+        # whole row
+        valid = _max(ok.to(tl.int32))
+        fill = (tl.full((BLOCK_C,), 0.0, tl.float32)
+                + tl.where(valid != 0, 0.0, float("nan"))).to(gty)
+        if ZERO_ROWS or valid == 0:
+            for c0 in range(0, C, BLOCK_C):
+                tl.store(g_t + c0 + kc, fill, mask=(c0 + kc) < C)
+    else:
+        colv = tl.load(ints_ptr + b * 2 * BLOCK + k)
+        rank = tl.load(ints_ptr + (b * 2 + 1) * BLOCK + k)
+        live = colv >= 0
+        is_lab = odd & live
+        col = tl.where(live, colv, 0).to(tl.int64)
+        ln2 = tl.log(tl.full((), 2.0, acc))
+        log2e = 1.0 / ln2
+        a = tl.load(tab_ptr + (b * T_MAX + t) * BLOCK + k)
+        bt = tl.load(tab_ptr + ((n_seq + b) * T_MAX + t) * BLOCK + k)
+        e = tl.load(lp_ptr + b * stride_ln + t * stride_lt + col, mask=live,
+                    other=float("-inf")).to(acc)
+        use = live & (logz != float("-inf")) & (e != float("-inf"))
+        post = tl.where(use, tl.exp2((a + bt - e - logz) * log2e), 0.0) * (-w).to(acc)
+        if ZERO_ROWS:
+            zero = tl.full((BLOCK_C,), 0.0, gty)
+            for c0 in range(0, C, BLOCK_C):
+                tl.store(g_t + c0 + kc, zero, mask=(c0 + kc) < C)
+            tl.debug_barrier()
+        tl.store(g_t + blank, _sum(tl.where(odd, 0.0, post)).to(gty))
+        tl.store(g_t + col, post.to(gty), mask=is_lab & (rank == 0))
+        rounds = _max(tl.where(is_lab, rank, 0)) + 1
+        for rr in range(1, rounds):
+            tl.debug_barrier()
+            mr = is_lab & (rank == rr)
+            cur = tl.load(g_t + col, mask=mr, other=0.0).to(acc)
+            tl.store(g_t + col, (cur + post).to(gty), mask=mr)

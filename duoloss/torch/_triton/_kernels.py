@@ -50,7 +50,7 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # the CTC kernel lives in a module of its own; looked up here by the launchers
-from ._ctc_kernels import ctc_kernel  # noqa: E402,F401
+from ._ctc_kernels import ctc_ab_kernel, ctc_kernel, ctc_post_kernel  # noqa: E402,F401
 # the base-2 log-add, constants and reductions of rnnt_loss's kernels (one definition)
 from ._rnnt_kernels import LN2, LOG2E, _lae2, _sum  # noqa: E402
 

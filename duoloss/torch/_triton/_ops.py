@@ -102,6 +102,15 @@ CTC_ZERO_ROWS_MAX_C = 1024
 CTC_GATHER_MAX_BLOCK = 64
 
 
+#: ``BLOCK`` from which the CTC loss runs as two launches, alpha and beta concurrent
+#: (`_ctc_kernels.ctc_ab_kernel`) then the gradient rows in parallel
+#: (`_ctc_kernels.ctc_post_kernel`), instead of the one fused program per sequence.
+#: Off (above every ``BLOCK``) until timed on a GPU against the fused kernel:
+#: ``benchmarks/ctc_device_sweep.py``'s ``split`` rows and the device check's
+#: ``duoloss device (split)`` rows measure both side by side.
+CTC_SPLIT_MIN_BLOCK = 1 << 30
+
+
 def ctc_config(block: int, n_cls: int, dtype: torch.dtype):
     """``(GATHER, ZERO_ROWS, num_warps)`` of a CTC launch on ``dtype`` log-probabilities
     (``benchmarks/ctc_device_sweep.py`` times the alternatives on a GPU).  Warps: 4
@@ -158,7 +167,10 @@ def _ctc_impl(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div,
         grad = lp.new_empty(lp.shape)
     else:
         grad = lp.new_zeros(lp.shape)
-    if n:
+    if n and block >= CTC_SPLIT_MIN_BLOCK:
+        _ctc_split(lp, targets, il, tl, blank, zero_infinity, weights, n_div, s_cap, concat,
+                   want_grad, out, grad, block, gather, zero_rows, nw, acc)
+    elif n:
         rows = max(t_max, 1)
         scratch = lp.new_empty((n * (rows + 2) * block,), dtype=acc)
         g = grad if want_grad else lp
@@ -176,6 +188,31 @@ def _ctc_impl(lp, targets, il, tl, blank, zero_infinity, weights, reduce, n_div,
         if out_dtype != torch.float64:
             out = out.to(out_dtype)
     return out, grad
+
+
+def _ctc_split(lp, targets, il, tl, blank, zero_infinity, weights, n_div, s_cap, concat,
+               want_grad, out, grad, block, gather, zero_rows, nw, acc):
+    """`_ctc_impl`'s two-launch form (``CTC_SPLIT_MIN_BLOCK``): alpha and beta of each
+    sequence as two concurrent programs, then one program per gradient row."""
+    t_max, n, n_cls = lp.shape
+    rows = max(t_max, 1)
+    tables = lp.new_empty((2 * n * rows * block,), dtype=acc)
+    ints = lp.new_empty((n * 2 * block,), dtype=torch.int32)
+    stat = lp.new_empty((n * 3,), dtype=torch.float64)
+    k = _kernels()
+    with _launch_device(lp):
+        launch(k.ctc_ab_kernel, (n, 2 if want_grad else 1), (
+            _ptr(lp), lp.stride(0), lp.stride(1), n_cls, blank,
+            _ptr(targets), targets.stride(0) if targets.dim() == 2 else 0, il, tl,
+            s_cap, rows, tables, ints, stat, out, max(n_div, 1), int(bool(zero_infinity))),
+            dict(CONCAT=bool(concat), MODE=int(weights), GATHER=bool(gather), BLOCK=block,
+                 num_warps=nw))
+        if want_grad and t_max:
+            launch(k.ctc_post_kernel, (t_max, n), (
+                _ptr(lp), lp.stride(0), lp.stride(1), n_cls, blank, il, rows, tables, ints,
+                stat, grad, grad.stride(0), grad.stride(1)),
+                dict(ZERO_ROWS=zero_rows, BLOCK=block, BLOCK_C=min(_block(n_cls), 128 * nw),
+                     num_warps=nw))
 
 
 @ctc_op.register_fake
