@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from .._ops import fold, second_order_message
+from .._ops import FastApply, fold, second_order_message
 from ._rnnt_ops import f64_bits
 from ._ops import _launch_device, _no_grad_error, _ptr, _want, launch, warps
 
@@ -172,7 +172,7 @@ def grad_impl(x, work, targets, il, tl, cot, spec, blank: int, reduction: str, l
     return g
 
 
-class _DurGrad(torch.autograd.Function):
+class _DurGrad(FastApply, torch.autograd.Function):
     @staticmethod
     def forward(x, work, targets, il, tl, cot, cfg):
         spec, blank, reduction, lam, clamp, _fn = cfg
@@ -205,7 +205,7 @@ class _DurGrad(torch.autograd.Function):
         return g.reshape(m, n, *g.shape[1:]), 0
 
 
-class _Dur(torch.autograd.Function):
+class _Dur(FastApply, torch.autograd.Function):
     @staticmethod
     def forward(x, targets, il, tl, cfg, want):
         spec, blank, reduction, lam, _clamp, _fn = cfg

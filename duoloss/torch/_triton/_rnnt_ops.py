@@ -24,7 +24,7 @@ from typing import Tuple
 
 import torch
 
-from .._ops import fold, second_order_message
+from .._ops import FastApply, fold, second_order_message
 from ._ops import _launch_device, _no_grad_error, _ptr, _want, launch
 
 __all__ = ["check_lattice", "kernels_interpreted", "rnnt", "rnnt_forward_impl", "rnnt_grad_impl",
@@ -182,7 +182,7 @@ def _fold_all(m, dims, tensors):
     return [fold(t, d, 0, m) for t, d in zip(tensors, dims)]
 
 
-class _RNNTGrad(torch.autograd.Function):
+class _RNNTGrad(FastApply, torch.autograd.Function):
     """The backward's launch as a node of its own: under ``torch.func`` it sees plain
     tensors (its ``vmap`` rule folds), and differentiating it raises."""
 
@@ -218,7 +218,7 @@ class _RNNTGrad(torch.autograd.Function):
         return g.reshape(m, n, *g.shape[1:]), 0
 
 
-class _RNNT(torch.autograd.Function):
+class _RNNT(FastApply, torch.autograd.Function):
     @staticmethod
     def forward(x, targets, il, tl, cfg, want):
         blank, reduction, fused, lam, delay, _bound = cfg
