@@ -44,7 +44,7 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 ROWS: List[dict] = []
 T0 = time.perf_counter()
@@ -495,6 +495,26 @@ def check_syncs(sz, dev):
                 _row("sync", label, "FAIL", _short(e))
 
 
+def capture_step(fn, x):
+    """``(graph, loss)``: one step, ``fn(x).backward()``, captured in a
+    ``torch.cuda.CUDAGraph`` after two warm-up steps on a side stream (``x.grad``
+    holds the captured gradient; ``graph.replay()`` recomputes both)."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            x.grad = None
+            fn(x).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        loss = fn(x)
+        loss.backward()
+    return graph, loss
+
+
 def check_graphs(sz, dev):
     import torch
     for host_ints in (False, True):
@@ -502,18 +522,7 @@ def check_graphs(sz, dev):
             label = name + (" (host ints)" if host_ints else " (GPU ints)")
             try:
                 x = x0.detach().clone().requires_grad_()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    for _ in range(2):
-                        x.grad = None
-                        fn(x).backward()
-                torch.cuda.current_stream().wait_stream(s)
-                graph = torch.cuda.CUDAGraph()
-                x.grad = None
-                with torch.cuda.graph(graph):
-                    loss = fn(x)
-                    loss.backward()
+                graph, loss = capture_step(fn, x)
                 new = x0 + 0.1 * torch.randn_like(x0)
                 with torch.no_grad():
                     x.copy_(new)
@@ -686,6 +695,21 @@ def _table() -> str:
     return "\n".join(lines)
 
 
+def device_for(dry: bool):
+    """The device a GPU script runs on: CUDA, or with ``dry`` the CPU under Triton's
+    interpreter (set here, before the kernels are imported); None (and a message)
+    when there is no CUDA device and no ``dry``."""
+    if dry:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    if dry:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print("no CUDA device here: nothing measured (use --dry to test the script on CPU)")
+        return None
+    return torch.device("cuda")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.device --check",
                                 description=__doc__,
@@ -700,15 +724,11 @@ def main(argv=None) -> int:
                         "against host comparisons, 'torch'/'jax' a whole framework")
     p.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
-    if args.dry:
-        # before the kernels are imported: they run in Triton's interpreter on CPU
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-    cuda = torch.cuda.is_available() and not args.dry
-    if not cuda and not args.dry:
-        print("no CUDA device here: nothing measured (use --dry to test the script on CPU)")
+    dev = device_for(args.dry)
+    if dev is None:
         return 2
-    dev = torch.device("cuda" if cuda else "cpu")
+    import torch
+    cuda = dev.type == "cuda"
     sz = Sizes(args.dry)
     import triton
     info = [f"torch {torch.__version__}", f"triton {triton.__version__}"]

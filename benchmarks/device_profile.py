@@ -132,7 +132,6 @@ def _kernels(prof, steps, cuda):
 
 
 def profile_case(kind, size, dev, dry):
-    import torch
     from torch.profiler import ProfilerActivity, profile
     if kind == "ctc":
         fns = _ctc_fns(size, dev)
@@ -196,14 +195,12 @@ def main(argv=None):
     p.add_argument("--dry", action="store_true", help="CPU, Triton interpreter, tiny sizes")
     p.add_argument("--json", default="", help="write the rows to this JSON file")
     args = p.parse_args(argv)
-    if args.dry:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-    cuda = torch.cuda.is_available() and not args.dry
-    if not cuda and not args.dry:
-        print("no CUDA device here: nothing measured (use --dry to test the script on CPU)")
+    from benchmarks._device_check import device_for
+    dev = device_for(args.dry)
+    if dev is None:
         return 2
-    dev = torch.device("cuda" if cuda else "cpu")
+    import torch
+    cuda = dev.type == "cuda"
     head = {"device": torch.cuda.get_device_name(dev) if cuda else "cpu (dry run)",
             "torch": torch.__version__, "commit": os.environ.get("DUOLOSS_COMMIT", ""),
             "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "steps": STEPS}

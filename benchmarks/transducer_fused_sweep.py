@@ -49,17 +49,9 @@ def _graph_timer(fn, x, reps):
     """Median GPU ms of one step (forward + backward) captured as a CUDA graph and
     replayed: the kernels' time without the host's dispatch and launches."""
     import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            x.grad = None
-            fn(x).backward()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    with torch.cuda.graph(graph):
-        fn(x).backward()
+
+    from benchmarks._device_check import capture_step
+    graph, _ = capture_step(fn, x)
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -239,7 +239,7 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
     (`duoloss.torch._args.read_ints_together`): forced here on CPU tensors, TDT's and
     multi-blank's losses, gradients and validation errors are those of one read per
     argument, with mixed integer dtypes."""
-    from duoloss.torch import _tdt
+    from duoloss.torch import _args
     x = _logits(5, (2, 6, 3, 4 + 3), torch.float64)
     targets, il, tl = torch.tensor([[1, 2], [2, 0]]), torch.tensor([6, 4]), torch.tensor([2, 1])
     calls = {"tdt": lambda z, a: dt.tdt_loss(z, *a, blank=3, durations=[0, 1, 2],
@@ -268,9 +268,9 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
 
     separate = outcomes()
     seen = []
-    real = _tdt.read_ints_together
-    monkeypatch.setattr(_tdt, "read_together_applies", lambda dev, xs: True)
-    monkeypatch.setattr(_tdt, "read_ints_together", lambda xs: seen.append(1) or real(xs))
+    real = _args.read_ints_together
+    monkeypatch.setattr(_args, "read_together_applies", lambda dev, xs: True)
+    monkeypatch.setattr(_args, "read_ints_together", lambda xs: seen.append(1) or real(xs))
     together = outcomes()
     assert len(seen) == len(calls) * (len(good) + len(bad))
     for key in list(separate):

@@ -381,7 +381,7 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
     of their bytes (`duoloss.torch._args.read_ints_together`, mixed integer dtypes
     included): forced here on CPU tensors, the losses, gradients and every validation
     error (type and message) are those of one read per argument."""
-    from duoloss.torch import _rnnt
+    from duoloss.torch import _args
     logits, y, il, tl = _batch(torch.float64, seed=11)
     v = logits.shape[-1]
     bad = {"label >= V": (y.clone().index_fill_(1, torch.tensor([0]), v), il, tl),
@@ -406,11 +406,11 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
 
     separate = outcomes()
     calls = []
-    real = _rnnt.read_ints_together
-    monkeypatch.setattr(_rnnt, "read_together_applies",
+    real = _args.read_ints_together
+    monkeypatch.setattr(_args, "read_together_applies",
                         lambda dev, xs: all(x.dtype in (torch.int8, torch.uint8, torch.int16,
                                                         torch.int32, torch.int64) for x in xs))
-    monkeypatch.setattr(_rnnt, "read_ints_together", lambda xs: calls.append(1) or real(xs))
+    monkeypatch.setattr(_args, "read_ints_together", lambda xs: calls.append(1) or real(xs))
     together = outcomes()
     assert len(calls) == len(forms) + len(bad) - 1    # (float lengths: read one by one)
     for what in forms:

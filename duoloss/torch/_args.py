@@ -22,7 +22,7 @@ from ._adapter import check_not_torchscript, to_numpy
 
 __all__ = ["check_bool", "check_same_device", "check_tensor", "host_graphs", "int_array",
            "int_lengths", "int_tensor", "padded_targets_traced", "per_sequence",
-           "read_ints_together", "read_together_applies"]
+           "host_ints", "read_ints_together", "read_together_applies"]
 
 #: The integer dtypes `read_ints_together` reads (anything else takes the separate
 #: reads, whose validation names the argument and its dtype).
@@ -163,3 +163,17 @@ def host_graphs(graphs):
         return PackedGraphs(*(to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
                               for x in graphs))
     return graphs
+
+
+def host_ints(fn: str, targets, logit_lengths, target_lengths, device: bool,
+              dev: torch.device) -> tuple:
+    """``(targets, logit_lengths, target_lengths)`` as host arrays for a transducer
+    loss's validation: with ``device`` and all three integer tensors on the
+    accelerator ``dev``, one device-to-host copy (`read_ints_together`); else one
+    read each (`int_array`, `to_numpy`: their errors name the argument)."""
+    ints = (targets, logit_lengths, target_lengths)
+    if device and read_together_applies(dev, ints):
+        return read_ints_together(ints)
+    il = int_array(fn, "logit_lengths", logit_lengths)
+    tl = int_array(fn, "target_lengths", target_lengths)
+    return to_numpy(targets), il, tl

@@ -28,8 +28,7 @@ from duoloss.core.losses.transducer import (TRANSDUCER_KERNEL, check_rnnt_args, 
 
 from . import _joiner, _private
 from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._args import (check_bool, check_tensor, int_array, int_tensor, read_ints_together,
-                    read_together_applies)
+from ._args import check_bool, check_tensor, host_ints, int_tensor
 from ._ops import second_order_message
 from ._device_align import rnnt_tokens, transducer_viterbi_regular
 from ._triton import check_impl, int_to, resolve_impl, rnnt_device_tail
@@ -283,13 +282,7 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank, device=
     tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
                if isinstance(x, torch.Tensor)]
     if is_concrete(*tensors):
-        ints = (targets, logit_lengths, target_lengths)
-        if device and read_together_applies(dev, ints):
-            tg, il, tl = read_ints_together(ints)  # (one device-to-host copy)
-        else:
-            il = int_array(fn, "logit_lengths", logit_lengths)
-            tl = int_array(fn, "target_lengths", target_lengths)
-            tg = to_numpy(targets)
+        tg, il, tl = host_ints(fn, targets, logit_lengths, target_lengths, device, dev)
         blank = check_rnnt_args(fn, logits, tg, il, tl, blank)
         if device:
             return blank, _on_device(logit_lengths, il, dev), _on_device(target_lengths, tl, dev)

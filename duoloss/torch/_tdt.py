@@ -22,9 +22,8 @@ from duoloss.core._validate import check_int_type as _check_int_type
 from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_duration_options,
                                      check_multiblank_args, check_tdt_args, durations_key)
 
-from ._adapter import apply_kernel, is_concrete, to_numpy
-from ._args import (check_tensor, int_array, int_tensor, read_ints_together,
-                    read_together_applies)
+from ._adapter import apply_kernel, is_concrete
+from ._args import check_tensor, host_ints, int_tensor
 from ._triton import int_to, resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
@@ -39,13 +38,7 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check, device=F
     tensors = [x for x in (logits, targets, logit_lengths, target_lengths)
                if isinstance(x, torch.Tensor)]
     if is_concrete(*tensors):
-        ints = (targets, logit_lengths, target_lengths)
-        if device and read_together_applies(dev, ints):
-            tg, il, tl = read_ints_together(ints)  # (one device-to-host copy)
-        else:
-            il = int_array(fn, "logit_lengths", logit_lengths)
-            tl = int_array(fn, "target_lengths", target_lengths)
-            tg = to_numpy(targets)
+        tg, il, tl = host_ints(fn, targets, logit_lengths, target_lengths, device, dev)
         out = check(tg, il, tl, True)
         if device:
             from ._rnnt import _on_device
