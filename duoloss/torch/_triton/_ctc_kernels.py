@@ -420,6 +420,14 @@ def ctc_ab_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
             tl.store(b_seq + t * BLOCK + k, beta)
 
 
+@triton.jit
+def _fill_row(g_t, C, fill, BLOCK_C: tl.constexpr):
+    """``g_t[:C] = fill`` (``fill`` a ``(BLOCK_C,)`` row of the gradient's dtype)."""
+    kc = tl.arange(0, BLOCK_C)
+    for c0 in range(0, C, BLOCK_C):
+        tl.store(g_t + c0 + kc, fill, mask=(c0 + kc) < C)
+
+
 @triton.jit(do_not_specialize=["stride_lt", "stride_ln", "C", "blank", "T_MAX", "stride_gt",
                                 "stride_gn"])
 def ctc_post_kernel(lp_ptr, stride_lt, stride_ln, C, blank, il_ptr, T_MAX,
@@ -436,7 +444,6 @@ def ctc_post_kernel(lp_ptr, stride_lt, stride_ln, C, blank, il_ptr, T_MAX,
     C = C.to(tl.int64)
     blank = blank.to(tl.int64)
     k = tl.arange(0, BLOCK)
-    kc = tl.arange(0, BLOCK_C)
     odd = (k % 2) == 1
     acc = tab_ptr.dtype.element_ty
     gty = grad_ptr.dtype.element_ty
@@ -453,9 +460,11 @@ def ctc_post_kernel(lp_ptr, stride_lt, stride_ln, C, blank, il_ptr, T_MAX,
         valid = _max(ok.to(tl.int32))
         fill = (tl.full((BLOCK_C,), 0.0, tl.float32)
                 + tl.where(valid != 0, 0.0, float("nan"))).to(gty)
-        if ZERO_ROWS or valid == 0:
-            for c0 in range(0, C, BLOCK_C):
-                tl.store(g_t + c0 + kc, fill, mask=(c0 + kc) < C)
+        if ZERO_ROWS:
+            _fill_row(g_t, C, fill, BLOCK_C)
+        else:
+            if valid == 0:
+                _fill_row(g_t, C, fill, BLOCK_C)
     else:
         colv = tl.load(ints_ptr + b * 2 * BLOCK + k)
         rank = tl.load(ints_ptr + (b * 2 + 1) * BLOCK + k)
@@ -471,9 +480,7 @@ def ctc_post_kernel(lp_ptr, stride_lt, stride_ln, C, blank, il_ptr, T_MAX,
         use = live & (logz != float("-inf")) & (e != float("-inf"))
         post = tl.where(use, tl.exp2((a + bt - e - logz) * log2e), 0.0) * (-w).to(acc)
         if ZERO_ROWS:
-            zero = tl.full((BLOCK_C,), 0.0, gty)
-            for c0 in range(0, C, BLOCK_C):
-                tl.store(g_t + c0 + kc, zero, mask=(c0 + kc) < C)
+            _fill_row(g_t, C, tl.full((BLOCK_C,), 0.0, gty), BLOCK_C)
             tl.debug_barrier()
         tl.store(g_t + blank, _sum(tl.where(odd, 0.0, post)).to(gty))
         tl.store(g_t + col, post.to(gty), mask=is_lab & (rank == 0))
