@@ -389,7 +389,10 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
            "il > T": (y, il + 1, tl), "tl > U": (y, il, tl + 1),
            "negative tl": (y, il, tl - 10), "float lengths": (y, il.double(), tl)}
     forms = {"int64/int32": (y, il.int(), tl.int()),
-             "int16/uint8": (y.short(), il.to(torch.uint8), tl.to(torch.int8))}
+             "int16/uint8": (y.short(), il.to(torch.uint8), tl.to(torch.int8)),
+             # strided: transposed targets, every other entry of a longer length row
+             "strided": (y.t().contiguous().t(), torch.stack([il, il], 1)[:, 0],
+                         torch.stack([tl, tl], 1)[:, 1].int())}
 
     def outcomes():
         res = {}

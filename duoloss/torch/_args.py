@@ -40,11 +40,22 @@ def read_together_applies(device: torch.device, xs) -> bool:
                     and x.dtype in _INT_DTYPES for x in xs))
 
 
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``x`` in row-major order, 1-D: a view where ``x`` is contiguous
+    (the 1-D lengths as they are: no reshape op), else a contiguous copy first (a
+    strided row such as ``lengths[::2]`` has no byte view)."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.dim() != 1:
+        x = x.reshape(-1)
+    return x.view(torch.uint8)
+
+
 def read_ints_together(xs) -> tuple:
     """The host values of the integer tensors ``xs`` as numpy arrays of their shapes
     and dtypes (the same arrays as one `to_numpy` each), read in one device-to-host
     copy of their bytes: one synchronisation where one read each made ``len(xs)``."""
-    flat = torch.cat([x.reshape(-1).view(torch.uint8) for x in xs]).cpu().numpy()
+    flat = torch.cat([_bytes(x) for x in xs]).cpu().numpy()
     out, at = [], 0
     for x in xs:
         dt = np.dtype(_INT_DTYPES[x.dtype])
