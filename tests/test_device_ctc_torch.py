@@ -221,7 +221,7 @@ def test_sweep_configurations_compute_the_same_values(monkeypatch):
 
 def test_validation_reads_once_with_the_same_checks(monkeypatch):
     """On a GPU, targets and lengths on the device are read for validation in one copy
-    (`duoloss.torch._ctc._read_together`): forced here on CPU tensors, the values and
+    (`duoloss.torch._args.read_ints_together`): forced here on CPU tensors, the values and
     every validation error (type and message) are those of three separate reads."""
     from duoloss.torch import _ctc
     lp, targets, il, tl = _batch(torch.float64, seed=6)
@@ -242,9 +242,9 @@ def test_validation_reads_once_with_the_same_checks(monkeypatch):
 
     separate = outcomes()
     calls = []
-    real = _ctc._read_together
-    monkeypatch.setattr(_ctc, "_read_together_applies", lambda *a: True)
-    monkeypatch.setattr(_ctc, "_read_together", lambda *a: calls.append(1) or real(*a))
+    real = _ctc.read_ints_together
+    monkeypatch.setattr(_ctc, "read_together_applies", lambda dev, xs: True)
+    monkeypatch.setattr(_ctc, "read_ints_together", lambda xs: calls.append(1) or real(xs))
     together = outcomes()
     assert len(calls) == 1 + len(bad)
     _close(together.pop("ok"), separate.pop("ok"), torch.float64, "read together")

@@ -17,7 +17,7 @@ from ._adapter import (apply_kernel, apply_kernel_eager, check_not_torchscript, 
 from ._args import (check_bool, check_tensor, int_lengths, padded_targets_traced,
                     read_ints_together, read_together_applies)
 from ._private import transforms_active
-from ._triton import check_impl, ctc_device, int_to, resolve_impl
+from ._triton import check_impl, ctc_device, int_to, ints_on, resolve_impl
 
 __all__ = ["ctc_loss", "CTCLoss"]
 
@@ -64,11 +64,7 @@ def _ctc_traced(fn, log_probs, targets, input_lengths, target_lengths, blank, re
         tg = tg.reshape(1, -1)
     if device:
         if not torch.compiler.is_compiling():
-            # a CUDA graph capture (or a vmap) with integers on the host: they reach
-            # the kernel through pinned memory (`int_to`; no sync, allowed while
-            # capturing), never as host pointers
-            tg, il, tl = (x if x.device == lp.device else int_to(x, lp.device)
-                          for x in (tg, il, tl))
+            tg, il, tl = ints_on(lp.device, tg, il, tl)
         out = ctc_device(lp, tg, il, tl, int(blank), reduction, bool(zero_infinity))
         return out[0] if (not batched and reduction == "none") else out
     lp, tg, blank = _gathered(lp, tg, tl, int(blank))
@@ -156,8 +152,9 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
         if out is not None:
             return out
     tg_in, il_in, tl_in = targets, input_lengths, target_lengths
-    if device and _read_together_applies(log_probs, targets, input_lengths, target_lengths):
-        tg_in, il_in, tl_in = _read_together(targets, input_lengths, target_lengths)
+    ints = (targets, input_lengths, target_lengths)
+    if device and read_together_applies(log_probs.device, ints):
+        tg_in, il_in, tl_in = read_ints_together(ints)  # (one device-to-host copy)
     il = int_lengths(fn, "input_lengths", il_in, log_probs)
     tl = int_lengths(fn, "target_lengths", tl_in, log_probs)
     batched, concatenated = check_ctc_static(
@@ -184,18 +181,6 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor,
         (lp, padded, il, tl),
         weights=weights, blank=int(blank), zero_infinity=bool(zero_infinity))
     return out[0] if (not batched and reduction == "none") else out
-
-
-def _read_together_applies(log_probs, targets, input_lengths, target_lengths) -> bool:
-    """Whether the validation reads targets and lengths in one copy (`_read_together`):
-    all three integer tensors on ``log_probs``' accelerator (`read_together_applies`)."""
-    return read_together_applies(log_probs.device, (targets, input_lengths, target_lengths))
-
-
-def _read_together(targets, input_lengths, target_lengths):
-    """The host values of the three integer tensors, read in one device-to-host copy
-    (one synchronisation, where three reads made three; `read_ints_together`)."""
-    return read_ints_together((targets, input_lengths, target_lengths))
 
 
 def _on_device(x, device) -> bool:

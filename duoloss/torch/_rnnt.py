@@ -31,7 +31,7 @@ from ._adapter import apply_kernel, is_concrete, to_numpy
 from ._args import check_bool, check_tensor, host_ints, int_tensor
 from ._ops import second_order_message
 from ._device_align import rnnt_tokens, transducer_viterbi_regular
-from ._triton import check_impl, int_to, resolve_impl, rnnt_device_tail
+from ._triton import check_impl, int_to, ints_on, resolve_impl, rnnt_device_tail
 from ._weights import flush_subnormals, unit_cotangent
 
 __all__ = ["rnnt_loss", "RNNTLoss", "rnnt_align"]
@@ -293,9 +293,7 @@ def _validate(fn, logits, targets, logit_lengths, target_lengths, blank, device=
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     blank = check_rnnt_args(fn, logits, targets, il, tl, blank, concrete=False)
     if not torch.compiler.is_compiling():
-        # a CUDA graph capture with host lengths: their copy to the GPU goes through
-        # pinned memory (a pageable copy is refused while capturing)
-        il, tl = int_to(il, dev), int_to(tl, dev)
+        il, tl = ints_on(dev, il, tl)
     return blank, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 

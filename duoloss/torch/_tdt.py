@@ -24,7 +24,7 @@ from duoloss.core.losses.tdt import (MULTIBLANK_KERNEL, TDT_KERNEL, check_durati
 
 from ._adapter import apply_kernel, is_concrete
 from ._args import check_tensor, host_ints, int_tensor
-from ._triton import int_to, resolve_impl
+from ._triton import int_to, ints_on, resolve_impl
 
 __all__ = ["tdt_loss", "TDTLoss", "multiblank_rnnt_loss", "MultiblankRNNTLoss"]
 
@@ -51,10 +51,7 @@ def _lengths(fn, logits, targets, logit_lengths, target_lengths, check, device=F
     tl = int_tensor(fn, "target_lengths", target_lengths, dev)
     out = check(targets, il, tl, False)
     if not torch.compiler.is_compiling():
-        # a CUDA graph capture with host lengths: to the GPU through pinned memory
-        # (a pageable copy is refused while capturing; a host pointer would reach the
-        # kernel)
-        il, tl = (x if x.device == dev else int_to(x, dev) for x in (il, tl))
+        il, tl = ints_on(dev, il, tl)
     return out, il.reshape(-1).to(torch.int64), tl.reshape(-1).to(torch.int64)
 
 

@@ -25,7 +25,7 @@ from duoloss.core._validate import IMPLS, check_impl
 
 __all__ = ["IMPLS", "check_impl", "ctc_losses", "resolve_impl", "transducer_losses",
            "transducer_losses_and_grads", "triton_available", "ctc_device",
-           "rnnt_device_tail", "int_to"]
+           "rnnt_device_tail", "int_to", "ints_on"]
 
 _WARNED: List[str] = []
 
@@ -55,6 +55,15 @@ def int_to(x, device: torch.device) -> torch.Tensor:
             t = t.to(torch.int64)
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device=device, dtype=torch.int64)
+
+
+def ints_on(device: torch.device, *xs) -> tuple:
+    """Integer tensors on ``device``: those already there as they are (the kernels read
+    any integer dtype), the others through `int_to`.  For the traced paths (a CUDA
+    graph capture, a ``vmap``), whose integers were not read on the host: host
+    integers then reach the kernels through pinned memory (no sync, allowed while
+    capturing), never as host pointers."""
+    return tuple(x if x.device == device else int_to(x, device) for x in xs)
 
 
 def _interpreting() -> bool:
