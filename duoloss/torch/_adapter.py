@@ -43,8 +43,8 @@ from duoloss.core import LossKernel
 
 from . import _private
 from ._ops import host as _host
-from ._ops import (kernel_id, kernel_loss_op, run_on_host, second_order_message, static_json,
-                   vmap_fold)
+from ._ops import (FastApply, kernel_id, kernel_loss_op, run_on_host, second_order_message,
+                   static_json, vmap_fold)
 from ._weights import reduction_weights, scale_cotangent, unit_cotangent
 
 __all__ = ["apply_kernel", "apply_kernel_eager", "autocast_inputs", "check_not_torchscript",
@@ -237,7 +237,7 @@ class _GradientNode(torch.autograd.Function):
         raise NotImplementedError(second_order_message(ctx.name))
 
 
-class _KernelFunction(torch.autograd.Function):
+class _KernelFunction(FastApply, torch.autograd.Function):
     """``loss = kernel(*tensors)`` (or ``sum_b w_b loss_b``), gradients from the same core call.
 
     Outputs: the loss and the wanted per-sequence gradients (non-differentiable
@@ -245,6 +245,9 @@ class _KernelFunction(torch.autograd.Function):
     ``torch.func``).  Saved tensors also make a second backward without
     ``retain_graph=True`` raise torch's "Trying to backward through the graph a
     second time".
+
+    Its eager ``apply`` skips ``Function.apply``'s per-call ``inspect.signature``
+    binding (`FastApply`: ``forward`` has no default arguments).
 
     NB: the gradient is not differentiable: a backward that builds a graph
     returns it through `_GradientNode`, whose own backward raises, and
@@ -303,21 +306,6 @@ class _KernelFunction(torch.autograd.Function):
             lambda w, args: _KernelFunction.apply(kernel, static, want, w, *args))
         return tuple(outs), tuple(dims)
 
-    @classmethod
-    def apply(cls, *args):
-        # Function.apply binds default arguments with inspect.signature on every
-        # call (tens of microseconds); forward has no defaults, so outside
-        # functorch transforms go straight to the C++ implementation.
-        if _transforms_active():
-            return super().apply(*args)
-        for a in args[4:]:
-            if type(a) is not np.ndarray and isinstance(a, torch.Tensor) and _is_wrapped(a):
-                args = _private.unwrap_dead_wrappers(args)
-                break
-        return _fast_apply(*args)
-
-
-_fast_apply = _private.function_apply(_KernelFunction)
 
 
 def _compiled_apply(kernel: LossKernel, tensors, weights, static) -> torch.Tensor:

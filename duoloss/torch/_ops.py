@@ -270,7 +270,14 @@ class FastApply:
             if isinstance(a, torch.Tensor) and _private.is_wrapped(a):
                 args = _private.unwrap_dead_wrappers(args)
                 break
-        return _private.function_apply(cls)(*args)
+        fast = _FAST_APPLY.get(cls)
+        if fast is None:
+            fast = _FAST_APPLY[cls] = _private.function_apply(cls)
+        return fast(*args)
+
+
+#: `FastApply`'s C++ ``apply`` bound to each class, made on its first call.
+_FAST_APPLY: dict = {}
 
 
 def second_order_message(name: str) -> str:
