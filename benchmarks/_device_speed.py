@@ -11,8 +11,8 @@ otherwise):
 
 * CTC ``(N, T, C, S)`` at the issue's four sizes: duoloss ``impl='device'`` float32 and
   bf16 logits, its two-launch form (``duoloss device (split)``: alpha and beta
-  concurrent, then the gradient rows; ``CTC_SPLIT_MIN_BLOCK``), ``F.ctc_loss`` native, ``F.ctc_loss`` under cuDNN's conditions, duoloss
-  host (small sizes only);
+  concurrent, then the gradient rows; ``CTC_SPLIT_MIN_BLOCK``), ``F.ctc_loss`` native,
+  ``F.ctc_loss`` under cuDNN's conditions, duoloss host (small sizes only);
 * RNN-T ``(N, T, U, V)``: duoloss device (float32, bf16), torchaudio's CUDA
   ``rnnt_loss``, warprnnt-numba's CUDA kernel (carried as a wheel), the materialised
   joiner (small sizes), ``tdt_loss`` (durations 0..4) and ``multiblank_rnnt_loss``
@@ -92,6 +92,12 @@ def ratios(case: str, ms: Dict[str, float], pairs: List[Tuple[str, str, Optional
 
 
 # ------------------------------------------------------------------ torch CTC
+def _split(f):
+    """``f`` run with the torch CTC launcher's two-launch form forced."""
+    from benchmarks._device_check import ctc_split
+    return lambda: ctc_split(f)
+
+
 def torch_ctc(sizes, dev, rounds, row, short):
     """``{size: {name: ms}}``."""
     import torch
@@ -115,13 +121,10 @@ def torch_ctc(sizes, dev, rounds, row, short):
                 z.grad = None
                 f(z.log_softmax(-1)).backward()
             return run
-        def split(f):
-            from benchmarks._device_check import ctc_split
-            return lambda: ctc_split(f)
         fns = {
             "duoloss device": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld, impl="device")),
             "F.ctc_loss native": None,
-            "duoloss device (split)": split(step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
+            "duoloss device (split)": _split(step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
                                                                         impl="device"))),
             "duoloss device bf16": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
                                                                impl="device"), xh),

@@ -19,6 +19,7 @@ from duoloss.core import _validate as _v
 from duoloss.core.losses.graph_loss import PackedGraphs
 
 from ._adapter import check_not_torchscript, to_numpy
+from ._private import transforms_active
 
 __all__ = ["check_bool", "check_same_device", "check_tensor", "host_graphs", "int_array",
            "int_lengths", "int_tensor", "padded_targets_traced", "per_sequence",
@@ -34,7 +35,6 @@ def read_together_applies(device: torch.device, xs) -> bool:
     """Whether the validation may read the integer tensors ``xs`` (targets and
     lengths) in one copy (`read_ints_together`): all of them integer tensors on
     ``device``, an accelerator, outside ``torch.func`` transforms."""
-    from ._private import transforms_active
     return (device.type != "cpu" and not transforms_active()
             and all(isinstance(x, torch.Tensor) and x.device == device
                     and x.dtype in _INT_DTYPES for x in xs))
