@@ -209,12 +209,13 @@ def _both(fn, floats, dev, n_out=1):
     return errs
 
 
-def ctc_split(thunk):
-    """``thunk()`` with the torch CTC launcher's two-launch form forced
-    (`duoloss.torch._triton._ops.CTC_SPLIT_MIN_BLOCK`)."""
+def ctc_split(thunk, split: bool = True):
+    """``thunk()`` with the torch CTC launcher's two-launch form forced (``split``)
+    or its one fused program per sequence forced (``split=False``), whatever the
+    block (`duoloss.torch._triton._ops.CTC_SPLIT_MIN_BLOCK`)."""
     from duoloss.torch._triton import _ops
     old = _ops.CTC_SPLIT_MIN_BLOCK
-    _ops.CTC_SPLIT_MIN_BLOCK = 0
+    _ops.CTC_SPLIT_MIN_BLOCK = 0 if split else 1 << 30
     try:
         return thunk()
     finally:
@@ -235,11 +236,13 @@ def torch_cases(sz: Sizes, dev):
             cases.append((f"torch ctc_loss {size}", dn, lambda lp=lp, a=(tgd, ild, tld), d=dev:
                           _both(lambda impl, x: dt.ctc_loss(x, *a, reduction="none",
                                                            impl=impl), [lp], d)))
-            # the two-launch form (alpha/beta concurrent, then the gradient rows)
-            cases.append((f"torch ctc_loss split {size}", dn,
-                          lambda lp=lp, a=(tgd, ild, tld), d=dev: ctc_split(lambda: _both(
-                              lambda impl, x: dt.ctc_loss(x, *a, reduction="none",
-                                                          impl=impl), [lp], d))))
+            # both forms whatever the size: the two-launch form (alpha/beta
+            # concurrent, then the gradient rows) and the fused program per sequence
+            for split in (True, False):
+                cases.append((f"torch ctc_loss {'split' if split else 'fused'} {size}", dn,
+                              lambda lp=lp, a=(tgd, ild, tld), d=dev, sp=split: ctc_split(
+                                  lambda: _both(lambda impl, x: dt.ctc_loss(
+                                      x, *a, reduction="none", impl=impl), [lp], d), sp)))
 
             def align(lp=lp, a=(tgd, ild, tld)):
                 outs = [dt.ctc_align(lp, *a, impl=impl) for impl in ("device", "host")]

@@ -10,8 +10,9 @@ Torch (full step: logits -> ``log_softmax`` -> loss -> backward, unless a row sa
 otherwise):
 
 * CTC ``(N, T, C, S)`` at the issue's four sizes: duoloss ``impl='device'`` float32 and
-  bf16 logits, its two-launch form (``duoloss device (split)``: alpha and beta
-  concurrent, then the gradient rows; ``CTC_SPLIT_MIN_BLOCK``), ``F.ctc_loss`` native,
+  bf16 logits, the launcher's other form at that size (``duoloss device (split)``: alpha
+  and beta concurrent, then the gradient rows, or ``(fused)``: one program per sequence;
+  ``CTC_SPLIT_MIN_BLOCK`` picks the default), ``F.ctc_loss`` native,
   ``F.ctc_loss`` under cuDNN's conditions, duoloss host (small sizes only);
 * RNN-T ``(N, T, U, V)``: duoloss device (float32, bf16), torchaudio's CUDA
   ``rnnt_loss``, warprnnt-numba's CUDA kernel (carried as a wheel), the materialised
@@ -92,10 +93,11 @@ def ratios(case: str, ms: Dict[str, float], pairs: List[Tuple[str, str, Optional
 
 
 # ------------------------------------------------------------------ torch CTC
-def _split(f):
-    """``f`` run with the torch CTC launcher's two-launch form forced."""
+def _form(f, split):
+    """``f`` run with the torch CTC launcher's two-launch form (``split``) or its fused
+    kernel forced."""
     from benchmarks._device_check import ctc_split
-    return lambda: ctc_split(f)
+    return lambda: ctc_split(f, split)
 
 
 def torch_ctc(sizes, dev, rounds, row, short):
@@ -104,12 +106,15 @@ def torch_ctc(sizes, dev, rounds, row, short):
     import torch.nn.functional as F
 
     import duoloss.torch as dt
+    from duoloss.torch._triton import _ops
     out = {}
     for size in sizes:
         b, t, c, s = size
         g = torch.Generator().manual_seed(0)
         x = torch.randn(t, b, c, generator=g).to(dev).requires_grad_()
         xh = x.detach().to(torch.bfloat16).requires_grad_()
+        other = ("duoloss device (fused)" if _ops._block(2 * s + 1) >= _ops.CTC_SPLIT_MIN_BLOCK
+                 else "duoloss device (split)")
         tg = torch.randint(1, c, (b, s), generator=g)
         il = torch.full((b,), t, dtype=torch.int64)
         il[1::2] = max(t - t // 5, 2 * s + 1)
@@ -124,8 +129,9 @@ def torch_ctc(sizes, dev, rounds, row, short):
         fns = {
             "duoloss device": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld, impl="device")),
             "F.ctc_loss native": None,
-            "duoloss device (split)": _split(step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
-                                                                        impl="device"))),
+            # the launcher's other form at this block (CTC_SPLIT_MIN_BLOCK)
+            other: _form(step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld, impl="device")),
+                         other == "duoloss device (split)"),
             "duoloss device bf16": step(lambda lp: dt.ctc_loss(lp, tgd, ild, tld,
                                                                impl="device"), xh),
         }
@@ -159,8 +165,8 @@ def torch_ctc(sizes, dev, rounds, row, short):
         ms = race(fns, dev, rounds, row, case, short)
         target = 0.6 if size == (32, 500, 50, 100) else 1.0
         pairs = [("duoloss device", "F.ctc_loss native", target),
-                 ("duoloss device (split)", "F.ctc_loss native", target),
-                 ("duoloss device (split)", "duoloss device", None),
+                 (other, "F.ctc_loss native", target),
+                 (other, "duoloss device", None),
                  ("duoloss device bf16", "duoloss device", None)]
         cud = [k for k in ms if k.startswith("F.ctc_loss cuDNN")]
         if cud:

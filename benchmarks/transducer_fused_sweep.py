@@ -60,6 +60,9 @@ def _graph_timer(fn, x, reps):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
+    del graph  # its memory pool goes back before the next variant's capture
+    x.grad = None
+    torch.cuda.empty_cache()
     return statistics.median(times)
 
 
@@ -139,7 +142,11 @@ def main(argv=None) -> int:
                             f = lambda z: dt.rnnt_loss(z, y, il, tl, impl="device")  # noqa: E731
                             try:
                                 ms = _step_timer(f, x, reps, cuda)
-                                gms = _graph_timer(f, x, reps) if cuda else None
+                                # a fresh leaf for the capture: the eager steps' leaf
+                                # keeps its AccumulateGrad node on the default stream,
+                                # which invalidated the capture on an H200
+                                gms = (_graph_timer(f, base.clone().requires_grad_(), reps)
+                                       if cuda else None)
                             except Exception as e:  # noqa: BLE001 (a variant that fails)
                                 emit(loss="rnnt_loss", knob=dict(tile=tile, tile_warps=tile_warps,
                                                                  lanes_per_warp=per_warp),

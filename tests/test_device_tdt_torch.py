@@ -48,6 +48,23 @@ def _check(f, x, targets, il, tl, dtype, cot=None, **kw):
     return ld, gd
 
 
+@pytest.fixture(params=["prefetch", "unrolled", "looped"])
+def tiles(request, monkeypatch):
+    """The recursion's three forms (`_dur_ops.recursion_tiles`): every move of a frame
+    in one tile with its weights loaded a frame ahead (what these sizes get), two
+    moves per tile unrolled, one move per tile in a loop (what large ``U`` gets)."""
+    from duoloss.torch._triton import _dur_ops
+    if request.param != "prefetch":
+        rule = _dur_ops.recursion_tiles
+
+        def forced(block, moves, dtype):
+            nw, t = rule(block, moves, dtype)
+            mc = 2 if request.param == "unrolled" else 1
+            return nw, dict(t, MC=mc, PREFETCH=False, UNROLL=request.param == "unrolled")
+        monkeypatch.setattr(_dur_ops, "recursion_tiles", forced)
+    return request.param
+
+
 TDT_CASES = [
     # durations with 0 (the within-frame label chain), NeMo's options, a cotangent
     dict(durations=[0, 1, 2], blank=3, sigma=0.05, fastemit_lambda=0.1, clamp=0.3,
@@ -62,7 +79,7 @@ TDT_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("case", range(len(TDT_CASES)), ids=["d012-opts", "d1-5-omega",
                                                                "d0-4-blank0-rnnt"])
-def test_tdt_device_equals_host(case, dtype):
+def test_tdt_device_equals_host(case, dtype, tiles):
     kw = dict(TDT_CASES[case])
     n_dur = len(kw["durations"])
     x = _logits(case, (2, 6, 3, 4 + n_dur), dtype)
@@ -74,7 +91,7 @@ def test_tdt_device_equals_host(case, dtype):
     assert torch.isfinite(loss).all() and grad[1, 4:].abs().max() == 0  # past T_b: zero
 
 
-def test_tdt_infeasible_inf_zero_grad_and_nan():
+def test_tdt_infeasible_inf_zero_grad_and_nan(tiles):
     """``durations=[2]`` and an odd ``T_b``: no path, ``+inf`` and zero gradient
     (the other sequence unaffected); a NaN logit inside a box: NaN loss and NaN
     gradient over that box, as the core."""
@@ -93,7 +110,7 @@ def test_tdt_infeasible_inf_zero_grad_and_nan():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_multiblank_device_equals_host(dtype):
+def test_multiblank_device_equals_host(dtype, tiles):
     """Big blanks of durations 2 and 3 at ``blank - 1``, ``blank - 2``; sigma,
     FastEmit and clamp on every logit."""
     x = _logits(11, (2, 6, 3, 6), dtype)

@@ -48,13 +48,14 @@ def record(fn: Callable[[], object]) -> List[tuple]:
 def ctc_launches(n: int, t: int, c: int, s: int, dtype: torch.dtype, want_grad: bool,
                  zero_infinity: bool = False, split: bool = False) -> List[tuple]:
     """Launches of the CTC operator for ``log_probs`` ``(T, N, C)`` and padded
-    targets ``(N, S)`` (reduction ``'mean'``); ``split``: its two-launch form
-    (``_ops.CTC_SPLIT_MIN_BLOCK``) whatever the block."""
+    targets ``(N, S)`` (reduction ``'mean'``) in one form whatever the block
+    (``_ops.CTC_SPLIT_MIN_BLOCK``): the two-launch form (``split``) or the fused
+    kernel."""
     lp = torch.empty((t, n, c), dtype=dtype, device=_META)
     tg = torch.empty((n, s), dtype=torch.int64, device=_META)
     il = torch.empty((n,), dtype=torch.int64, device=_META)
     old = _ops.CTC_SPLIT_MIN_BLOCK
-    _ops.CTC_SPLIT_MIN_BLOCK = 0 if split else old
+    _ops.CTC_SPLIT_MIN_BLOCK = 0 if split else 1 << 30
     try:
         return record(lambda: _ops._ctc_impl(lp, tg, il, il, 0, zero_infinity, 2, True, n,
                                              s, False, False, want_grad))

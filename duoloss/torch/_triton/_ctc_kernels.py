@@ -358,8 +358,18 @@ def ctc_ab_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
         e = tl.load(lp_b + col, mask=live & some, other=float("-inf")).to(acc)
         alpha = tl.where(k < 2, e, neg)
         tl.store(a_seq + k, alpha, mask=some)
+        # the emissions two frames ahead: each frame's gathered row is requested two
+        # iterations before its use, its memory latency behind two frames' work
+        one_t = stride_lt.to(tl.int64)
+        ep1 = tl.load(lp_b + one_t + col, mask=live & ((k * 0 + 1) < t_b),
+                      other=float("-inf")).to(acc)
+        ep2 = tl.load(lp_b + 2 * one_t + col, mask=live & ((k * 0 + 2) < t_b),
+                      other=float("-inf")).to(acc)
         for t in range(1, t_b):
-            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc)
+            e = ep1
+            ep1 = ep2
+            ep2 = tl.load(lp_b + (t + 2) * stride_lt + col,
+                          mask=live & ((k * 0 + t + 2) < t_b), other=float("-inf")).to(acc)
             if not GATHER:
                 tl.debug_barrier()
             prev = a_seq + (t - 1) * BLOCK + k
@@ -407,9 +417,18 @@ def ctc_ab_kernel(lp_ptr, stride_lt, stride_ln, C, blank,
                     other=float("-inf")).to(acc)
         beta = tl.where(live & (k >= n_states - 2), e, neg)
         tl.store(b_seq + t_last * BLOCK + k, beta, mask=some)
+        ep1 = tl.load(lp_b + (t_last - 1) * stride_lt + col,
+                      mask=live & ((k * 0 + t_last - 1) >= 0) & some,
+                      other=float("-inf")).to(acc)
+        ep2 = tl.load(lp_b + (t_last - 2) * stride_lt + col,
+                      mask=live & ((k * 0 + t_last - 2) >= 0) & some,
+                      other=float("-inf")).to(acc)
         for r in range(1, t_b):
             t = t_b - 1 - r
-            e = tl.load(lp_b + t * stride_lt + col, mask=live, other=float("-inf")).to(acc)
+            e = ep1
+            ep1 = ep2
+            ep2 = tl.load(lp_b + (t - 2) * stride_lt + col,
+                          mask=live & ((k * 0 + t - 2) >= 0), other=float("-inf")).to(acc)
             if not GATHER:
                 tl.debug_barrier()
             nxt = b_seq + (t + 1) * BLOCK + k

@@ -159,6 +159,82 @@ def _w(seq, P, off, k_plane, i_dur, NB: tl.constexpr, mask):
     return tl.where(w == float("-inf"), w, w + dw)
 
 
+@triton.jit
+def _move_table(LAB_D: tl.constexpr, LAB_I: tl.constexpr, L: tl.constexpr,
+                BLK_K: tl.constexpr, BLK_D: tl.constexpr, BLK_I: tl.constexpr,
+                J: tl.constexpr, NB: tl.constexpr, MC: tl.constexpr, c0):
+    """Moves ``c0 .. c0 + MC - 1`` of the list ``L`` label moves of duration ``> 0``
+    then ``J`` blank moves, as ``(MC,)`` vectors: ``(used, is_label, duration, weight
+    plane, duration plane or -1)``."""
+    m = c0 + tl.arange(0, MC)
+    lab = m < L
+    ml = tl.where(lab, m, 0)
+    mj = tl.where(lab, 0, m - L)
+    d = tl.where(lab, _entry(LAB_D, L, ml), _entry(BLK_D, J, mj))
+    di = tl.where(lab, _entry(LAB_I, L, ml), _entry(BLK_I, J, mj))
+    plane = tl.where(lab, 0, 1 + _entry(BLK_K, J, mj))
+    dplane = tl.where(di == NONE, -1, 1 + NB + di)
+    return m < L + J, lab, d, plane, dplane
+
+
+@triton.jit
+def _tile_w(seq, P, cells, plane, dplane, mask):
+    """The ``(MB, BLOCK)`` move weights at ``cells``: token plane plus duration plane
+    (none where ``dplane < 0``), ``-inf`` off ``mask``."""
+    cells = tl.where(mask, cells, 0)
+    w = tl.load(seq + (plane[:, None] * P + cells), mask=mask, other=float("-inf"))
+    has = mask & (dplane >= 0)[:, None]
+    dw = tl.load(seq + (tl.maximum(dplane, 0)[:, None] * P + cells), mask=has, other=0.0)
+    return tl.where(w == float("-inf"), w, w + dw)
+
+
+@triton.jit
+def _lse_moves(src, w):
+    """``log2 sum_m 2^(src + w)`` over the moves (axis 0), a term read only where its
+    source holds mass and its weight is above ``-inf`` (`_move`); NaN propagates."""
+    dead = (src == float("-inf")) | (w == float("-inf"))
+    terms = tl.where(dead, float("-inf"), src + w)
+    mx = _max(terms, 0)
+    mxs = tl.where((mx == float("-inf")) | (mx == float("inf")), 0.0, mx)
+    return mxs + tl.log2(_sum(tl.exp2(terms - mxs[None, :]), 0))
+
+
+@triton.jit
+def _alpha_tile(a, a_seq, seq, P, U1, t, lane, live, used, is_lab, d, plane, dplane,
+                w_pre, PRE: tl.constexpr):
+    """``a`` log-added with frame ``t``'s moves of one tile: sources ``(t - d, u -
+    is_label)`` read from the alpha plane, weights ``w_pre`` (``PRE``) or loaded."""
+    src_u = lane[None, :] - is_lab[:, None].to(tl.int32)
+    src_t = t - d[:, None]
+    ok = used[:, None] & live[None, :] & (src_u >= 0) & (src_t >= 0)
+    cells = src_t * U1 + src_u
+    if PRE:
+        w = w_pre
+    else:
+        w = _tile_w(seq, P, cells, plane, dplane, ok)
+    src = tl.load(a_seq + tl.where(ok, cells, 0), mask=ok, other=float("-inf"))
+    return _lae2(a, _lse_moves(src, w))
+
+
+@triton.jit
+def _beta_tile(bt, b_seq, seq, P, U1, t, tb, row, r, ub, live_r, used, is_lab, d, plane,
+               dplane, w_pre, PRE: tl.constexpr):
+    """``bt`` log-added with the moves of one tile out of ``(t, r)``: sources ``(t + d, r
+    + is_label)`` read from the beta plane, weights at the cell (``w_pre`` with
+    ``PRE``); a blank move landing exactly on ``T_b`` from row ``U_b`` ends a path."""
+    w_ok = used[:, None] & live_r[None, :] & (~is_lab[:, None] | (r < ub)[None, :])
+    if PRE:
+        w = w_pre
+    else:
+        w = _tile_w(seq, P, row[None, :] + d[:, None] * 0, plane, dplane, w_ok)
+    tgt_t = d[:, None] + t
+    src_ok = w_ok & (tgt_t < tb)
+    cells = row[None, :] + d[:, None] * U1 + is_lab[:, None].to(tl.int32)
+    src = tl.load(b_seq + tl.where(src_ok, cells, 0), mask=src_ok, other=float("-inf"))
+    term = w_ok & ~is_lab[:, None] & (tgt_t == tb) & (r == ub)[None, :]
+    return _lae2(bt, _lse_moves(tl.where(term, 0.0, src), w))
+
+
 @triton.jit(do_not_specialize=["W", "P", "sy_b", "sy_u", "T", "U", "NLAB", "blank", "lam1",
                                 "sout"])
 def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, U, NLAB,
@@ -167,10 +243,15 @@ def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, 
                           BLK_K: tl.constexpr, BLK_D: tl.constexpr, BLK_I: tl.constexpr,
                           J: tl.constexpr, NB: tl.constexpr, D: tl.constexpr,
                           ZERO_I: tl.constexpr, HAS_ZERO: tl.constexpr,
-                          REDUCED: tl.constexpr, BLOCK: tl.constexpr):
+                          REDUCED: tl.constexpr, BLOCK: tl.constexpr, MB: tl.constexpr,
+                          MC: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
     """Alpha (``program_id(1) == 0``; also ``log2 Z``, the loss, the flag) or beta of
     sequence ``program_id(0)``.  ``LAB_*``: the ``L`` label moves of duration ``> 0``;
-    ``HAS_ZERO``: a duration-0 label move (duration logit ``ZERO_I``)."""
+    ``HAS_ZERO``: a duration-0 label move (duration logit ``ZERO_I``); ``MB``: a power
+    of two ``>= L + J``; ``MC``: the moves per tile (a power of two dividing ``MB``);
+    ``PREFETCH`` (only with ``MC == MB``): each frame's weights loaded a frame ahead;
+    ``UNROLL``: the tiles of a frame unrolled (all their loads in flight together)
+    rather than a loop (fewer live registers)."""
     b = tl.program_id(0).to(tl.int64)
     side = tl.program_id(1)
     U1 = U + 1
@@ -200,42 +281,60 @@ def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, 
     a_seq = seq + (3 + NB + D) * P
     b_seq = seq + (4 + NB + D) * P
     if side == 0:
+        # frame t's moves as (MC, BLOCK) tiles, MC moves at a time: source cells
+        # (t - d, u - is_label) and their weights (with PREFETCH, MC = MB: loaded a
+        # frame ahead, before the barrier that publishes the previous frame's row),
+        # the sources' alpha read after the barrier, one log-sum-exp per lane
+        if PREFETCH:
+            used, is_lab, d, plane, dplane = _move_table(LAB_D, LAB_I, L, BLK_K, BLK_D,
+                                                         BLK_I, J, NB, MB, 0)
+            src_u = lane[None, :] - is_lab[:, None].to(tl.int32)
+            ok_u = used[:, None] & live[None, :] & (src_u >= 0)
+            src_t = zero[None, :] * 0 - d[:, None]          # (t - d) at t = 0
+            w_nx = _tile_w(seq, P, src_t * U1 + src_u, plane, dplane, ok_u & (src_t >= 0))
+        if HAS_ZERO:
+            w0_nx = _w(seq, P, lane - 1, 0, ZERO_I, NB, live & (lane >= 1) & ((zero + tb) > 0))
         for t in range(0, tb):
+            if PREFETCH:
+                w_mv = w_nx
+                ok_n = ok_u & ((src_t + t + 1) >= 0) & ((zero[None, :] + t + 1) < tb)
+                w_nx = _tile_w(seq, P, (src_t + t + 1) * U1 + src_u, plane, dplane, ok_n)
+            if HAS_ZERO:
+                w0 = w0_nx
+                w0_nx = _w(seq, P, (t + 1) * U1 + lane - 1, 0, ZERO_I, NB,
+                           live & (lane >= 1) & ((zero + t + 1) < tb))
             tl.debug_barrier()
             a = tl.where((lane == 0) & (zero + t == 0), 0.0, neg)
-            for mv in range(L):
-                d = _entry(LAB_D, L, mv)
-                di = _entry(LAB_I, L, mv)
-                if t >= d:
-                    off = (t - d) * U1 + lane - 1
-                    ok = live & (lane >= 1)
-                    a = _move(a, tl.load(a_seq + off, mask=ok, other=float("-inf")),
-                              _w(seq, P, off, 0, di, NB, ok))
-            for mv in range(J):
-                d = _entry(BLK_D, J, mv)
-                kk = _entry(BLK_K, J, mv)
-                di = _entry(BLK_I, J, mv)
-                if t >= d:
-                    off = (t - d) * U1 + lane
-                    a = _move(a, tl.load(a_seq + off, mask=live, other=float("-inf")),
-                              _w(seq, P, off, 1 + kk, di, NB, live))
+            if PREFETCH:
+                a = _alpha_tile(a, a_seq, seq, P, U1, t, lane, live, used, is_lab, d, plane,
+                                dplane, w_mv, True)
+            elif UNROLL:
+                for c0 in tl.static_range(0, MB, MC):
+                    used, is_lab, d, plane, dplane = _move_table(
+                        LAB_D, LAB_I, L, BLK_K, BLK_D, BLK_I, J, NB, MC, c0)
+                    a = _alpha_tile(a, a_seq, seq, P, U1, t, lane, live, used, is_lab, d,
+                                    plane, dplane, a, False)
+            else:
+                for c0 in range(0, MB, MC):
+                    used, is_lab, d, plane, dplane = _move_table(
+                        LAB_D, LAB_I, L, BLK_K, BLK_D, BLK_I, J, NB, MC, c0)
+                    a = _alpha_tile(a, a_seq, seq, P, U1, t, lane, live, used, is_lab, d,
+                                    plane, dplane, a, False)
             if HAS_ZERO:
-                off = t * U1 + lane - 1
-                w0 = _w(seq, P, off, 0, ZERO_I, NB, live & (lane >= 1))
                 _, a = tl.associative_scan((w0, a), 0, _chain)
             tl.store(a_seq + (t * U1 + lane), a, mask=live)
         tl.debug_barrier()
         # log Z: the last blank, landing exactly on T_b from row U_b
         fin = (lane == ub) & ((zero + tb) > 0)
         acc = neg
-        for mv in range(J):
-            d = _entry(BLK_D, J, mv)
-            kk = _entry(BLK_K, J, mv)
-            di = _entry(BLK_I, J, mv)
-            off = (tb - d) * U1 + lane
-            okf = fin & ((zero + tb - d) >= 0)
-            acc = _move(acc, tl.load(a_seq + off, mask=okf, other=float("-inf")),
-                        _w(seq, P, off, 1 + kk, di, NB, okf))
+        for c0 in tl.static_range(0, MB, MC):
+            used, is_lab, d, plane, dplane = _move_table(LAB_D, LAB_I, L, BLK_K, BLK_D,
+                                                         BLK_I, J, NB, MC, c0)
+            okf = ((~is_lab & used)[:, None] & fin[None, :]
+                   & ((zero[None, :] + tb - d[:, None]) >= 0))
+            cells = (tb - d[:, None]) * U1 + lane[None, :]
+            src = tl.load(a_seq + tl.where(okf, cells, 0), mask=okf, other=float("-inf"))
+            acc = _lae2(acc, _lse_moves(src, _tile_w(seq, P, cells, plane, dplane, okf)))
         logz = _sum(tl.where(fin, acc, 0.0), 0)
         logz = tl.where(tb > 0, logz, tl.where(ub == 0, 0.0, float("-inf")))
         logz = tl.where(ok_v, logz, float("nan"))
@@ -252,31 +351,50 @@ def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, 
     else:
         r = U1 - 1 - lane     # lane k holds state r (the chain scans over reversed lanes)
         live_r = (r >= 0) & (r <= ub)
+        # frame t's moves out of (t, r): weights at the cell itself (with PREFETCH
+        # loaded a frame ahead), sources (t + d, r + is_label) read after the barrier;
+        # a blank move landing exactly on T_b from row U_b ends a path (its weight alone)
+        t_nx = tb - 1
+        if PREFETCH:
+            used, is_lab, d, plane, dplane = _move_table(LAB_D, LAB_I, L, BLK_K, BLK_D,
+                                                         BLK_I, J, NB, MB, 0)
+            w_ok = used[:, None] & live_r[None, :] & (~is_lab[:, None] | (r < ub)[None, :])
+            w_nx = _tile_w(seq, P, zero[None, :] + (t_nx * U1 + r)[None, :], plane, dplane,
+                           w_ok & ((zero[None, :] + t_nx) >= 0))
+        if HAS_ZERO:
+            m0 = live_r & (r < ub) & (lane >= 1)
+            w0_nx = _w(seq, P, tl.where(t_nx >= 0, t_nx * U1 + r, 0), 0, ZERO_I, NB,
+                       m0 & ((zero + t_nx) >= 0))
         for i in range(0, tb):
             t = tb - 1 - i
-            tl.debug_barrier()
             row = t * U1 + r
-            bt = neg
-            for mv in range(J):
-                d = _entry(BLK_D, J, mv)
-                kk = _entry(BLK_K, J, mv)
-                di = _entry(BLK_I, J, mv)
-                w = _w(seq, P, row, 1 + kk, di, NB, live_r)
-                term = live_r & (r == ub) & ((zero + t + d) == tb)
-                bt = _lae2(bt, tl.where(term, w, float("-inf")))
-                if t + d < tb:
-                    bt = _move(bt, tl.load(b_seq + (row + d * U1), mask=live_r,
-                                           other=float("-inf")), w)
-            for mv in range(L):
-                d = _entry(LAB_D, L, mv)
-                di = _entry(LAB_I, L, mv)
-                if t + d < tb:
-                    ok = live_r & (r < ub)
-                    bt = _move(bt, tl.load(b_seq + (row + d * U1 + 1), mask=ok,
-                                           other=float("-inf")),
-                               _w(seq, P, row, 0, di, NB, ok))
+            nrow = row - U1
+            if PREFETCH:
+                w_mv = w_nx
+                w_nx = _tile_w(seq, P, zero[None, :] + nrow[None, :], plane, dplane,
+                               w_ok & ((zero[None, :] + t - 1) >= 0))
             if HAS_ZERO:
-                w0 = _w(seq, P, row, 0, ZERO_I, NB, live_r & (r < ub) & (lane >= 1))
+                w0 = w0_nx
+                w0_nx = _w(seq, P, tl.where(t >= 1, nrow, 0), 0, ZERO_I, NB,
+                           m0 & ((zero + t - 1) >= 0))
+            tl.debug_barrier()
+            bt = neg
+            if PREFETCH:
+                bt = _beta_tile(bt, b_seq, seq, P, U1, t, tb, row, r, ub, live_r, used,
+                                is_lab, d, plane, dplane, w_mv, True)
+            elif UNROLL:
+                for c0 in tl.static_range(0, MB, MC):
+                    used, is_lab, d, plane, dplane = _move_table(
+                        LAB_D, LAB_I, L, BLK_K, BLK_D, BLK_I, J, NB, MC, c0)
+                    bt = _beta_tile(bt, b_seq, seq, P, U1, t, tb, row, r, ub, live_r, used,
+                                    is_lab, d, plane, dplane, bt, False)
+            else:
+                for c0 in range(0, MB, MC):
+                    used, is_lab, d, plane, dplane = _move_table(
+                        LAB_D, LAB_I, L, BLK_K, BLK_D, BLK_I, J, NB, MC, c0)
+                    bt = _beta_tile(bt, b_seq, seq, P, U1, t, tb, row, r, ub, live_r, used,
+                                    is_lab, d, plane, dplane, bt, False)
+            if HAS_ZERO:
                 _, bt = tl.associative_scan((w0, bt), 0, _chain)
             tl.store(b_seq + row, bt, mask=live_r)
 

@@ -102,6 +102,29 @@ def _tiles(v: int, dtype, tile: int = 0):
     return max(1, tile // block_v), block_v
 
 
+#: Tiles per frame up to which `dur_alpha_beta_kernel` unrolls them (their loads all in
+#: flight together); more run as a loop, which keeps fewer registers live.
+UNROLL_TILES = 2
+
+
+def recursion_tiles(block: int, moves: int, dtype):
+    """``(num_warps, dict(MB, MC, PREFETCH))`` of `dur_alpha_beta_kernel` at ``BLOCK``
+    lanes and ``moves`` moves per frame: the moves padded to ``MB``, read ``MC`` at a
+    time as ``(MC, BLOCK)`` tiles of at most 16 values per thread in float32 (8 in
+    float64; half that from 16 warps), with up to 4 warps (at least `warps(block, 4)`) to fit all of them in one
+    tile; when they fit, each frame's weights are loaded a frame ahead (``PREFETCH``),
+    else the tiles are unrolled up to `UNROLL_TILES` (``UNROLL``).
+    Spill-free at every ``BLOCK <= 2048`` on sm_80/sm_90 (``benchmarks/aot_table.py``)."""
+    per = 16 if dtype != torch.float64 else 8
+    mb = _pow2(moves, 2)
+    nw = max(warps(block, 4), min(4, _pow2(-(-mb * block // (32 * per)))))
+    if nw >= 16:    # (maxnreg 128 at 16 warps: half the values per thread)
+        per //= 2
+    each = max(1, mb * block // (32 * nw))
+    mc = mb if each <= per else max(1, mb * per // each)
+    return nw, dict(MB=mb, MC=mc, PREFETCH=mc == mb, UNROLL=mb // mc <= UNROLL_TILES)
+
+
 def forward_impl(x, targets, il, tl, spec, blank: int, reduction: str, lam: float,
                  want_grad: bool):
     """``(out, work)``: the reduced loss (``()``) or ``(N,)`` losses in the compute
@@ -119,8 +142,8 @@ def forward_impl(x, targets, il, tl, spec, blank: int, reduction: str, lam: floa
     rows, block_v = _tiles(n_lab, cd)
     block_d = _pow2(max(d_cols, nb, 1), 2)
     block = _pow2(u1, 2)
-    nw = warps(block, 4)
     consts = _consts(spec)
+    nw, tile = recursion_tiles(block, consts["L"] + consts["J"], cd)
     tg = _ptr(targets)
     sy = (targets.stride(0), targets.stride(1)) if targets.dim() == 2 else (0, 0)
     with _launch_device(x):
@@ -135,7 +158,7 @@ def forward_impl(x, targets, il, tl, spec, blank: int, reduction: str, lam: floa
                 work, w, p, tg, *sy, il, tl, t_max, u1 - 1, n_lab, blank,
                 f64_bits(1.0 + float(lam)),
                 _ptr(out), 0 if reduced else out.stride(0)),
-                dict(REDUCED=reduced, BLOCK=block, num_warps=nw,
+                dict(REDUCED=reduced, BLOCK=block, num_warps=nw, **tile,
                      maxnreg=min(255, 65536 // (32 * nw)), **consts))
         if reduced:
             inv = 1.0 / max(n, 1) if reduction == "mean" else 1.0

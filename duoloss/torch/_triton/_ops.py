@@ -105,10 +105,11 @@ CTC_GATHER_MAX_BLOCK = 64
 #: ``BLOCK`` from which the CTC loss runs as two launches, alpha and beta concurrent
 #: (`_ctc_kernels.ctc_ab_kernel`) then the gradient rows in parallel
 #: (`_ctc_kernels.ctc_post_kernel`), instead of the one fused program per sequence.
-#: Off (above every ``BLOCK``) until timed on a GPU against the fused kernel:
-#: ``benchmarks/ctc_device_sweep.py``'s ``split`` rows and the device check's
-#: ``duoloss device (split)`` rows measure both side by side.
-CTC_SPLIT_MIN_BLOCK = 1 << 30
+#: Timed on an H200 (``benchmarks/ctc_device_sweep.py``, full float32 step, commit
+#: c481381): the split form took 0.54x, 0.39x and 0.73x the fused kernel's time at
+#: ``BLOCK`` 256, 512 and 256 (``S`` = 100, 200, 100), and 1.35x at ``BLOCK`` 128
+#: (``(8,200,30,40)``, where its second launch costs more than it saves).
+CTC_SPLIT_MIN_BLOCK = 256
 
 
 def ctc_config(block: int, n_cls: int, dtype: torch.dtype):
@@ -206,7 +207,7 @@ def _ctc_split(lp, targets, il, tl, blank, zero_infinity, weights, n_div, s_cap,
             _ptr(targets), targets.stride(0) if targets.dim() == 2 else 0, il, tl,
             s_cap, rows, tables, ints, stat, out, max(n_div, 1), int(bool(zero_infinity))),
             dict(CONCAT=bool(concat), MODE=int(weights), GATHER=bool(gather), BLOCK=block,
-                 num_warps=nw))
+                 num_warps=nw, maxnreg=min(255, 65536 // (32 * nw))))
         if want_grad and t_max:
             launch(k.ctc_post_kernel, (t_max, n), (
                 _ptr(lp), lp.stride(0), lp.stride(1), n_cls, blank, il, rows, tables, ints,
