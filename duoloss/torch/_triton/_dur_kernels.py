@@ -421,6 +421,39 @@ def _lab_post(seq, P, b_seq, cell, alpha, zl, okm, d, di, U1, NB: tl.constexpr):
     return tl.where(dead | ~okm, 0.0, tl.exp2(alpha + w + bd - zl))
 
 
+@triton.jit
+def _lab_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub, plab, pdur, j, U1,
+              LAB_D: tl.constexpr, LAB_I: tl.constexpr, L: tl.constexpr, NB: tl.constexpr,
+              mv):
+    """`dur_grad_kernel`'s sums with label move ``mv``'s posterior added."""
+    d = _entry(LAB_D, L, mv)
+    di = _entry(LAB_I, L, mv)
+    p = _lab_post(seq, P, b_seq, cell, alpha, zl, act & (u < ub) & (t + d < tb), d, di,
+                  U1, NB)
+    return plab + p, pdur + tl.where(j[None, :] == di, p[:, None], 0.0)
+
+
+@triton.jit
+def _blk_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub, occ, pdur, pk_all, j, U1,
+              BLK_K: tl.constexpr, BLK_D: tl.constexpr, BLK_I: tl.constexpr,
+              J: tl.constexpr, NB: tl.constexpr, mv):
+    """`dur_grad_kernel`'s sums with blank move ``mv``'s posterior added (a move that
+    lands exactly on ``T_b`` from row ``U_b`` ends a path: its weight alone)."""
+    d = _entry(BLK_D, J, mv)
+    kk = _entry(BLK_K, J, mv)
+    di = _entry(BLK_I, J, mv)
+    w = _w(seq, P, cell, 1 + kk, di, NB, act)
+    okn = act & (t + d < tb)
+    bd = tl.load(b_seq + (cell + d * U1), mask=okn, other=float("-inf"))
+    dead = (alpha == float("-inf")) | (w == float("-inf")) | (bd == float("-inf"))
+    p = tl.where(dead | ~okn, 0.0, tl.exp2(alpha + w + bd - zl))
+    term = act & (u == ub) & (t + d == tb)
+    dead_t = (alpha == float("-inf")) | (w == float("-inf"))
+    p += tl.where(dead_t | ~term, 0.0, tl.exp2(alpha + w - zl))
+    return (occ + p, pdur + tl.where(j[None, :] == di, p[:, None], 0.0),
+            pk_all + tl.where(j[None, :] == kk, p[:, None], 0.0))
+
+
 @triton.jit(do_not_specialize=["sx_b", "sx_t", "sx_u", "sg_b", "sg_t", "sg_u", "W", "P",
                                 "sy_b", "sy_u", "s_cot", "cot_scale", "n_cells", "T", "U1",
                                 "NLAB", "blank", "lam", "clamp"])
@@ -432,7 +465,7 @@ def dur_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr, 
                     J: tl.constexpr, NB: tl.constexpr, D: tl.constexpr,
                     ZERO_I: tl.constexpr, HAS_ZERO: tl.constexpr, DUR_GRAD: tl.constexpr,
                     DC: tl.constexpr, CLAMP: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
     """The gradient rows of ``ROWS`` cells (token columns ``[0, NLAB)``, then the ``DC``
     duration columns: ``D = DC`` planes with ``DUR_GRAD``, else zeros), times
     ``cot[b * s_cot] * cot_scale``."""
@@ -467,15 +500,17 @@ def dur_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr, 
     occ = tl.full((ROWS,), 0, cd)
     j = tl.arange(0, BLOCK_D)
     pdur = tl.full((ROWS, BLOCK_D), 0, cd)
-    # the move loops run at run time: one move's values live at a time (unrolled, 8
-    # durations spilled in float64)
-    for mv in range(L):
-        di = _entry(LAB_I, L, mv)
-        p = _lab_post(seq, P, b_seq, cell, alpha, zl, act & (u < ub) & (t + _entry(LAB_D, L, mv)
-                                                                       < tb),
-                      _entry(LAB_D, L, mv), di, U1, NB)
-        plab += p
-        pdur += tl.where(j[None, :] == di, p[:, None], 0.0)
+    # the move loops unrolled (``UNROLL``: every move's loads in flight together) or
+    # at run time (one move's values live at a time: 8 durations unrolled spilled in
+    # float64)
+    if UNROLL:
+        for mv in tl.static_range(L):
+            plab, pdur = _lab_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub, plab,
+                                   pdur, j, U1, LAB_D, LAB_I, L, NB, mv)
+    else:
+        for mv in range(L):
+            plab, pdur = _lab_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub, plab,
+                                   pdur, j, U1, LAB_D, LAB_I, L, NB, mv)
     if HAS_ZERO:
         p = _lab_post(seq, P, b_seq, cell, alpha, zl, act & (u < ub), 0, ZERO_I, U1, NB)
         plab += p
@@ -485,21 +520,16 @@ def dur_grad_kernel(x_ptr, sx_b, sx_t, sx_u, g_ptr, sg_b, sg_t, sg_u, work_ptr, 
     grow = g_ptr + b * sg_b + t * sg_t + u * sg_u
     # the blank symbols' posteriors, per symbol (a blank symbol k is class blank - k)
     pk_all = tl.full((ROWS, BLOCK_D), 0, cd)   # (unused columns stay 0)
-    for mv in range(J):
-        d = _entry(BLK_D, J, mv)
-        kk = _entry(BLK_K, J, mv)
-        di = _entry(BLK_I, J, mv)
-        w = _w(seq, P, cell, 1 + kk, di, NB, act)
-        okn = act & (t + d < tb)
-        bd = tl.load(b_seq + (cell + d * U1), mask=okn, other=float("-inf"))
-        dead = (alpha == float("-inf")) | (w == float("-inf")) | (bd == float("-inf"))
-        p = tl.where(dead | ~okn, 0.0, tl.exp2(alpha + w + bd - zl))
-        term = act & (u == ub) & (t + d == tb)
-        dead_t = (alpha == float("-inf")) | (w == float("-inf"))
-        p += tl.where(dead_t | ~term, 0.0, tl.exp2(alpha + w - zl))
-        occ += p
-        pdur += tl.where(j[None, :] == di, p[:, None], 0.0)
-        pk_all += tl.where(j[None, :] == kk, p[:, None], 0.0)
+    if UNROLL:
+        for mv in tl.static_range(J):
+            occ, pdur, pk_all = _blk_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub,
+                                          occ, pdur, pk_all, j, U1, BLK_K, BLK_D, BLK_I, J,
+                                          NB, mv)
+    else:
+        for mv in range(J):
+            occ, pdur, pk_all = _blk_move(seq, P, b_seq, cell, alpha, zl, act, t, u, tb, ub,
+                                          occ, pdur, pk_all, j, U1, BLK_K, BLK_D, BLK_I, J,
+                                          NB, mv)
     occ += plab
     cot = tl.load(cot_ptr + b * s_cot, mask=in_grid, other=0.0).to(cd) * cot_scale
     keep = act & use & (occ != 0.0)

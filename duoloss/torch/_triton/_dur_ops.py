@@ -167,6 +167,13 @@ def forward_impl(x, targets, il, tl, spec, blank: int, reduction: str, lam: floa
     return out, work
 
 
+def grad_unroll(moves: int, dtype) -> bool:
+    """Whether `dur_grad_kernel` unrolls its move loops (each cell's loads of every
+    move in flight together): up to 10 moves in float32 and 5 in float64, spill-free
+    on sm_80/sm_90 (``benchmarks/aot_table.py``)."""
+    return moves <= (10 if dtype != torch.float64 else 5)
+
+
 def grad_impl(x, work, targets, il, tl, cot, spec, blank: int, reduction: str, lam: float,
               clamp: float):
     n, t_max, u1, width = x.shape
@@ -191,6 +198,7 @@ def grad_impl(x, work, targets, il, tl, cot, spec, blank: int, reduction: str, l
             f64_bits(lam), f64_bits(clamp)),
             dict(DUR_GRAD=bool(dur_grad), DC=d_cols, CLAMP=clamp > 0, ROWS=rows,
                  BLOCK_V=block_v, BLOCK_D=block_d, num_warps=_TILE_WARPS,
+                 UNROLL=grad_unroll(len(blk) + len(lab), cd),
                  maxnreg=255, **_consts(spec)))  # (ptxas chose 128 and spilled in float64)
     return g
 
