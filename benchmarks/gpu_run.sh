@@ -7,6 +7,8 @@
 # A session's 15 device minutes, as two calls (each `run` at most 600 s):
 #   1. DUOLOSS_COMMIT=<c> SWEEPS=0 bash benchmarks/gpu_run.sh      timeout_s 480 (~400 s)
 #   2. (at once, warm) ONLY_SWEEPS=1 SWEEP_TIMEOUT=100 bash benchmarks/gpu_run.sh
+# or all in one call (~500 s): CTC_SWEEP=0 SWEEP_TIMEOUT=100 bash benchmarks/gpu_run.sh
+# (CTC_SWEEP=0: the speed rows already time both CTC forms side by side)
 # Installs the carried peer wheels (.whl/, e.g. warprnnt-numba) if present, then runs the
 # one-shot check in two processes, speed first, their rows rewritten to
 # $OUT/device-speed.json and $OUT/device-check.json after every row (a run killed at its
@@ -46,8 +48,10 @@ fi
 # launch configurations, the fused transducer kernels' tiles and warps, and the Pallas
 # CTC's num_warps / posterior placement
 if [ "${SWEEPS:-1}" != 0 ]; then
-  timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.ctc_device_sweep --quick --reps 20 \
-    > "$OUT/ctc-device-sweep.json" 2> "$OUT/ctc-device-sweep.log"; echo "ctc sweep exit $?"
+  if [ "${CTC_SWEEP:-1}" != 0 ]; then
+    timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.ctc_device_sweep --quick --reps 20 \
+      > "$OUT/ctc-device-sweep.json" 2> "$OUT/ctc-device-sweep.log"; echo "ctc sweep exit $?"
+  fi
   timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.transducer_fused_sweep \
     > "$OUT/transducer-fused-sweep.jsonl" 2> "$OUT/transducer-fused-sweep.log"
   echo "transducer sweep exit $?"; cat "$OUT/transducer-fused-sweep.jsonl"
@@ -55,5 +59,5 @@ if [ "${SWEEPS:-1}" != 0 ]; then
     timeout "${SWEEP_TIMEOUT:-120}" python3 -m benchmarks.pallas_ctc_sweep \
       > "$OUT/pallas-ctc-sweep.txt" 2>&1; echo "pallas sweep exit $?"
   fi
-  python3 -c "import json; d=json.load(open('$OUT/ctc-device-sweep.json')); print(json.dumps(d)[:6000])" || true
+  [ "${CTC_SWEEP:-1}" = 0 ] || python3 -c "import json; d=json.load(open('$OUT/ctc-device-sweep.json')); print(json.dumps(d)[:6000])" || true
 fi

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     import torch
 
     import duoloss.torch as dt
-    from duoloss.torch._triton import _rnnt_ops
+    from duoloss.torch._triton import _dur_ops, _rnnt_ops
     cuda = torch.cuda.is_available() and not a.dry
     dev = torch.device("cuda" if cuda else "cpu")
     shapes = [(2, 6, 3, 5)] if a.dry else [(32, 150, 40, 28), (16, 300, 60, 256),
@@ -131,6 +131,7 @@ def main(argv=None) -> int:
             # the knobs at a shape whose step is kernel-bound: GPU time of the step
             # replayed as a CUDA graph (no host work in it), and the eager step
             old = (_rnnt_ops._TILE, _rnnt_ops._TILE_WARPS, _rnnt_ops._recursion_warps)
+            graphs_ok = True
             try:
                 for tile in (512, 1024, 2048, 4096):
                     for tile_warps in (4, 8):
@@ -140,24 +141,47 @@ def main(argv=None) -> int:
                                 lambda block, k=per_warp: max(1, min(16, block // k)))
                             x = base.clone().requires_grad_()
                             f = lambda z: dt.rnnt_loss(z, y, il, tl, impl="device")  # noqa: E731
+                            knob = dict(tile=tile, tile_warps=tile_warps,
+                                        lanes_per_warp=per_warp)
                             try:
                                 ms = _step_timer(f, x, reps, cuda)
-                                # a fresh leaf for the capture: the eager steps' leaf
-                                # keeps its AccumulateGrad node on the default stream,
-                                # which invalidated the capture on an H200
-                                gms = (_graph_timer(f, base.clone().requires_grad_(), reps)
-                                       if cuda else None)
                             except Exception as e:  # noqa: BLE001 (a variant that fails)
-                                emit(loss="rnnt_loss", knob=dict(tile=tile, tile_warps=tile_warps,
-                                                                 lanes_per_warp=per_warp),
-                                     shape=shape, error=f"{type(e).__name__}: {e}"[:200])
+                                emit(loss="rnnt_loss", knob=knob, shape=shape,
+                                     error=f"{type(e).__name__}: {e}"[:200])
                                 continue
-                            emit(loss="rnnt_loss", knob=dict(tile=tile, tile_warps=tile_warps,
-                                                             lanes_per_warp=per_warp),
-                                 shape=shape, ms=round(ms, 4),
-                                 graph_ms=None if gms is None else round(gms, 4))
+                            gms = graph_error = None
+                            if cuda and graphs_ok:
+                                try:
+                                    gms = _graph_timer(f, base.clone().requires_grad_(), reps)
+                                except Exception as e:  # noqa: BLE001
+                                    # (a failed capture leaves the stream unusable for
+                                    # more captures: the later variants time eagerly)
+                                    graphs_ok = False
+                                    graph_error = f"{type(e).__name__}: {e}"[:160]
+                            emit(loss="rnnt_loss", knob=knob, shape=shape, ms=round(ms, 4),
+                                 graph_ms=None if gms is None else round(gms, 4),
+                                 graph_error=graph_error)
             finally:
                 _rnnt_ops._TILE, _rnnt_ops._TILE_WARPS, _rnnt_ops._recursion_warps = old
+            # the duration transducers' cell-parallel tiles (normaliser, gradient), eager
+            old = (_dur_ops._TILE, _dur_ops._GRAD_TILE)
+            try:
+                for tile in (256, 512, 1024):
+                    for grad_tile in (128, 256, 512, 1024):
+                        _dur_ops._TILE, _dur_ops._GRAD_TILE = tile, grad_tile
+                        xt2 = xt.detach().clone().requires_grad_()
+                        try:
+                            ms = _step_timer(lambda z: dt.tdt_loss(
+                                z, y, il, tl, blank=v - 1, durations=[0, 1, 2, 3, 4],
+                                impl="device"), xt2, reps, cuda)
+                        except Exception as e:  # noqa: BLE001 (a variant that fails)
+                            emit(loss="tdt_loss", knob=dict(tile=tile, grad_tile=grad_tile),
+                                 shape=shape, error=f"{type(e).__name__}: {e}"[:200])
+                            continue
+                        emit(loss="tdt_loss", knob=dict(tile=tile, grad_tile=grad_tile),
+                             shape=shape, ms=round(ms, 4))
+            finally:
+                _dur_ops._TILE, _dur_ops._GRAD_TILE = old
     return 0
 
 

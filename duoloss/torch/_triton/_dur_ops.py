@@ -24,10 +24,12 @@ __all__ = ["dur_loss", "kernels_interpreted", "multiblank_spec", "rnnt_on_tokens
 
 _NONE = 4095
 #: values per program of the normaliser and of the gradient kernel (float32; half of it
-#: in float64): the gradient kernel holds a row's posteriors per move and duration, and
-#: spilled at 512 (up to 728 B with 8 durations in float64 on sm_80)
-_TILE = 256
-_GRAD_TILE = 128
+#: in float64), as `_rnnt_ops._TILE`: at V = 256 one cell per program took the
+#: gradient 2.6x rnnt_grad_kernel's time on an H200 (commit 6dcde1d); the gradient
+#: kernel holds a row's posteriors per move and duration, and spilled at 512 with 8
+#: durations in float64 on sm_80 before its tile halved in float64
+_TILE = 512
+_GRAD_TILE = 512
 _TILE_WARPS = 4
 
 
@@ -152,7 +154,7 @@ def forward_impl(x, targets, il, tl, spec, blank: int, reduction: str, lam: floa
                 x, x.stride(0), x.stride(1), x.stride(2), tg, *sy, il, tl, work, w, p,
                 n * p, t_max, u1, n_lab, f64_bits(sigma), blank),
                 dict(NB=nb, D=d_planes, ROWS=rows, BLOCK_V=block_v, BLOCK_D=block_d,
-                     num_warps=_TILE_WARPS))
+                     num_warps=_TILE_WARPS, maxnreg=255))  # (4 B spilled at V=28 on sm_80)
         if n:
             launch(k.dur_alpha_beta_kernel, (n, 2 if want_grad else 1), (
                 work, w, p, tg, *sy, il, tl, t_max, u1 - 1, n_lab, blank,

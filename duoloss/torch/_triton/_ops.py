@@ -105,11 +105,12 @@ CTC_GATHER_MAX_BLOCK = 64
 #: ``BLOCK`` from which the CTC loss runs as two launches, alpha and beta concurrent
 #: (`_ctc_kernels.ctc_ab_kernel`) then the gradient rows in parallel
 #: (`_ctc_kernels.ctc_post_kernel`), instead of the one fused program per sequence.
-#: Timed on an H200 (``benchmarks/ctc_device_sweep.py``, full float32 step, commit
-#: c481381): the split form took 0.54x, 0.39x and 0.73x the fused kernel's time at
-#: ``BLOCK`` 256, 512 and 256 (``S`` = 100, 200, 100), and 1.35x at ``BLOCK`` 128
-#: (``(8,200,30,40)``, where its second launch costs more than it saves).
-CTC_SPLIT_MIN_BLOCK = 256
+#: Timed on an H200 (``benchmarks/ctc_device_sweep.py``, full float32 step): at
+#: commit 6dcde1d (emissions prefetched two frames ahead) the split form took 0.79x
+#: the fused kernel's step at ``BLOCK`` 128 (``(8,200,30,40)``) and 0.97-1.0x at 256
+#: and 512 (where the step is host-bound); the fused kernel stays below ``BLOCK`` 128,
+#: where it shifts its rows in registers (``CTC_GATHER_MAX_BLOCK``), untimed against it.
+CTC_SPLIT_MIN_BLOCK = 128
 
 
 def ctc_config(block: int, n_cls: int, dtype: torch.dtype):
