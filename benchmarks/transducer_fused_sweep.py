@@ -161,6 +161,9 @@ def main(argv=None) -> int:
                             emit(loss="rnnt_loss", knob=knob, shape=shape, ms=round(ms, 4),
                                  graph_ms=None if gms is None else round(gms, 4),
                                  graph_error=graph_error)
+                            if cuda:   # (an H200 ran out of memory at the 16th variant)
+                                del x
+                                torch.cuda.empty_cache()
             finally:
                 _rnnt_ops._TILE, _rnnt_ops._TILE_WARPS, _rnnt_ops._recursion_warps = old
             # the duration transducers' cell-parallel tiles (normaliser, gradient), eager
@@ -180,6 +183,9 @@ def main(argv=None) -> int:
                             continue
                         emit(loss="tdt_loss", knob=dict(tile=tile, grad_tile=grad_tile),
                              shape=shape, ms=round(ms, 4))
+                        if cuda:
+                            del xt2
+                            torch.cuda.empty_cache()
             finally:
                 _dur_ops._TILE, _dur_ops._GRAD_TILE = old
     return 0

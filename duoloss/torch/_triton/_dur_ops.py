@@ -24,12 +24,13 @@ __all__ = ["dur_loss", "kernels_interpreted", "multiblank_spec", "rnnt_on_tokens
 
 _NONE = 4095
 #: values per program of the normaliser and of the gradient kernel (float32; half of it
-#: in float64), as `_rnnt_ops._TILE`: at V = 256 one cell per program took the
-#: gradient 2.6x rnnt_grad_kernel's time on an H200 (commit 6dcde1d); the gradient
-#: kernel holds a row's posteriors per move and duration, and spilled at 512 with 8
-#: durations in float64 on sm_80 before its tile halved in float64
-_TILE = 512
-_GRAD_TILE = 512
+#: in float64): the gradient kernel holds a row's posteriors per move and duration, and
+#: spilled at 512 (up to 728 B with 8 durations in float64 on sm_80).  At V = 256 on an
+#: H200, 512 and 512 (commit afa5a25) took the TDT normaliser from 638 to 824 us and its
+#: gradient from 2190 to 2568 us against these (commit 20c42f3; raw rows
+#: benchmarks/results/device-profile-h200-*.json)
+_TILE = 256
+_GRAD_TILE = 128
 _TILE_WARPS = 4
 
 

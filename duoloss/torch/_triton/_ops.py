@@ -105,11 +105,14 @@ CTC_GATHER_MAX_BLOCK = 64
 #: ``BLOCK`` from which the CTC loss runs as two launches, alpha and beta concurrent
 #: (`_ctc_kernels.ctc_ab_kernel`) then the gradient rows in parallel
 #: (`_ctc_kernels.ctc_post_kernel`), instead of the one fused program per sequence.
-#: Timed on an H200 (``benchmarks/ctc_device_sweep.py``, full float32 step): at
-#: commit 6dcde1d (emissions prefetched two frames ahead) the split form took 0.79x
-#: the fused kernel's step at ``BLOCK`` 128 (``(8,200,30,40)``) and 0.97-1.0x at 256
-#: and 512 (where the step is host-bound); the fused kernel stays below ``BLOCK`` 128,
-#: where it shifts its rows in registers (``CTC_GATHER_MAX_BLOCK``), untimed against it.
+#: Timed on an H200 (full float32 step): at commit 20c42f3 (emissions prefetched two
+#: frames ahead; ``benchmarks/ctc_device_sweep.py``) the split form took 0.79x the
+#: fused kernel's step at ``BLOCK`` 128 (``(8,200,30,40)``); in afa5a25's interleaved
+#: race (``benchmarks.device --check``) the fused kernel took 0.89x the split form's
+#: there (both under ``F.ctc_loss``'s: a host-bound step), and the split form 0.52x,
+#: 0.42x and 0.66x the fused kernel's at the issue's three larger sizes.
+#: The fused kernel stays below ``BLOCK`` 128, where it shifts its rows in registers
+#: (``CTC_GATHER_MAX_BLOCK``), untimed against the split form.
 CTC_SPLIT_MIN_BLOCK = 128
 
 
