@@ -7,7 +7,9 @@
 # A session's 15 device minutes, as two calls (each `run` at most 600 s):
 #   1. DUOLOSS_COMMIT=<c> SWEEPS=0 bash benchmarks/gpu_run.sh      timeout_s 480 (~400 s)
 #   2. (at once, warm) ONLY_SWEEPS=1 SWEEP_TIMEOUT=100 bash benchmarks/gpu_run.sh
-# or all in one call (~500 s): CTC_SWEEP=0 SWEEP_TIMEOUT=100 bash benchmarks/gpu_run.sh
+# or all in one call (about 400 s on an H200; timeout_s 590):
+#   CTC_SWEEP=0 SPEED_TIMEOUT=180 CHECK_TIMEOUT=240 PROFILE_TIMEOUT=70 SWEEP_TIMEOUT=90 \
+#     bash benchmarks/gpu_run.sh
 # (CTC_SWEEP=0: the speed rows already time both CTC forms side by side)
 # Installs the carried peer wheels (.whl/, e.g. warprnnt-numba) if present, then runs the
 # one-shot check in two processes, speed first, their rows rewritten to
