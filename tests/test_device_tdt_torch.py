@@ -48,6 +48,14 @@ def _check(f, x, targets, il, tl, dtype, cot=None, **kw):
     return ld, gd
 
 
+#: ``(tiles, dtype)``: the recursion's default form in both dtypes, the others in
+#: float64 (the suite runs twice in CI: each interpreter case counts)
+FORMS = pytest.mark.parametrize(
+    "tiles,dtype", [("prefetch", torch.float64), ("prefetch", torch.float32),
+                    ("unrolled", torch.float64), ("looped", torch.float64)],
+    ids=["prefetch-f64", "prefetch-f32", "unrolled-f64", "looped-f64"], indirect=["tiles"])
+
+
 @pytest.fixture(params=["prefetch", "unrolled", "looped"])
 def tiles(request, monkeypatch):
     """The recursion's three forms (`_dur_ops.recursion_tiles`): every move of a frame
@@ -76,7 +84,7 @@ TDT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@FORMS
 @pytest.mark.parametrize("case", range(len(TDT_CASES)), ids=["d012-opts", "d1-5-omega",
                                                                "d0-4-blank0-rnnt"])
 def test_tdt_device_equals_host(case, dtype, tiles):
@@ -109,7 +117,7 @@ def test_tdt_infeasible_inf_zero_grad_and_nan(tiles):
     assert torch.isnan(loss[1]) and torch.isnan(grad[1]).any() and not torch.isnan(grad[0]).any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@FORMS
 def test_multiblank_device_equals_host(dtype, tiles):
     """Big blanks of durations 2 and 3 at ``blank - 1``, ``blank - 2``; sigma,
     FastEmit and clamp on every logit."""
