@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton")
 
 import duoloss.torch as dt  # noqa: E402
-from test_device_torch import TOL, _close, interpreted  # noqa: E402
+from test_device_torch import _close, interpreted  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

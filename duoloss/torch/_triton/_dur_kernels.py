@@ -14,12 +14,13 @@ blank moves ``BLK_K``/``BLK_D``/``BLK_I`` (``J``); a duration index ``4095`` mea
   token log-probabilities minus ``sigma`` and the duration log-probabilities (base 2),
   and both normalisers for the gradient.
 * `dur_alpha_beta_kernel` -- one program per sequence and side (alpha, beta run
-  concurrently), a loop over frames, the states ``u`` of a frame in one block; the
-  rows of earlier (later) frames are read back from the workspace after a barrier;
+  concurrently), a loop over frames, the states ``u`` of a frame in one block and a
+  frame's moves as ``(moves, BLOCK)`` tiles; the rows of earlier (later) frames are
+  read back from the workspace after a barrier, each frame's weights a frame ahead;
   duration-0 label moves chain within a frame as an associative scan (over reversed
   lanes for beta).  A move is read only from a source that holds mass and with a
-  weight (`_move`): a cell no path reaches is never read, whatever its logits (NaN,
-  ``+inf``), as on the host.  The program checks its sequence (lengths, labels in
+  weight (`_lse_moves`): a cell no path reaches is never read, whatever its logits
+  (NaN, ``+inf``), as on the host.  The program checks its sequence (lengths, labels in
   ``[0, V)`` and no blank symbol) and gives an invalid one a NaN loss.
 * `dur_reduce_kernel` -- ``'sum'``/``'mean'`` of the losses in float64, in order.
 * `dur_grad_kernel` -- the gradient w.r.t. the logits in one parallel pass (the
@@ -49,13 +50,6 @@ NONE = tl.constexpr(4095)
 # the combine functions, reductions and base-2 log-add of the RNN-T kernels (one
 # definition; Triton resolves them as this module's globals)
 from ._rnnt_kernels import LN2, LOG2E, _add, _lae2, _max, _maxnum, _sum  # noqa: E402,F401
-
-
-@triton.jit
-def _move(acc, src, w):
-    """``acc`` log-added with ``src + w``, read only when both are above ``-inf``."""
-    dead = (src == float("-inf")) | (w == float("-inf"))
-    return _lae2(acc, tl.where(dead, float("-inf"), src + w))
 
 
 @triton.jit
@@ -191,7 +185,7 @@ def _tile_w(seq, P, cells, plane, dplane, mask):
 @triton.jit
 def _lse_moves(src, w):
     """``log2 sum_m 2^(src + w)`` over the moves (axis 0), a term read only where its
-    source holds mass and its weight is above ``-inf`` (`_move`); NaN propagates."""
+    source holds mass and its weight is above ``-inf``; NaN propagates."""
     dead = (src == float("-inf")) | (w == float("-inf"))
     terms = tl.where(dead, float("-inf"), src + w)
     mx = _max(terms, 0)

@@ -111,12 +111,13 @@ UNROLL_TILES = 2
 
 
 def recursion_tiles(block: int, moves: int, dtype):
-    """``(num_warps, dict(MB, MC, PREFETCH))`` of `dur_alpha_beta_kernel` at ``BLOCK``
-    lanes and ``moves`` moves per frame: the moves padded to ``MB``, read ``MC`` at a
-    time as ``(MC, BLOCK)`` tiles of at most 16 values per thread in float32 (8 in
-    float64; half that from 16 warps), with up to 4 warps (at least `warps(block, 4)`) to fit all of them in one
-    tile; when they fit, each frame's weights are loaded a frame ahead (``PREFETCH``),
-    else the tiles are unrolled up to `UNROLL_TILES` (``UNROLL``).
+    """``(num_warps, dict(MB, MC, PREFETCH, UNROLL))`` of `dur_alpha_beta_kernel` at
+    ``BLOCK`` lanes and ``moves`` moves per frame: the moves padded to ``MB``, read
+    ``MC`` at a time as ``(MC, BLOCK)`` tiles of at most 16 values per thread in float32
+    (8 in float64; half that from 16 warps), with up to 4 warps (at least
+    `warps(block, 4)`) to fit all of them in one tile; when they fit, each frame's
+    weights are loaded a frame ahead (``PREFETCH``), else the tiles are unrolled up to
+    `UNROLL_TILES` (``UNROLL``).
     Spill-free at every ``BLOCK <= 2048`` on sm_80/sm_90 (``benchmarks/aot_table.py``)."""
     per = 16 if dtype != torch.float64 else 8
     mb = _pow2(moves, 2)
