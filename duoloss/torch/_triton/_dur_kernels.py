@@ -194,14 +194,28 @@ def _lse_moves(src, w):
 
 
 @triton.jit
+def _alpha_sources(t, lane, live, used, is_lab, d, U1):
+    """``(cells, ok)``: the source cells ``(t - d, u - is_label)`` of frame ``t``'s moves
+    of one tile, and where they lie in the lattice."""
+    src_u = lane[None, :] - is_lab[:, None].to(tl.int32)
+    src_t = t - d[:, None]
+    ok = used[:, None] & live[None, :] & (src_u >= 0) & (src_t >= 0)
+    return src_t * U1 + src_u, ok
+
+
+@triton.jit
+def _beta_weighted(used, is_lab, live_r, r, ub):
+    """Where a move out of state ``r`` has a weight: every live state for a blank, below
+    ``U_b`` for a label."""
+    return used[:, None] & live_r[None, :] & (~is_lab[:, None] | (r < ub)[None, :])
+
+
+@triton.jit
 def _alpha_tile(a, a_seq, seq, P, U1, t, lane, live, used, is_lab, d, plane, dplane,
                 w_pre, PRE: tl.constexpr):
     """``a`` log-added with frame ``t``'s moves of one tile: sources ``(t - d, u -
     is_label)`` read from the alpha plane, weights ``w_pre`` (``PRE``) or loaded."""
-    src_u = lane[None, :] - is_lab[:, None].to(tl.int32)
-    src_t = t - d[:, None]
-    ok = used[:, None] & live[None, :] & (src_u >= 0) & (src_t >= 0)
-    cells = src_t * U1 + src_u
+    cells, ok = _alpha_sources(t, lane, live, used, is_lab, d, U1)
     if PRE:
         w = w_pre
     else:
@@ -216,7 +230,7 @@ def _beta_tile(bt, b_seq, seq, P, U1, t, tb, row, r, ub, live_r, used, is_lab, d
     """``bt`` log-added with the moves of one tile out of ``(t, r)``: sources ``(t + d, r
     + is_label)`` read from the beta plane, weights at the cell (``w_pre`` with
     ``PRE``); a blank move landing exactly on ``T_b`` from row ``U_b`` ends a path."""
-    w_ok = used[:, None] & live_r[None, :] & (~is_lab[:, None] | (r < ub)[None, :])
+    w_ok = _beta_weighted(used, is_lab, live_r, r, ub)
     if PRE:
         w = w_pre
     else:
@@ -282,17 +296,16 @@ def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, 
         if PREFETCH:
             used, is_lab, d, plane, dplane = _move_table(LAB_D, LAB_I, L, BLK_K, BLK_D,
                                                          BLK_I, J, NB, MB, 0)
-            src_u = lane[None, :] - is_lab[:, None].to(tl.int32)
-            ok_u = used[:, None] & live[None, :] & (src_u >= 0)
-            src_t = zero[None, :] * 0 - d[:, None]          # (t - d) at t = 0
-            w_nx = _tile_w(seq, P, src_t * U1 + src_u, plane, dplane, ok_u & (src_t >= 0))
+            cells, ok = _alpha_sources(0, lane, live, used, is_lab, d, U1)
+            w_nx = _tile_w(seq, P, cells, plane, dplane, ok)
         if HAS_ZERO:
             w0_nx = _w(seq, P, lane - 1, 0, ZERO_I, NB, live & (lane >= 1) & ((zero + tb) > 0))
         for t in range(0, tb):
             if PREFETCH:
                 w_mv = w_nx
-                ok_n = ok_u & ((src_t + t + 1) >= 0) & ((zero[None, :] + t + 1) < tb)
-                w_nx = _tile_w(seq, P, (src_t + t + 1) * U1 + src_u, plane, dplane, ok_n)
+                cells, ok = _alpha_sources(t + 1, lane, live, used, is_lab, d, U1)
+                w_nx = _tile_w(seq, P, cells, plane, dplane,
+                               ok & ((zero + t + 1) < tb)[None, :])
             if HAS_ZERO:
                 w0 = w0_nx
                 w0_nx = _w(seq, P, (t + 1) * U1 + lane - 1, 0, ZERO_I, NB,
@@ -352,7 +365,7 @@ def dur_alpha_beta_kernel(work_ptr, W, P, y_ptr, sy_b, sy_u, il_ptr, tl_ptr, T, 
         if PREFETCH:
             used, is_lab, d, plane, dplane = _move_table(LAB_D, LAB_I, L, BLK_K, BLK_D,
                                                          BLK_I, J, NB, MB, 0)
-            w_ok = used[:, None] & live_r[None, :] & (~is_lab[:, None] | (r < ub)[None, :])
+            w_ok = _beta_weighted(used, is_lab, live_r, r, ub)
             w_nx = _tile_w(seq, P, zero[None, :] + (t_nx * U1 + r)[None, :], plane, dplane,
                            w_ok & ((zero[None, :] + t_nx) >= 0))
         if HAS_ZERO:
